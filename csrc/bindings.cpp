@@ -1,0 +1,238 @@
+// Python boundary of the CPU engine (lk_moe._C). Every input is validated here,
+// so a wrong tensor is a TypeError/ValueError naming it, never a crash.
+#include <torch/extension.h>
+
+#include <memory>
+#include <string>
+
+#include "cpu/cpu_dispatch.h"
+#include "cpu/cpu_features.h"
+#include "cpu/host_memory.h"
+#include "cpu/moe_layer.h"
+#include "cpu/numa_topology.h"
+#include "cpu/read_bandwidth.h"
+#include "cpu/thread_pool.h"
+
+namespace py = pybind11;
+using lk::DType;
+
+namespace {
+
+std::string dtype_name(const at::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void require_cpu_contiguous(const at::Tensor& t, const char* name) {
+  if (!t.device().is_cpu())
+    throw py::value_error(std::string(name) + " must be a CPU tensor, got one on " + t.device().str());
+  if (!t.is_contiguous()) throw py::value_error(std::string(name) + " must be contiguous (call .contiguous())");
+}
+
+void require_shape(const at::Tensor& t, const char* name, std::initializer_list<int64_t> want, const char* what) {
+  bool ok = t.dim() == int64_t(want.size());
+  int64_t i = 0;
+  for (int64_t w : want) {
+    if (ok && t.size(i) != w) ok = false;
+    ++i;
+  }
+  if (!ok) throw py::value_error(std::string(name) + " must have shape " + what + ", got " + shape_str(t));
+}
+
+DType half_type(const at::Tensor& t, const char* name) {
+  if (t.scalar_type() == at::kBFloat16) return DType::kBF16;
+  if (t.scalar_type() == at::kHalf) return DType::kFP16;
+  throw py::type_error(std::string(name) + " must be bfloat16 or float16, got " + dtype_name(t));
+}
+
+lk::Binding parse_binding(const std::string& s) {
+  if (s == "CPU_CORE") return lk::Binding::kCpuCore;
+  if (s == "NUMA_NODE") return lk::Binding::kNumaNode;
+  if (s == "NONE") return lk::Binding::kNone;
+  throw py::value_error("thread binding must be CPU_CORE, NUMA_NODE or NONE, got '" + s + "'");
+}
+
+// A forward in flight: keeps its tensors (and the layer) alive until waited.
+struct Handle {
+  std::shared_ptr<lk::MoELayer> layer;
+  at::Tensor x, ids, weights, out;
+  uint32_t seq = 0;
+  bool submitted = false;
+
+  bool done() const { return !submitted || layer->pool().finished(seq); }
+  at::Tensor wait() {
+    if (submitted) {
+      py::gil_scoped_release nogil;
+      layer->pool().wait_for(seq);
+    }
+    return out;
+  }
+};
+
+struct Layer {
+  std::shared_ptr<lk::MoELayer> impl;
+
+  Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+        const std::string& activation) {
+    if (activation != "silu")
+      throw py::value_error("activation '" + activation + "' is not supported by the BF16 engine (supported: silu)");
+    const DType t13 = half_type(w13, "w13"), t2 = half_type(w2, "w2");
+    if (t13 != t2) throw py::type_error("w13 and w2 must have the same dtype, got " + dtype_name(w13) + " and " + dtype_name(w2));
+    if (w13.dim() != 3) throw py::value_error("w13 must have shape [E, 2*I, H], got " + shape_str(w13));
+    const int64_t E = w13.size(0), I2 = w13.size(1), H = w13.size(2);
+    if (E < 1 || I2 < 2 || I2 % 2 || H < 1)
+      throw py::value_error("w13 must have shape [E, 2*I, H] with E >= 1, I >= 1, H >= 1, got " + shape_str(w13));
+    const int64_t I = I2 / 2;
+    const std::string want2 = "[E, H, I] = [" + std::to_string(E) + ", " + std::to_string(H) + ", " + std::to_string(I) + "]";
+    require_shape(w2, "w2", {E, H, I}, want2.c_str());
+    require_cpu_contiguous(w13, "w13");
+    require_cpu_contiguous(w2, "w2");
+    if (E > (1 << 20) || H > (1 << 20) || I > (1 << 20)) throw py::value_error("expert dimensions are implausibly large: " + shape_str(w13));
+    py::gil_scoped_release nogil;
+    impl = std::make_shared<lk::MoELayer>(std::move(pool), w13.data_ptr(), w2.data_ptr(), t13, int(E), int(I), int(H),
+                                          lk::Activation::kSiLU);
+  }
+
+  Handle submit(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& out) {
+    const auto& sh = impl->shape();
+    const DType xt = half_type(x, "x");
+    if (x.dim() != 2 || x.size(1) != sh.hidden)
+      throw py::value_error("x must have shape [M, H] with H = " + std::to_string(sh.hidden) + ", got " + shape_str(x));
+    const int64_t M = x.size(0);
+    if (ids.scalar_type() != at::kInt) throw py::type_error("topk_ids must be int32, got " + dtype_name(ids));
+    if (ids.dim() != 2 || ids.size(0) != M || ids.size(1) < 1 || ids.size(1) > 64)
+      throw py::value_error("topk_ids must have shape [M, K] with M = " + std::to_string(M) + " and 1 <= K <= 64, got " +
+                            shape_str(ids));
+    const int64_t K = ids.size(1);
+    if (weights.scalar_type() != at::kFloat) throw py::type_error("topk_weights must be float32, got " + dtype_name(weights));
+    const std::string wshape = "[M, K] = [" + std::to_string(M) + ", " + std::to_string(K) + "]";
+    require_shape(weights, "topk_weights", {M, K}, wshape.c_str());
+    if (out.scalar_type() != x.scalar_type())
+      throw py::type_error("out must have x's dtype " + dtype_name(x) + ", got " + dtype_name(out));
+    const std::string oshape = "[M, H] = [" + std::to_string(M) + ", " + std::to_string(sh.hidden) + "]";
+    require_shape(out, "out", {M, int64_t(sh.hidden)}, oshape.c_str());
+    require_cpu_contiguous(x, "x");
+    require_cpu_contiguous(ids, "topk_ids");
+    require_cpu_contiguous(weights, "topk_weights");
+    require_cpu_contiguous(out, "out");
+    impl->check_ids(ids.data_ptr<int32_t>(), M * K);
+
+    Handle h;
+    h.layer = impl;
+    h.x = x;
+    h.ids = ids;
+    h.weights = weights;
+    h.out = out;
+    if (M == 0) return h;
+    lk::ForwardArgs a;
+    a.x = x.data_ptr();
+    a.x_type = xt;
+    a.tokens = M;
+    a.top_k = int(K);
+    a.ids = ids.data_ptr<int32_t>();
+    a.weights = weights.data_ptr<float>();
+    a.out = out.data_ptr();
+    a.out_type = xt;
+    {
+      py::gil_scoped_release nogil;  // may wait for this layer's previous forward
+      lk::Job* job = impl->submit(a);
+      h.seq = job->seq();
+    }
+    h.submitted = true;
+    return h;
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "lk_moe CPU engine";
+  m.def("isa", [] { return std::string(lk::active_kernels()->name); }, "ISA tier in use");
+  m.def("best_isa", &lk::best_isa);
+  m.def("supported_isas", &lk::supported_isas);
+  m.def("all_isas", &lk::all_isas);
+  m.def("set_isa", [](const std::string& name) {
+    try {
+      lk::set_isa(name);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  m.def("cpu_brand", [] { return lk::cpu_features().brand; });
+  m.def("alloc_count", &lk::alloc_count, "host buffers allocated so far by the engine");
+  m.def("live_bytes", &lk::live_bytes, "host bytes held by the engine now");
+  m.def("parse_cpu_list", &lk::parse_cpu_list);
+  m.def("allowed_cpus", &lk::allowed_cpus);
+  m.def(
+      "read_topology",
+      [](const std::string& root, std::vector<int> allowed) {
+        if (allowed.empty()) allowed = lk::allowed_cpus();
+        lk::Topology t = lk::read_topology(root, allowed);
+        py::list nodes;
+        for (const auto& n : t.nodes) {
+          py::dict d;
+          d["id"] = n.id;
+          d["cores"] = n.cores;
+          nodes.append(d);
+        }
+        py::dict out;
+        out["nodes"] = nodes;
+        out["numa_from_sysfs"] = t.numa_from_sysfs;
+        out["physical_cores"] = t.physical_cores();
+        out["logical_cpus"] = t.logical_cpus();
+        return out;
+      },
+      py::arg("root") = "/sys", py::arg("allowed") = std::vector<int>{});
+
+  py::class_<lk::ThreadPool, std::shared_ptr<lk::ThreadPool>>(m, "ThreadPool")
+      .def(py::init([](int threads, const std::string& binding, int spin_us, const std::string& sysfs_root,
+                       std::vector<int> allowed) {
+             if (threads < 0 || threads > 4096) throw py::value_error("threads must be in 0..4096 (0 = physical cores)");
+             if (spin_us < 0 || spin_us > 1000000) throw py::value_error("spin_us must be in 0..1000000");
+             lk::PoolConfig c;
+             c.threads = threads;
+             c.binding = parse_binding(binding);
+             c.spin_us = spin_us;
+             c.sysfs_root = sysfs_root;
+             c.allowed = std::move(allowed);
+             return std::make_shared<lk::ThreadPool>(c);
+           }),
+           py::arg("threads") = 0, py::arg("binding") = "CPU_CORE", py::arg("spin_us") = 100,
+           py::arg("sysfs_root") = "/sys", py::arg("allowed") = std::vector<int>{})
+      .def_property_readonly("num_threads", &lk::ThreadPool::num_threads)
+      .def_property_readonly("num_nodes", &lk::ThreadPool::num_nodes)
+      .def_property_readonly("numa_placement", &lk::ThreadPool::numa_placement)
+      .def_property_readonly("spin_us", &lk::ThreadPool::spin_us)
+      .def_property_readonly("jobs_run", &lk::ThreadPool::jobs_run)
+      .def_property_readonly("futex_wakes", &lk::ThreadPool::futex_wakes)
+      .def("node_id", &lk::ThreadPool::node_id)
+      .def("threads_on_node", &lk::ThreadPool::threads_on_node)
+      .def("cpus_of_thread", &lk::ThreadPool::cpus_of_thread)
+      .def(
+          "measure_read_bandwidth",
+          [](lk::ThreadPool& p, size_t bytes, int iters) {
+            if (bytes < (size_t(1) << 20) || iters < 1) throw py::value_error("need bytes >= 1 MiB and iters >= 1");
+            py::gil_scoped_release nogil;
+            return lk::measure_read_bandwidth(p, bytes, iters);
+          },
+          py::arg("bytes"), py::arg("iters") = 5);
+
+  py::class_<Handle>(m, "Handle").def("wait", &Handle::wait).def("done", &Handle::done);
+
+  py::class_<Layer>(m, "Layer")
+      .def(py::init<std::shared_ptr<lk::ThreadPool>, const at::Tensor&, const at::Tensor&, const std::string&>(),
+           py::arg("pool"), py::arg("w13"), py::arg("w2"), py::arg("activation") = "silu")
+      .def("submit", &Layer::submit, py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("out"))
+      .def_property_readonly("nbytes", [](const Layer& l) { return l.impl->nbytes(); })
+      .def_property_readonly("num_experts", [](const Layer& l) { return l.impl->shape().experts; })
+      .def_property_readonly("hidden_size", [](const Layer& l) { return l.impl->shape().hidden; })
+      .def_property_readonly("intermediate_size", [](const Layer& l) { return l.impl->shape().intermediate; })
+      .def_property_readonly("num_slices", [](const Layer& l) { return int(l.impl->slices().size()); })
+      .def("slice_bounds", [](const Layer& l, int s) {
+        const auto& sl = l.impl->slices().at(s);
+        return py::make_tuple(sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN, sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN);
+      });
+}

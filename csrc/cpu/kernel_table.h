@@ -1,0 +1,81 @@
+// The boundary between the ISA-independent engine and the per-tier kernels.
+//
+// moe_kernels.cpp is compiled once per tier (generic, avx2, avx512, avx512_bf16,
+// amx) into namespace lk::tier_<name>; each build exports one KernelTable. The
+// engine (moe_layer.cpp) only sees this table, so adding a tier or changing a
+// kernel never touches the scheduling code.
+//
+// Packed weight layout (shared by all tiers, built once by moe_layer.cpp):
+// a "block" is 16 output rows x Kp inputs (Kp a multiple of 32), stored as Kp/2
+// rows of 32 bf16: element (n, k) at (k/2)*32 + n*2 + (k&1). This is the AMX B
+// tile layout and the operand of AVX512-BF16 `vdpbf16ps` (one 64-byte load
+// holds 16 outputs x 2 inputs); the non-BF16 tiers split it into even/odd
+// lanes with a shift and a mask.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lk {
+
+constexpr int kBlockN = 16;  // outputs per packed block
+constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
+
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2 };
+enum class Activation : int { kSiLU = 0 };
+
+// Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
+struct KernelScratch {
+  float* c;            // >= 32 x 64 floats: one micro-tile of results
+  uint16_t* panel;     // >= 32 x Kp1 bf16: AMX A panel (gathered token rows)
+};
+
+// Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
+// nblk I-blocks starting at w13 (layout [nblk][gate block][up block]).
+struct GateUpTask {
+  const uint16_t* const* x_rows;  // m rows of kp bf16 (zero padded)
+  int m;
+  const uint16_t* w13;
+  int nblk;
+  int kp;
+  uint16_t* act;  // row r at act + r * act_ld, first column of the group
+  size_t act_ld;
+  Activation act_fn;
+  KernelScratch* scratch;
+};
+
+// Phase 2: out_acc[out_row[r], j*16 + n] += row_weight[r] * (w2_j[n] . act_r)
+// for the nblk H-blocks starting at w2 (layout [nblk][block]).
+struct DownTask {
+  const uint16_t* act;  // m contiguous rows of kp bf16 (ld act_ld); rows past m readable
+  size_t act_ld;
+  int m;
+  const uint16_t* w2;
+  int nblk;
+  int kp;
+  const float* row_weight;
+  const int32_t* out_row;
+  float* out_acc;
+  size_t out_ld;
+  KernelScratch* scratch;
+};
+
+struct KernelTable {
+  const char* name;
+  void (*gate_up)(const GateUpTask&);
+  void (*down)(const DownTask&);
+  // n values of src (bf16 or fp16) to bf16, zero-filling up to n_padded.
+  void (*to_bf16)(const void* src, DType src_type, uint16_t* dst, int n, int n_padded);
+  // n fp32 values to dst (bf16 or fp16, round to nearest even).
+  void (*store_row)(const float* src, void* dst, DType dst_type, int n);
+  // Sum of n bytes (multiple of 64) read as int64 lanes; used by the read-bandwidth probe.
+  uint64_t (*read_sum)(const void* src, size_t n);
+};
+
+namespace tier_generic { const KernelTable* kernel_table(); }
+namespace tier_avx2 { const KernelTable* kernel_table(); }
+namespace tier_avx512 { const KernelTable* kernel_table(); }
+namespace tier_avx512_bf16 { const KernelTable* kernel_table(); }
+namespace tier_amx { const KernelTable* kernel_table(); }
+
+}  // namespace lk

@@ -1,0 +1,594 @@
+// Expert micro-kernels, compiled once per ISA tier (see CMakeLists.txt).
+//
+// LK_TIER names the tier (generic, avx2, avx512, avx512_bf16, amx); the code
+// below picks its instructions from the compiler's target macros, so the same
+// source yields every tier. Everything sits in an anonymous namespace inside
+// lk::tier_<name>: no symbol of one tier can be merged with another tier's
+// (which would let an AVX-512 body run on a CPU without AVX-512). For the same
+// reason nothing here calls inline functions from the standard library.
+//
+// Kernels (all accumulate in fp32):
+// - dot_tile<MR, NB>: MR token rows x NB packed blocks (16 outputs each), the
+//   workhorse of decode (memory bound: each weight byte is loaded once per
+//   forward) and of prefill on tiers without AMX.
+// - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
+//   expert has >= kAmxMinRows tokens.
+#include <cstring>
+
+#include "cpu/kernel_table.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define LK_CAT2(a, b) a##b
+#define LK_CAT(a, b) LK_CAT2(a, b)
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define LK_V512 1
+#endif
+#if defined(__AVX512BF16__)
+#define LK_VBF16 1
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define LK_AMX 1
+#endif
+
+namespace lk {
+namespace LK_CAT(tier_, LK_TIER) {
+namespace {
+
+#define LK_STR2(x) #x
+#define LK_STR(x) LK_STR2(x)
+constexpr const char* kTierName = LK_STR(LK_TIER);
+
+template <typename T>
+inline T tmin(T a, T b) { return a < b ? a : b; }
+
+// ---------------------------------------------------------------- scalar conversions
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t u = uint32_t(v) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // keep NaN a NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                          // round to nearest even
+  return uint16_t(u >> 16);
+}
+
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { ++e; man <<= 1; } while ((man & 0x400u) == 0);
+      u = sign | (uint32_t(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t au = u & 0x7fffffffu;
+  if (au > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (au >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow (incl. inf) after rounding
+  if (au < 0x38800000u) {                                 // subnormal or zero in fp16
+    if (au < 0x33000000u) return uint16_t(sign);
+    uint32_t e = au >> 23;
+    uint32_t m = (au & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 14 + (127-15) - e + 1 ... shift to the 10-bit field
+    uint32_t half = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return uint16_t(sign | half);
+  }
+  uint32_t r = au + 0xfffu + ((au >> 13) & 1u) - 0x38000000u;  // rebias 127 -> 15, round
+  return uint16_t(sign | (r >> 13));
+}
+
+inline float silu_f32(float g, float e_neg_g) { return g / (1.0f + e_neg_g); }
+
+// exp() for the activation: Cody-Waite reduction + degree-6 polynomial
+// (relative error ~1.2e-7, below bf16's 3.9e-3 by far). Input clamped to the
+// fp32 range; a NaN input still yields NaN in silu because silu multiplies by g.
+constexpr float kExpHi = 88.3762626647949f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kP2 = 0.5f, kP3 = 1.0f / 6, kP4 = 1.0f / 24, kP5 = 1.0f / 120, kP6 = 1.0f / 720;
+
+// ---------------------------------------------------------------- SIMD bodies
+#if defined(LK_V512)
+
+inline __m512 exp_v(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kExpHi)), _mm512_set1_ps(kExpHi));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP6);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m256i f32_to_bf16_v(__m512 x) {
+#if defined(LK_VBF16)
+  return (__m256i)_mm512_cvtneps_pbh(x);
+#else
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+#endif
+}
+
+inline __m512 bf16_to_f32_v(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+// act[0:16] = silu(g) * u, as bf16
+inline void silu_mul_16(const float* g, const float* u, uint16_t* out) {
+  __m512 gv = _mm512_loadu_ps(g);
+  __m512 e = exp_v(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+  __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  __m512 y = _mm512_mul_ps(s, _mm512_loadu_ps(u));
+  _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(y));
+}
+
+inline void axpy_16(float w, const float* c, float* o) {
+  _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(c), _mm512_loadu_ps(o)));
+}
+
+inline __m512i bcast_pair(const uint16_t* a) {
+  int32_t v;
+  memcpy(&v, a, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// C[r][j*16 + n] (ld 32) = sum_k A_r[k] * B_j[n][k]
+template <int MR, int NB>
+inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+  __m512 acc[MR][NB];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  const int npairs = kp / 2;
+#if defined(LK_VBF16)
+  for (int p = 0; p < npairs; ++p) {
+    __m512i w[NB];
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_si512((const void*)(b[j] + p * 32));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m512i av = bcast_pair(a[r] + 2 * p);
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)av, (__m512bh)w[j]);
+    }
+  }
+#else
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
+  for (int p = 0; p < npairs; ++p) {
+    __m512 we[NB], wo[NB];
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      __m512i w = _mm512_loadu_si512((const void*)(b[j] + p * 32));
+      we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m512i av = bcast_pair(a[r] + 2 * p);
+      __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(av, 16));
+      __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(av, hi_mask));
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        acc[r][j] = _mm512_fmadd_ps(we[j], a0, acc[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(wo[j], a1, acc[r][j]);
+      }
+    }
+  }
+#endif
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, acc[r][j]);
+}
+constexpr int kMaxRows = 8;
+
+#elif defined(__AVX2__)
+
+inline __m256 exp_v(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP6);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+inline __m256i f32_to_bf16_32bit_lanes(__m256 x) {
+  __m256i u = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(r, qn, _mm256_castps_si256(nan));
+}
+
+// 16 fp32 -> 16 bf16
+inline void store_bf16_16(const float* src, uint16_t* dst) {
+  __m256i lo = f32_to_bf16_32bit_lanes(_mm256_loadu_ps(src));
+  __m256i hi = f32_to_bf16_32bit_lanes(_mm256_loadu_ps(src + 8));
+  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+  _mm256_storeu_si256((__m256i*)dst, packed);
+}
+
+inline void silu_mul_16(const float* g, const float* u, uint16_t* out) {
+  float y[16];
+  for (int h = 0; h < 2; ++h) {
+    __m256 gv = _mm256_loadu_ps(g + 8 * h);
+    __m256 e = exp_v(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(s, _mm256_loadu_ps(u + 8 * h)));
+  }
+  store_bf16_16(y, out);
+}
+
+inline void axpy_16(float w, const float* c, float* o) {
+  __m256 wv = _mm256_set1_ps(w);
+  _mm256_storeu_ps(o, _mm256_fmadd_ps(wv, _mm256_loadu_ps(c), _mm256_loadu_ps(o)));
+  _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(wv, _mm256_loadu_ps(c + 8), _mm256_loadu_ps(o + 8)));
+}
+
+template <int MR, int NB>
+inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+  __m256 acc[MR][NB][2];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
+  const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
+  const int npairs = kp / 2;
+  for (int p = 0; p < npairs; ++p) {
+    __m256 a0[MR], a1[MR];
+    for (int r = 0; r < MR; ++r) {
+      int32_t v;
+      memcpy(&v, a[r] + 2 * p, 4);
+      __m256i av = _mm256_set1_epi32(v);
+      a0[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
+      a1[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
+    }
+    for (int j = 0; j < NB; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        __m256i w = _mm256_loadu_si256((const __m256i*)(b[j] + p * 32 + h * 16));
+        __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+        for (int r = 0; r < MR; ++r) {
+          acc[r][j][h] = _mm256_fmadd_ps(we, a0[r], acc[r][j][h]);
+          acc[r][j][h] = _mm256_fmadd_ps(wo, a1[r], acc[r][j][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) {
+      _mm256_storeu_ps(c + r * 32 + j * 16, acc[r][j][0]);
+      _mm256_storeu_ps(c + r * 32 + j * 16 + 8, acc[r][j][1]);
+    }
+}
+constexpr int kMaxRows = 2;
+
+#else  // generic: portable C++ (the compiler may use baseline SSE2)
+
+inline void silu_mul_16(const float* g, const float* u, uint16_t* out) {
+  for (int n = 0; n < 16; ++n) {
+    float gv = g[n];
+    float e = __builtin_expf(-(gv < -kExpHi ? -kExpHi : (gv > kExpHi ? kExpHi : gv)));
+    out[n] = f32_to_bf16(silu_f32(gv, e) * u[n]);
+  }
+}
+
+inline void axpy_16(float w, const float* c, float* o) {
+  for (int n = 0; n < 16; ++n) o[n] += w * c[n];
+}
+
+template <int MR, int NB>
+inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+  float acc[MR][NB * 16];
+  for (int r = 0; r < MR; ++r)
+    for (int n = 0; n < NB * 16; ++n) acc[r][n] = 0.0f;
+  const int npairs = kp / 2;
+  for (int p = 0; p < npairs; ++p) {
+    float a0[MR], a1[MR];
+    for (int r = 0; r < MR; ++r) {
+      a0[r] = bf16_to_f32(a[r][2 * p]);
+      a1[r] = bf16_to_f32(a[r][2 * p + 1]);
+    }
+    for (int j = 0; j < NB; ++j) {
+      const uint16_t* w = b[j] + p * 32;
+      for (int n = 0; n < 16; ++n) {
+        float w0 = bf16_to_f32(w[2 * n]), w1 = bf16_to_f32(w[2 * n + 1]);
+        for (int r = 0; r < MR; ++r) acc[r][j * 16 + n] += a0[r] * w0 + a1[r] * w1;
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int n = 0; n < NB * 16; ++n) c[r * 32 + n] = acc[r][n];
+}
+constexpr int kMaxRows = 4;
+
+#endif
+
+// Runtime row count -> compile-time tile.
+template <int NB>
+void dot_rows(int mr, const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+  switch (mr) {
+    case 1: dot_tile<1, NB>(a, b, kp, c); break;
+#if defined(LK_V512)
+    case 2: dot_tile<2, NB>(a, b, kp, c); break;
+    case 3: dot_tile<3, NB>(a, b, kp, c); break;
+    case 4: dot_tile<4, NB>(a, b, kp, c); break;
+    case 5: dot_tile<5, NB>(a, b, kp, c); break;
+    case 6: dot_tile<6, NB>(a, b, kp, c); break;
+    case 7: dot_tile<7, NB>(a, b, kp, c); break;
+    default: dot_tile<8, NB>(a, b, kp, c); break;
+#elif defined(__AVX2__)
+    default: dot_tile<2, NB>(a, b, kp, c); break;
+#else
+    case 2: dot_tile<2, NB>(a, b, kp, c); break;
+    case 3: dot_tile<3, NB>(a, b, kp, c); break;
+    default: dot_tile<4, NB>(a, b, kp, c); break;
+#endif
+  }
+}
+
+void gate_up_vec(const GateUpTask& t) {
+  float* c = t.scratch->c;
+  const size_t block = size_t(t.kp) * kBlockN;
+  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const int mr = tmin(kMaxRows, t.m - r0);
+    for (int j = 0; j < t.nblk; ++j) {
+      const uint16_t* b[2] = {t.w13 + size_t(j) * 2 * block, t.w13 + size_t(j) * 2 * block + block};
+      dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c);
+      for (int r = 0; r < mr; ++r)
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+    }
+  }
+}
+
+void down_vec(const DownTask& t) {
+  float* c = t.scratch->c;
+  const size_t block = size_t(t.kp) * kBlockN;
+  const uint16_t* rows[kMaxRows];
+  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const int mr = tmin(kMaxRows, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      const uint16_t* b[2] = {t.w2 + size_t(j) * block, t.w2 + size_t(j + nb - 1) * block};
+      if (nb == 2) dot_rows<2>(mr, rows, b, t.kp, c);
+      else dot_rows<1>(mr, rows, b, t.kp, c);
+      for (int r = 0; r < mr; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+        for (int q = 0; q < nb; ++q) axpy_16(t.row_weight[r0 + r], c + r * 32 + q * 16, o + q * 16);
+      }
+    }
+  }
+}
+
+#if defined(LK_AMX)
+// AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
+constexpr int kAmxMinRows = 16;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+inline void amx_configure() {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = 16;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
+inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const size_t stride = lda * 2;
+  for (int k = 0; k < kp; k += 32) {
+    _tile_loadd(4, a + k, stride);
+    _tile_loadd(5, a + 16 * lda + k, stride);
+    _tile_loadd(6, b0 + size_t(k) * 16, 64);
+    _tile_loadd(7, b1 + size_t(k) * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 128);
+  _tile_stored(1, c + 16, 128);
+  _tile_stored(2, c + 16 * 32, 128);
+  _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+void gate_up(const GateUpTask& t) {
+  if (t.m < kAmxMinRows) return gate_up_vec(t);
+  amx_configure();
+  float* c = t.scratch->c;
+  uint16_t* panel = t.scratch->panel;
+  const size_t block = size_t(t.kp) * kBlockN;
+  for (int r0 = 0; r0 < t.m; r0 += 32) {
+    const int mr = tmin(32, t.m - r0);
+    for (int r = 0; r < 32; ++r) {  // gather token rows into a tile-strided panel
+      if (r < mr) memcpy(panel + size_t(r) * t.kp, t.x_rows[r0 + r], size_t(t.kp) * 2);
+      else memset(panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
+    }
+    for (int j = 0; j < t.nblk; ++j) {
+      const uint16_t* bg = t.w13 + size_t(j) * 2 * block;
+      amx_tile_32x32(panel, t.kp, bg, bg + block, t.kp, c);
+      for (int r = 0; r < mr; ++r)
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+    }
+  }
+  _tile_release();
+}
+
+void down(const DownTask& t) {
+  if (t.m < kAmxMinRows) return down_vec(t);
+  amx_configure();
+  float* c = t.scratch->c;
+  const size_t block = size_t(t.kp) * kBlockN;
+  for (int r0 = 0; r0 < t.m; r0 += 32) {
+    const int mr = tmin(32, t.m - r0);  // rows past m are readable slack; their results are dropped
+    const uint16_t* a = t.act + size_t(r0) * t.act_ld;
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      const uint16_t* b0 = t.w2 + size_t(j) * block;
+      amx_tile_32x32(a, t.act_ld, b0, b0 + (nb - 1) * block, t.kp, c);
+      for (int r = 0; r < mr; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+        for (int q = 0; q < nb; ++q) axpy_16(t.row_weight[r0 + r], c + r * 32 + q * 16, o + q * 16);
+      }
+    }
+  }
+  _tile_release();
+}
+#else
+void gate_up(const GateUpTask& t) { gate_up_vec(t); }
+void down(const DownTask& t) { down_vec(t); }
+#endif
+
+// ---------------------------------------------------------------- row conversions
+void to_bf16(const void* src, DType src_type, uint16_t* dst, int n, int n_padded) {
+  if (src_type == DType::kBF16) {
+    memcpy(dst, src, size_t(n) * 2);
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    int i = 0;
+#if defined(LK_V512)
+    for (; i + 16 <= n; i += 16) {
+      __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + i)));
+      _mm256_storeu_si256((__m256i*)(dst + i), f32_to_bf16_v(f));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = f32_to_bf16(f16_to_f32(s[i]));
+  }
+  for (int i = n; i < n_padded; ++i) dst[i] = 0;
+}
+
+void store_row(const float* src, void* dst, DType dst_type, int n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  int i = 0;
+  if (dst_type == DType::kBF16) {
+#if defined(LK_V512)
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i*)(d + i), f32_to_bf16_v(_mm512_loadu_ps(src + i)));
+#elif defined(__AVX2__)
+    for (; i + 16 <= n; i += 16) store_bf16_16(src + i, d + i);
+#endif
+    for (; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+  } else if (dst_type == DType::kFP16) {
+#if defined(LK_V512)
+    for (; i + 16 <= n; i += 16)
+      _mm256_storeu_si256((__m256i*)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__AVX2__)
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; ++i) d[i] = f32_to_f16(src[i]);
+  } else {
+    memcpy(dst, src, size_t(n) * 4);
+  }
+}
+
+uint64_t read_sum(const void* src, size_t n) {
+#if defined(LK_V512)
+  const char* p = static_cast<const char*>(src);
+  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+  size_t i = 0;
+  for (; i + 256 <= n; i += 256) {
+    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512((const void*)(p + i)));
+    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512((const void*)(p + i + 64)));
+    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512((const void*)(p + i + 128)));
+    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512((const void*)(p + i + 192)));
+  }
+  for (; i + 64 <= n; i += 64) s0 = _mm512_add_epi64(s0, _mm512_loadu_si512((const void*)(p + i)));
+  s0 = _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3));
+  return uint64_t(_mm512_reduce_add_epi64(s0));
+#elif defined(__AVX2__)
+  const char* p = static_cast<const char*>(src);
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i + 128 <= n; i += 128) {
+    s0 = _mm256_add_epi64(s0, _mm256_loadu_si256((const __m256i*)(p + i)));
+    s1 = _mm256_add_epi64(s1, _mm256_loadu_si256((const __m256i*)(p + i + 32)));
+    s2 = _mm256_add_epi64(s2, _mm256_loadu_si256((const __m256i*)(p + i + 64)));
+    s3 = _mm256_add_epi64(s3, _mm256_loadu_si256((const __m256i*)(p + i + 96)));
+  }
+  s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+  uint64_t out[4];
+  _mm256_storeu_si256((__m256i*)out, s0);
+  return out[0] + out[1] + out[2] + out[3];
+#else
+  const uint64_t* p = static_cast<const uint64_t*>(src);
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i + 4 <= n / 8; i += 4) {
+    s0 += p[i];
+    s1 += p[i + 1];
+    s2 += p[i + 2];
+    s3 += p[i + 3];
+  }
+  return s0 + s1 + s2 + s3;
+#endif
+}
+
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum};
+
+}  // namespace
+
+const KernelTable* kernel_table() { return &kTable; }
+
+}  // namespace LK_CAT(tier_, LK_TIER)
+}  // namespace lk

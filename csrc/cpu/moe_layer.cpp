@@ -1,0 +1,358 @@
+#include "cpu/moe_layer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "cpu/cpu_dispatch.h"
+
+namespace lk {
+namespace {
+
+constexpr int kPieceRows = 128;        // phase-1 token rows per unit (bounds the row-pointer scratch)
+constexpr int kRangeTokensMax = 1024;  // phase-2 tokens per unit (bounds the fp32 accumulator)
+constexpr size_t kChunkBudget = size_t(256) << 20;  // activation scratch per chunk of tokens
+constexpr int kSlack = 32;             // readable rows past the last slot (AMX reads 32-row tiles)
+
+// Pool shared-buffer slots (one job runs at a time, so they are reused by every layer).
+enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight, kPieces, kAct, kXbf16 };
+// Per-worker buffer slots.
+enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow };
+
+int round_up(int v, int a) { return (v + a - 1) / a * a; }
+size_t elem_size(DType t) { return t == DType::kFP32 ? 4 : 2; }
+
+// Split `blocks` among node slots in proportion to their threads.
+std::vector<int> split_blocks(int blocks, const ThreadPool& pool) {
+  std::vector<int> bounds(pool.num_nodes() + 1, 0);
+  const int total = pool.num_threads();
+  int cum = 0;
+  for (int s = 0; s < pool.num_nodes(); ++s) {
+    cum += pool.threads_on_node(s);
+    bounds[s + 1] = int(int64_t(blocks) * cum / total);
+  }
+  return bounds;
+}
+
+// Repack: checkpoint rows -> packed blocks, run by the threads of the node that
+// owns each slice so first touch places the pages there even without mbind.
+class RepackJob : public Job {
+ public:
+  RepackJob(const MoEShape& sh, std::vector<NodeSlice>& slices, const void* w13, const void* w2, DType wtype,
+            const KernelTable* kt)
+      : sh_(sh), slices_(slices), w13_(static_cast<const uint16_t*>(w13)), w2_(static_cast<const uint16_t*>(w2)),
+        wtype_(wtype), kt_(kt), next_(slices.size()) {
+    for (auto& n : next_) n.store(0);
+  }
+
+  void run(WorkerCtx& ctx) override {
+    NodeSlice& sl = slices_[ctx.node];
+    const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+    const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
+    uint16_t* row = static_cast<uint16_t*>(ctx.buffer(kRepackRow, size_t(16) * std::max(sh_.kp1, sh_.kp2) * 2));
+    for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
+      if (u < int64_t(sh_.experts) * nbi) {
+        const int e = int(u / nbi), lb = int(u % nbi);
+        uint16_t* dst = sl.w13.as<uint16_t>() + (size_t(e) * nbi + lb) * 2 * sh_.kp1 * kBlockN;
+        const uint16_t* base = w13_ + size_t(e) * 2 * sh_.intermediate * sh_.hidden;
+        const int r0 = (sl.ib0 + lb) * kBlockN;
+        pack(base, r0, sh_.intermediate, sh_.hidden, sh_.kp1, row, dst);                       // gate rows
+        pack(base + size_t(sh_.intermediate) * sh_.hidden, r0, sh_.intermediate, sh_.hidden, sh_.kp1, row,
+             dst + size_t(sh_.kp1) * kBlockN);                                                    // up rows
+      } else {
+        u -= int64_t(sh_.experts) * nbi;
+        const int e = int(u / nbh), lb = int(u % nbh);
+        uint16_t* dst = sl.w2.as<uint16_t>() + (size_t(e) * nbh + lb) * sh_.kp2 * kBlockN;
+        const uint16_t* base = w2_ + size_t(e) * sh_.hidden * sh_.intermediate;
+        pack(base, (sl.hb0 + lb) * kBlockN, sh_.hidden, sh_.intermediate, sh_.kp2, row, dst);
+      }
+    }
+  }
+
+ private:
+  // 16 rows [r0, r0+16) of a [rows, k] matrix -> one block; rows past `rows` and k past `k` are zero.
+  void pack(const uint16_t* src, int r0, int rows, int k, int kp, uint16_t* tmp, uint16_t* dst) {
+    for (int n = 0; n < kBlockN; ++n) {
+      uint16_t* t = tmp + size_t(n) * kp;
+      if (r0 + n < rows) kt_->to_bf16(src + size_t(r0 + n) * k, wtype_, t, k, kp);
+      else memset(t, 0, size_t(kp) * 2);
+    }
+    // Element (n, k) -> (k/2)*32 + 2n + (k&1): a 16 x kp/2 transpose of bf16 pairs.
+    const uint32_t* t32 = reinterpret_cast<const uint32_t*>(tmp);
+    uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
+    const int pairs = kp / 2;
+    for (int p = 0; p < pairs; ++p)
+      for (int n = 0; n < kBlockN; ++n) d32[size_t(p) * kBlockN + n] = t32[size_t(n) * pairs + p];
+  }
+
+  const MoEShape& sh_;
+  std::vector<NodeSlice>& slices_;
+  const uint16_t* w13_;
+  const uint16_t* w2_;
+  DType wtype_;
+  const KernelTable* kt_;
+  std::vector<std::atomic<int64_t>> next_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ MoELayer
+
+MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void* w2, DType wtype, int experts,
+                   int intermediate, int hidden, Activation act)
+    : pool_(std::move(pool)), act_(act) {
+  shape_.experts = experts;
+  shape_.intermediate = intermediate;
+  shape_.hidden = hidden;
+  shape_.kp1 = round_up(hidden, kPadK);
+  shape_.kp2 = round_up(intermediate, kPadK);
+  shape_.i_blocks = shape_.kp2 / kBlockN;
+  shape_.h_blocks = (hidden + kBlockN - 1) / kBlockN;
+  if (pool_->num_nodes() > 64) throw std::invalid_argument("more than 64 NUMA nodes with threads are not supported");
+
+  const std::vector<int> ib = split_blocks(shape_.i_blocks, *pool_);
+  const std::vector<int> hb = split_blocks(shape_.h_blocks, *pool_);
+  slices_.resize(pool_->num_nodes());
+  for (int s = 0; s < pool_->num_nodes(); ++s) {
+    NodeSlice& sl = slices_[s];
+    sl.ib0 = ib[s];
+    sl.ib1 = ib[s + 1];
+    sl.hb0 = hb[s];
+    sl.hb1 = hb[s + 1];
+    const int node = pool_->numa_placement() ? pool_->node_id(s) : -1;
+    sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * 2, node);
+    sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * 2, node);
+  }
+  RepackJob repack(shape_, slices_, w13, w2, wtype, active_kernels());
+  pool_->submit(&repack);
+  repack.wait();
+}
+
+MoELayer::~MoELayer() {
+  if (submitted_) job_.wait();
+}
+
+size_t MoELayer::nbytes() const {
+  size_t n = 0;
+  for (const auto& s : slices_) n += s.w13.size() + s.w2.size();
+  return n;
+}
+
+void MoELayer::check_ids(const int32_t* ids, int64_t count) const {
+  const int E = shape_.experts;
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] < -1 || ids[i] >= E)
+      throw std::invalid_argument("topk_ids holds expert id " + std::to_string(ids[i]) + " at flat index " +
+                                  std::to_string(i) + "; valid ids are 0.." + std::to_string(E - 1) +
+                                  " (or -1 for an unused slot)");
+  }
+}
+
+Job* MoELayer::submit(const ForwardArgs& args) {
+  if (submitted_) job_.wait();
+  job_.prepare(this, args, active_kernels());
+  submitted_ = true;
+  pool_->submit(&job_);
+  return &job_;
+}
+
+// ------------------------------------------------------------------ ForwardJob
+
+void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const KernelTable* kernels) {
+  layer_ = layer;
+  a_ = args;
+  kt_ = kernels;
+  const MoEShape& sh = layer->shape();
+  copy_x_ = args.x_type != DType::kBF16 || sh.kp1 != sh.hidden;
+  const size_t per_token = size_t(args.top_k) * (sh.kp2 * 2 + 8) + (copy_x_ ? size_t(sh.kp1) * 2 : 0);
+  chunk_tokens_ = int(std::max<int64_t>(1, std::min<int64_t>(args.tokens, int64_t(kChunkBudget / per_token))));
+}
+
+void ForwardJob::run(WorkerCtx& ctx) {
+  for (int64_t t0 = 0; t0 < a_.tokens; t0 += chunk_tokens_) {
+    const int tc = int(std::min<int64_t>(chunk_tokens_, a_.tokens - t0));
+    if (ctx.tid == 0) plan_chunk(ctx, t0, tc);
+    ctx.barrier();
+    if (copy_x_) {
+      convert_inputs(ctx, t0, tc);
+      ctx.barrier();
+    }
+    phase_gate_up(ctx);
+    ctx.barrier();
+    phase_down(ctx, t0, tc);
+    if (t0 + tc < a_.tokens) ctx.barrier();  // the next plan overwrites this chunk's scratch
+  }
+}
+
+// Group the chunk's (token, k) slots by expert (counting sort keeps tokens ascending
+// within an expert) and size the work units. Runs on worker 0 only.
+void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
+  const MoEShape& sh = layer_->shape();
+  ThreadPool& pool = *ctx.pool;
+  const int E = sh.experts, K = a_.top_k;
+  const size_t S = size_t(tc) * K;
+  auto buf = [&](int slot, size_t bytes) {
+    HostBuffer& b = pool.shared_buffer(slot);
+    b.ensure(bytes);
+    return b.data();
+  };
+  int32_t* cursor = static_cast<int32_t*>(buf(kCounts, size_t(E) * 4));
+  active_expert_ = static_cast<int32_t*>(buf(kActiveExpert, size_t(E) * 4));
+  active_begin_ = static_cast<int32_t*>(buf(kActiveBegin, size_t(E + 1) * 4));
+  slot_token_ = static_cast<int32_t*>(buf(kSlotToken, S * 4));
+  slot_weight_ = static_cast<float*>(buf(kSlotWeight, S * 4));
+  pieces_ = static_cast<int32_t*>(buf(kPieces, (S / kPieceRows + E + 1) * 3 * 4));
+  act_ = static_cast<uint16_t*>(buf(kAct, (S + kSlack) * sh.kp2 * 2));
+  if (copy_x_) {
+    x_rows_base_ = static_cast<uint16_t*>(buf(kXbf16, size_t(tc) * sh.kp1 * 2));
+    x_ld_ = sh.kp1;
+  } else {
+    x_rows_base_ = static_cast<const uint16_t*>(a_.x) + size_t(t0) * sh.hidden;
+    x_ld_ = sh.hidden;
+  }
+
+  const int32_t* ids = a_.ids + t0 * K;
+  const float* w = a_.weights + t0 * K;
+  memset(cursor, 0, size_t(E) * 4);
+  for (size_t i = 0; i < S; ++i)
+    if (ids[i] >= 0) ++cursor[ids[i]];
+  int A = 0, pos = 0;
+  for (int e = 0; e < E; ++e) {
+    const int n = cursor[e];
+    cursor[e] = pos;
+    if (n == 0) continue;
+    active_expert_[A] = e;
+    active_begin_[A] = pos;
+    ++A;
+    pos += n;
+  }
+  active_begin_[A] = pos;
+  num_active_ = A;
+  for (size_t i = 0; i < S; ++i) {
+    const int e = ids[i];
+    if (e < 0) continue;
+    const int p = cursor[e]++;
+    slot_token_[p] = int32_t(i / K);
+    slot_weight_[p] = w[i];
+  }
+
+  num_pieces_ = 0;
+  for (int a = 0; a < A; ++a)
+    for (int r = active_begin_[a]; r < active_begin_[a + 1]; r += kPieceRows) {
+      int32_t* pc = pieces_ + 3 * num_pieces_++;
+      pc[0] = a;
+      pc[1] = r;
+      pc[2] = std::min(r + kPieceRows, active_begin_[a + 1]);
+    }
+
+  // Decode-sized chunks: one block per unit, so all threads share few experts' weights.
+  // Prefill-sized: wider units amortise the A panel and the accumulator over more columns.
+  const bool wide = A > 0 && pos / A >= 16;
+  group1_ = wide ? 4 : 1;
+  group2_ = wide ? 4 : 1;
+  int max_threads = 1;
+  for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
+  const auto& sl0 = layer_->slices()[0];
+  const int ng2 = std::max(1, (sl0.hb1 - sl0.hb0 + group2_ - 1) / group2_);
+  token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
+  while (ng2 * token_ranges_ < 2 * max_threads && tc / (token_ranges_ * 2) >= 16) token_ranges_ *= 2;
+
+  for (int s = 0; s < pool.num_nodes(); ++s) {
+    next1_[s].store(0, std::memory_order_relaxed);
+    next2_[s].store(0, std::memory_order_relaxed);
+  }
+}
+
+void ForwardJob::convert_inputs(WorkerCtx& ctx, int64_t t0, int tc) {
+  const MoEShape& sh = layer_->shape();
+  const size_t esz = elem_size(a_.x_type);
+  uint16_t* xb = const_cast<uint16_t*>(x_rows_base_);
+  for (int r = ctx.tid; r < tc; r += ctx.num_threads)
+    kt_->to_bf16(static_cast<const char*>(a_.x) + (size_t(t0) + r) * sh.hidden * esz, a_.x_type,
+                 xb + size_t(r) * sh.kp1, sh.hidden, sh.kp1);
+}
+
+void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
+  const MoEShape& sh = layer_->shape();
+  const NodeSlice& sl = layer_->slices()[ctx.node];
+  const int nbi = sl.ib1 - sl.ib0;
+  if (nbi == 0) return;
+  const int ngroups = (nbi + group1_ - 1) / group1_;
+  const int units = num_pieces_ * ngroups;
+  KernelScratch ks;
+  ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
+  ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(32) * sh.kp1 * 2));
+  auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
+  const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
+  for (int u; (u = next1_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
+    const int32_t* pc = pieces_ + 3 * (u / ngroups);
+    const int g = u % ngroups;
+    const int e = active_expert_[pc[0]];
+    const int lb0 = g * group1_, lb1 = std::min(nbi, lb0 + group1_);
+    for (int p = pc[1]; p < pc[2]; ++p) rows[p - pc[1]] = x_rows_base_ + size_t(slot_token_[p]) * x_ld_;
+    GateUpTask t;
+    t.x_rows = rows;
+    t.m = pc[2] - pc[1];
+    t.w13 = sl.w13.as<uint16_t>() + (size_t(e) * nbi + lb0) * w13_block;
+    t.nblk = lb1 - lb0;
+    t.kp = sh.kp1;
+    t.act = act_ + size_t(pc[1]) * sh.kp2 + size_t(sl.ib0 + lb0) * kBlockN;
+    t.act_ld = sh.kp2;
+    t.act_fn = layer_->activation();
+    t.scratch = &ks;
+    kt_->gate_up(t);
+  }
+}
+
+void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
+  const MoEShape& sh = layer_->shape();
+  const NodeSlice& sl = layer_->slices()[ctx.node];
+  const int nbh = sl.hb1 - sl.hb0;
+  if (nbh == 0) return;
+  const int ngroups = (nbh + group2_ - 1) / group2_;
+  const int units = ngroups * token_ranges_;
+  const int range = (tc + token_ranges_ - 1) / token_ranges_;
+  const size_t out_ld = size_t(group2_) * kBlockN;
+  KernelScratch ks;
+  ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
+  ks.panel = nullptr;
+  float* acc = static_cast<float*>(ctx.buffer(kOutAcc, size_t(range) * out_ld * 4));
+  const size_t w2_block = size_t(sh.kp2) * kBlockN;
+  const size_t osz = elem_size(a_.out_type);
+  for (int u; (u = next2_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
+    const int g = u % ngroups, rg = u / ngroups;
+    const int tr0 = rg * range, tr1 = std::min(tc, tr0 + range);
+    if (tr0 >= tr1) continue;
+    const int lb0 = g * group2_, lb1 = std::min(nbh, lb0 + group2_);
+    memset(acc, 0, size_t(tr1 - tr0) * out_ld * 4);
+    for (int a = 0; a < num_active_; ++a) {
+      // This expert's slots whose token lies in [tr0, tr1): a contiguous run (tokens ascend).
+      const int32_t* b = slot_token_ + active_begin_[a];
+      const int32_t* e_ = slot_token_ + active_begin_[a + 1];
+      const int32_t* p0 = std::lower_bound(b, e_, tr0);
+      const int32_t* p1 = std::lower_bound(p0, e_, tr1);
+      if (p0 == p1) continue;
+      const size_t s0 = size_t(p0 - slot_token_);
+      DownTask t;
+      t.act = act_ + s0 * sh.kp2;
+      t.act_ld = sh.kp2;
+      t.m = int(p1 - p0);
+      t.w2 = sl.w2.as<uint16_t>() + (size_t(active_expert_[a]) * nbh + lb0) * w2_block;
+      t.nblk = lb1 - lb0;
+      t.kp = sh.kp2;
+      t.row_weight = slot_weight_ + s0;
+      t.out_row = p0;              // chunk-local token ...
+      t.out_acc = acc - size_t(tr0) * out_ld;  // ... so shift the accumulator's origin by tr0 rows
+      t.out_ld = out_ld;
+      t.scratch = &ks;
+      kt_->down(t);
+    }
+    const int col0 = (sl.hb0 + lb0) * kBlockN;
+    const int ncols = std::min(sh.hidden, (sl.hb0 + lb1) * kBlockN) - col0;
+    for (int r = tr0; r < tr1; ++r)
+      kt_->store_row(acc + size_t(r - tr0) * out_ld,
+                     static_cast<char*>(a_.out) + ((size_t(t0) + r) * sh.hidden + col0) * osz, a_.out_type, ncols);
+  }
+}
+
+}  // namespace lk

@@ -1,0 +1,120 @@
+// One MoE layer's routed experts on the CPU: packed weights split across NUMA
+// nodes, and the forward that schedules the kernels on the thread pool.
+//
+// NUMA split (no replication, host bytes ~1.0x the experts): node slot s owns
+// I-blocks [ib0, ib1) of every expert's gate and up projections and H-blocks
+// [hb0, hb1) of every expert's down projection. A forward therefore runs in two
+// phases with a barrier between them:
+//   phase 1: each node computes act = silu(gate x) * (up x) for its I columns;
+//   phase 2: each node computes its H columns of out = sum_k w_k * down_e(act),
+//            reading all of act (the only cross-node traffic: K*I bf16 per token).
+// Every output element is produced by exactly one work unit, which owns the
+// fp32 accumulator of its columns: no atomics, no cross-thread reduction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "cpu/host_memory.h"
+#include "cpu/kernel_table.h"
+#include "cpu/thread_pool.h"
+
+namespace lk {
+
+struct MoEShape {
+  int experts = 0;       // E
+  int intermediate = 0;  // I
+  int hidden = 0;        // H
+  int kp1 = 0;           // H padded to kPadK (phase-1 reduction length)
+  int kp2 = 0;           // I padded to kPadK (phase-2 reduction length, act row length)
+  int i_blocks = 0;      // kp2 / 16: I-blocks (blocks past I hold zero weights)
+  int h_blocks = 0;      // ceil(H / 16)
+};
+
+struct NodeSlice {
+  int ib0 = 0, ib1 = 0;  // I-blocks owned
+  int hb0 = 0, hb1 = 0;  // H-blocks owned
+  HostBuffer w13;        // [E][ib1-ib0][gate block, up block]
+  HostBuffer w2;         // [E][hb1-hb0][block]
+};
+
+struct ForwardArgs {
+  const void* x = nullptr;  // [M, H] contiguous
+  DType x_type = DType::kBF16;
+  int64_t tokens = 0;       // M
+  int top_k = 0;            // K
+  const int32_t* ids = nullptr;      // [M, K], -1 = unused slot
+  const float* weights = nullptr;    // [M, K]
+  void* out = nullptr;               // [M, H] contiguous, type out_type
+  DType out_type = DType::kBF16;
+};
+
+class MoELayer;
+
+class ForwardJob : public Job {
+ public:
+  void prepare(const MoELayer* layer, const ForwardArgs& args, const KernelTable* kernels);
+  void run(WorkerCtx& ctx) override;
+
+ private:
+  static constexpr int kMaxNodes = 64;
+  void plan_chunk(WorkerCtx& ctx, int64_t t0, int tc);
+  void convert_inputs(WorkerCtx& ctx, int64_t t0, int tc);
+  void phase_gate_up(WorkerCtx& ctx);
+  void phase_down(WorkerCtx& ctx, int64_t t0, int tc);
+
+  const MoELayer* layer_ = nullptr;
+  const KernelTable* kt_ = nullptr;
+  ForwardArgs a_;
+  int chunk_tokens_ = 0;
+  bool copy_x_ = false;
+
+  // Plan of the current chunk (written by worker 0 before a barrier).
+  const uint16_t* x_rows_base_ = nullptr;  // token row t at x_rows_base_ + t * x_ld_
+  size_t x_ld_ = 0;
+  int num_active_ = 0;
+  int32_t* active_expert_ = nullptr;  // [A]
+  int32_t* active_begin_ = nullptr;   // [A+1] slot offsets
+  int32_t* slot_token_ = nullptr;     // [S] chunk-local token of each slot, grouped by expert
+  float* slot_weight_ = nullptr;      // [S]
+  int32_t* pieces_ = nullptr;         // [P][3]: active index, first slot, end slot
+  int num_pieces_ = 0;
+  int group1_ = 1;                    // I-blocks per phase-1 unit
+  int group2_ = 1;                    // H-blocks per phase-2 unit
+  int token_ranges_ = 1;              // phase-2 token ranges
+  uint16_t* act_ = nullptr;           // [S + 32][kp2]
+  std::atomic<int> next1_[kMaxNodes];
+  std::atomic<int> next2_[kMaxNodes];
+};
+
+class MoELayer {
+ public:
+  // w13: [E, 2I, H], w2: [E, H, I] of type wtype (bf16 or fp16), contiguous.
+  MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void* w2, DType wtype, int experts,
+           int intermediate, int hidden, Activation act);
+  ~MoELayer();
+
+  const MoEShape& shape() const { return shape_; }
+  Activation activation() const { return act_; }
+  size_t nbytes() const;
+  ThreadPool& pool() const { return *pool_; }
+  const std::vector<NodeSlice>& slices() const { return slices_; }
+
+  // Throws std::invalid_argument for an expert id outside [-1, E).
+  void check_ids(const int32_t* ids, int64_t count) const;
+  // Starts a forward; waits first for this layer's previous one (one in flight per layer).
+  Job* submit(const ForwardArgs& args);
+
+ private:
+  std::shared_ptr<ThreadPool> pool_;
+  MoEShape shape_;
+  Activation act_;
+  std::vector<NodeSlice> slices_;
+  ForwardJob job_;
+  bool submitted_ = false;
+};
+
+}  // namespace lk

@@ -1,0 +1,67 @@
+"""Engine settings from the environment, parsed once into a typed object.
+
+LK_THREADS         worker threads (default: physical cores of the CPUs this process may use)
+LK_THREAD_BINDING  CPU_CORE (default) | NUMA_NODE | NONE
+LK_ISA             generic | avx2 | avx512 | avx512_bf16 | amx (default: best the CPU has)
+LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 100)
+
+A bad value raises ConfigError (a ValueError) naming the variable.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+BINDINGS = ("CPU_CORE", "NUMA_NODE", "NONE")
+ISAS = ("generic", "avx2", "avx512", "avx512_bf16", "amx")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the engine cannot use."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    threads: int = 0  # 0: physical cores of the allowed CPUs
+    binding: str = "CPU_CORE"
+    isa: Optional[str] = None  # None: best supported
+    spin_us: int = 100
+
+
+def _int_var(env: Mapping[str, str], name: str, lo: int, hi: int) -> Optional[int]:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return None
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer (expected {lo}..{hi})") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name}={value} is out of range (expected {lo}..{hi})")
+    return value
+
+
+def from_env(env: Optional[Mapping[str, str]] = None, logical_cpus: Optional[int] = None) -> EngineConfig:
+    """Parse the LK_* variables. `logical_cpus` bounds LK_THREADS (default: CPUs we may run on)."""
+    env = os.environ if env is None else env
+    if logical_cpus is None:
+        logical_cpus = len(os.sched_getaffinity(0))
+    threads = _int_var(env, "LK_THREADS", 1, 4096)
+    if threads is not None and threads > logical_cpus:
+        raise ConfigError(
+            f"LK_THREADS={threads} exceeds the {logical_cpus} logical CPUs this process may use "
+            f"(see `taskset -p $$` / the container's cpuset); use at most {logical_cpus}"
+        )
+    binding = env.get("LK_THREAD_BINDING", "").strip().upper() or "CPU_CORE"
+    if binding not in BINDINGS:
+        raise ConfigError(
+            f"LK_THREAD_BINDING={env.get('LK_THREAD_BINDING')!r} is not one of {', '.join(BINDINGS)}"
+        )
+    isa = env.get("LK_ISA", "").strip().lower() or None
+    if isa is not None and isa not in ISAS:
+        raise ConfigError(f"LK_ISA={env.get('LK_ISA')!r} is not one of {', '.join(ISAS)}")
+    spin = _int_var(env, "LK_SPIN_US", 0, 1_000_000)
+    return EngineConfig(
+        threads=threads or 0, binding=binding, isa=isa, spin_us=100 if spin is None else spin
+    )

@@ -1,0 +1,54 @@
+"""Plain-torch versions of the layer: an fp32 reference for tests and a bf16 baseline for benchmarks."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def moe_reference(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
+    """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H]."""
+    M, H = x.shape
+    I = w2.shape[2]
+    out = torch.zeros(M, H, dtype=torch.float32)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+        w = w13[e].float()
+        h = xf[tok] @ w.t()
+        act = F.silu(h[:, :I]) * h[:, I:]
+        y = act @ w2[e].float().t()
+        out.index_add_(0, tok, y * topk_weights[tok, k].unsqueeze(1))
+    return out
+
+
+def moe_torch_baseline(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch: per-expert GEMMs in the weights' dtype, fp32 sum."""
+    M, H = x.shape
+    I = w2.shape[2]
+    out = torch.zeros(M, H, dtype=torch.float32)
+    flat = topk_ids.flatten()
+    order = torch.argsort(flat)
+    counts = torch.bincount(flat[flat >= 0], minlength=w13.shape[0]).tolist()
+    start = int((flat < 0).sum())
+    tok_all = order // topk_ids.shape[1]
+    w_all = topk_weights.flatten()[order]
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        tok = tok_all[start:start + n]
+        h = F.linear(x[tok], w13[e])
+        act = F.silu(h[:, :I]) * h[:, I:]
+        y = F.linear(act, w2[e])
+        out.index_add_(0, tok, y.float() * w_all[start:start + n].unsqueeze(1))
+        start += n
+    return out.to(x.dtype)
+
+
+def random_routing(M: int, E: int, K: int, generator=None):
+    """Distinct experts per token, softmax-like positive weights (as a router would give)."""
+    scores = torch.rand(M, E, generator=generator)
+    w, ids = torch.topk(scores, K, dim=1)
+    w = w / w.sum(dim=1, keepdim=True)
+    return ids.to(torch.int32).contiguous(), w.float().contiguous()
