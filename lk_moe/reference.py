@@ -5,11 +5,15 @@ import torch
 import torch.nn.functional as F
 
 
-def moe_reference(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
-    """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H]."""
+def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False):
+    """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H].
+
+    With return_magnitude, also returns sum_k |w_k| * |w2_e| @ |act_e|: the scale that rounding
+    the activation perturbs each output by (used for rigorous error bounds)."""
     M, H = x.shape
     I = w2.shape[2]
     out = torch.zeros(M, H, dtype=torch.float32)
+    mag = torch.zeros(M, H, dtype=torch.float32)
     xf = x.float()
     for e in torch.unique(topk_ids).tolist():
         if e < 0:
@@ -18,9 +22,13 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
         w = w13[e].float()
         h = xf[tok] @ w.t()
         act = F.silu(h[:, :I]) * h[:, I:]
-        y = act @ w2[e].float().t()
-        out.index_add_(0, tok, y * topk_weights[tok, k].unsqueeze(1))
-    return out
+        w2e = w2[e].float()
+        y = act @ w2e.t()
+        rw = topk_weights[tok, k].unsqueeze(1)
+        out.index_add_(0, tok, y * rw)
+        if return_magnitude:
+            mag.index_add_(0, tok, (act.abs() @ w2e.abs().t()) * rw.abs())
+    return (out, mag) if return_magnitude else out
 
 
 def moe_torch_baseline(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:

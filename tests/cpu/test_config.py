@@ -1,0 +1,63 @@
+"""LK_* settings: parsed once, a bad value names its variable."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lk_moe
+from lk_moe.config import ConfigError, from_env
+
+
+def test_defaults():
+    cfg = from_env({}, logical_cpus=8)
+    assert cfg.threads == 0 and cfg.binding == "CPU_CORE" and cfg.isa is None and cfg.spin_us == 100
+
+
+def test_values():
+    cfg = from_env({"LK_THREADS": "6", "LK_THREAD_BINDING": "numa_node", "LK_ISA": "AVX2", "LK_SPIN_US": "0"},
+                   logical_cpus=8)
+    assert (cfg.threads, cfg.binding, cfg.isa, cfg.spin_us) == (6, "NUMA_NODE", "avx2", 0)
+
+
+@pytest.mark.parametrize(
+    "env,words",
+    [
+        ({"LK_THREADS": "many"}, "LK_THREADS='many' is not an integer"),
+        ({"LK_THREADS": "0"}, "LK_THREADS=0 is out of range"),
+        ({"LK_THREADS": "40"}, "LK_THREADS=40 exceeds the 8 logical CPUs"),
+        ({"LK_THREAD_BINDING": "socket"}, "LK_THREAD_BINDING='socket' is not one of CPU_CORE, NUMA_NODE, NONE"),
+        ({"LK_ISA": "avx9"}, "LK_ISA='avx9' is not one of"),
+        ({"LK_SPIN_US": "-5"}, "LK_SPIN_US=-5 is out of range"),
+    ],
+)
+def test_bad_values_name_the_variable(env, words):
+    with pytest.raises(ConfigError) as ei:
+        from_env(env, logical_cpus=8)
+    assert words in str(ei.value)
+
+
+def _run(code, **env):
+    full = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_lk_isa_forces_a_tier():
+    r = _run("import lk_moe; print(lk_moe.isa())", LK_ISA="generic")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "generic"
+
+
+def test_lk_isa_missing_on_this_cpu_is_a_clear_error():
+    missing = [t for t in ("avx2", "avx512", "avx512_bf16", "amx") if t not in lk_moe.supported_isas()]
+    if not missing:
+        pytest.skip("this CPU has every tier")
+    r = _run("import lk_moe; lk_moe.isa()", LK_ISA=missing[-1])
+    assert r.returncode != 0
+    assert f"LK_ISA={missing[-1]}" in r.stderr and "not supported by this CPU" in r.stderr
+
+
+def test_lk_threads_applies_to_default_pool():
+    r = _run("import lk_moe; print(lk_moe.default_pool().num_threads)", LK_THREADS="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1"

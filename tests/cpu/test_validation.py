@@ -1,0 +1,88 @@
+"""Bad input is a clear TypeError/ValueError naming the problem, never a crash."""
+import pytest
+import torch
+
+import lk_moe
+
+from .conftest import make_experts
+
+E, H, I, K, M = 4, 256, 64, 2, 3
+
+
+@pytest.fixture(scope="module")
+def layer():
+    w13, w2 = make_experts(E, H, I)
+    return lk_moe.MoELayer(w13, w2)
+
+
+def good():
+    return (torch.randn(M, H).bfloat16(), torch.zeros(M, K, dtype=torch.int32), torch.ones(M, K))
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,words",
+    [
+        (lambda x, i, w: (x.float(), i, w), TypeError, "x must be bfloat16 or float16"),
+        (lambda x, i, w: (x, i.long(), w), TypeError, "topk_ids must be int32"),
+        (lambda x, i, w: (x, i, w.bfloat16()), TypeError, "topk_weights must be float32"),
+        (lambda x, i, w: (x[:, :100], i, w), ValueError, "x must have shape [M, H] with H = 256"),
+        (lambda x, i, w: (x[0], i, w), ValueError, "x must have shape"),
+        (lambda x, i, w: (x, i[:2], w), ValueError, "topk_ids must have shape [M, K] with M = 3"),
+        (lambda x, i, w: (x, i, w[:, :1]), ValueError, "topk_weights must have shape [M, K] = [3, 2]"),
+        (lambda x, i, w: (x.t().contiguous().t(), i, w), ValueError, "x must be contiguous"),
+        (lambda x, i, w: (x, i.t().contiguous().t(), w), ValueError, "topk_ids must be contiguous"),
+        (lambda x, i, w: (x.to("meta"), i, w), ValueError, "x must be a CPU tensor"),
+        (lambda x, i, w: (x, i.fill_(E), w), ValueError, "expert id 4"),
+        (lambda x, i, w: (x, i.fill_(-2), w), ValueError, "expert id -2"),
+        (lambda x, i, w: ("not a tensor", i, w), TypeError, ""),
+    ],
+)
+def test_bad_forward_inputs(layer, mutate, exc, words):
+    x, ids, w = mutate(*good())
+    with pytest.raises(exc) as ei:
+        layer.forward(x, ids, w)
+    assert words in str(ei.value)
+
+
+def test_bad_out_buffer(layer):
+    x, ids, w = good()
+    with pytest.raises(TypeError, match="out must have x's dtype"):
+        layer.forward_into(torch.empty(M, H, dtype=torch.float16), x, ids, w)
+    with pytest.raises(ValueError, match="out must have shape"):
+        layer.forward_into(torch.empty(M + 1, H, dtype=torch.bfloat16), x, ids, w)
+
+
+def test_bad_weights():
+    w13, w2 = make_experts(E, H, I)
+    with pytest.raises(TypeError, match="w13 must be bfloat16 or float16"):
+        lk_moe.MoELayer(w13.float(), w2)
+    with pytest.raises(TypeError, match="same dtype"):
+        lk_moe.MoELayer(w13, w2.half())
+    with pytest.raises(ValueError, match=r"w2 must have shape \[E, H, I\] = \[4, 256, 64\]"):
+        lk_moe.MoELayer(w13, w2[:, :, :32].contiguous())
+    with pytest.raises(ValueError, match="w13 must have shape"):
+        lk_moe.MoELayer(w13[0], w2)
+    with pytest.raises(ValueError, match="w13 must have shape"):
+        lk_moe.MoELayer(w13[:, :63].contiguous(), w2)
+    with pytest.raises(ValueError, match="w2 must be contiguous"):
+        lk_moe.MoELayer(w13, w2.transpose(1, 2).contiguous().transpose(1, 2))
+    with pytest.raises(ValueError, match="activation 'gelu' is not supported"):
+        lk_moe.MoELayer(w13, w2, activation="gelu")
+    with pytest.raises(TypeError):
+        lk_moe.MoELayer([1, 2], w2)
+
+
+def test_bad_pool_settings():
+    with pytest.raises(ValueError, match="thread binding must be"):
+        lk_moe.make_pool(binding="SOCKET")
+    with pytest.raises(ValueError, match="threads must be"):
+        lk_moe.make_pool(threads=-1)
+
+
+def test_bad_isa_name():
+    with pytest.raises(ValueError, match="unknown ISA tier 'sse9'"):
+        lk_moe.set_isa("sse9")
+    missing = [t for t in ("generic", "avx2", "avx512", "avx512_bf16", "amx") if t not in lk_moe.supported_isas()]
+    for t in missing:
+        with pytest.raises(ValueError, match=f"ISA tier '{t}' is not supported by this CPU"):
+            lk_moe.set_isa(t)
