@@ -27,7 +27,7 @@ enum class Activation : int { kSiLU = 0 };
 // Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
 struct KernelScratch {
   float* c;            // >= 32 x 64 floats: one micro-tile of results
-  uint16_t* panel;     // >= 32 x Kp1 bf16: AMX A panel (gathered token rows)
+  uint16_t* panel;     // >= round_up(m, 32) x Kp1 bf16: AMX A panel (gathered token rows)
 };
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the

@@ -120,6 +120,8 @@ constexpr float kP2 = 0.5f, kP3 = 1.0f / 6, kP4 = 1.0f / 24, kP5 = 1.0f / 120, k
 // ---------------------------------------------------------------- SIMD bodies
 #if defined(LK_V512)
 
+constexpr int kPrefetchPairs = 24;  // 24 x 64 B = 1.5 KiB ahead in each block stream
+
 inline __m512 exp_v(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kExpHi)), _mm512_set1_ps(kExpHi));
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
@@ -185,7 +187,11 @@ inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp,
   for (int p = 0; p < npairs; ++p) {
     __m512i w[NB];
 #pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_si512((const void*)(b[j] + p * 32));
+    for (int j = 0; j < NB; ++j) {
+      // Few rows = streaming weights from DRAM: prefetch ahead (past the block end is harmless).
+      if (MR <= 4) _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
+      w[j] = _mm512_loadu_si512((const void*)(b[j] + p * 32));
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       __m512i av = bcast_pair(a[r] + 2 * p);
@@ -199,6 +205,7 @@ inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp,
     __m512 we[NB], wo[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
+      if (MR <= 4) _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
       __m512i w = _mm512_loadu_si512((const void*)(b[j] + p * 32));
       we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
@@ -375,13 +382,15 @@ void dot_rows(int mr, const uint16_t* const* a, const uint16_t* const* b, int kp
   }
 }
 
+// Blocks outer, rows inner: the block pair (2 x kp x 32 bytes) stays in L2 while every row
+// tile of the unit passes, so the weights leave DRAM once per unit and rows come from L2.
 void gate_up_vec(const GateUpTask& t) {
   float* c = t.scratch->c;
   const size_t block = size_t(t.kp) * kBlockN;
-  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-    const int mr = tmin(kMaxRows, t.m - r0);
-    for (int j = 0; j < t.nblk; ++j) {
-      const uint16_t* b[2] = {t.w13 + size_t(j) * 2 * block, t.w13 + size_t(j) * 2 * block + block};
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint16_t* b[2] = {t.w13 + size_t(j) * 2 * block, t.w13 + size_t(j) * 2 * block + block};
+    for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+      const int mr = tmin(kMaxRows, t.m - r0);
       dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c);
       for (int r = 0; r < mr; ++r)
         silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
@@ -461,15 +470,16 @@ void gate_up(const GateUpTask& t) {
   float* c = t.scratch->c;
   uint16_t* panel = t.scratch->panel;
   const size_t block = size_t(t.kp) * kBlockN;
-  for (int r0 = 0; r0 < t.m; r0 += 32) {
-    const int mr = tmin(32, t.m - r0);
-    for (int r = 0; r < 32; ++r) {  // gather token rows into a tile-strided panel
-      if (r < mr) memcpy(panel + size_t(r) * t.kp, t.x_rows[r0 + r], size_t(t.kp) * 2);
-      else memset(panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
-    }
-    for (int j = 0; j < t.nblk; ++j) {
-      const uint16_t* bg = t.w13 + size_t(j) * 2 * block;
-      amx_tile_32x32(panel, t.kp, bg, bg + block, t.kp, c);
+  const int mt = (t.m + 31) / 32 * 32;
+  for (int r = 0; r < mt; ++r) {  // gather the unit's token rows once into a tile-strided panel
+    if (r < t.m) memcpy(panel + size_t(r) * t.kp, t.x_rows[r], size_t(t.kp) * 2);
+    else memset(panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
+  }
+  for (int j = 0; j < t.nblk; ++j) {  // block pair stays in L2 across the row tiles
+    const uint16_t* bg = t.w13 + size_t(j) * 2 * block;
+    for (int r0 = 0; r0 < mt; r0 += 32) {
+      amx_tile_32x32(panel + size_t(r0) * t.kp, t.kp, bg, bg + block, t.kp, c);
+      const int mr = tmin(32, t.m - r0);
       for (int r = 0; r < mr; ++r)
         silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
     }

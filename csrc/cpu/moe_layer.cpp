@@ -12,7 +12,8 @@ namespace {
 constexpr int kPieceRows = 128;        // phase-1 token rows per unit (bounds the row-pointer scratch)
 constexpr int kRangeTokensMax = 1024;  // phase-2 tokens per unit (bounds the fp32 accumulator)
 constexpr size_t kChunkBudget = size_t(256) << 20;  // activation scratch per chunk of tokens
-constexpr int kSlack = 32;             // readable rows past the last slot (AMX reads 32-row tiles)
+constexpr int kSlack = 32;
+constexpr int kWideGroup = 8;          // blocks per unit for prefill-sized chunks             // readable rows past the last slot (AMX reads 32-row tiles)
 
 // Pool shared-buffer slots (one job runs at a time, so they are reused by every layer).
 enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight, kPieces, kAct, kXbf16 };
@@ -247,15 +248,19 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
 
   // Decode-sized chunks: one block per unit, so all threads share few experts' weights.
   // Prefill-sized: wider units amortise the A panel and the accumulator over more columns.
+  // Keep >= 4 units per thread for balance.
   const bool wide = A > 0 && pos / A >= 16;
-  group1_ = wide ? 4 : 1;
-  group2_ = wide ? 4 : 1;
   int max_threads = 1;
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
   const auto& sl0 = layer_->slices()[0];
-  const int ng2 = std::max(1, (sl0.hb1 - sl0.hb0 + group2_ - 1) / group2_);
+  const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
+  group1_ = wide ? kWideGroup : 1;
+  while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < 4 * max_threads) group1_ /= 2;
   token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
-  while (ng2 * token_ranges_ < 2 * max_threads && tc / (token_ranges_ * 2) >= 16) token_ranges_ *= 2;
+  group2_ = wide ? kWideGroup : 1;
+  while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads) group2_ /= 2;
+  while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads && tc / (token_ranges_ * 2) >= 16)
+    token_ranges_ *= 2;
 
   for (int s = 0; s < pool.num_nodes(); ++s) {
     next1_[s].store(0, std::memory_order_relaxed);
@@ -281,7 +286,7 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   const int units = num_pieces_ * ngroups;
   KernelScratch ks;
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
-  ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(32) * sh.kp1 * 2));
+  ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(kPieceRows + 32) * sh.kp1 * 2));
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
   const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
   for (int u; (u = next1_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {

@@ -1,0 +1,161 @@
+"""Benchmark of one MoE layer on the CPU engine (not a test).
+
+For every case it prints, from the same run:
+  - the engine's median time,
+  - effective weight bandwidth: bytes of the distinct experts the routing touched / time,
+  - the machine's read bandwidth measured with the same threads (the physical limit of decode),
+    and the ratio of the two,
+  - the median time of a plain torch implementation of the same layer (bf16 GEMMs per expert,
+    the same threads) and the speed-up over it,
+  - achieved TFLOP/s (2 * routed slots * 3 * H * I per forward).
+
+Decode runs rotate over several packed copies of the layer (like the layers of a model), so
+experts cached from the previous forward do not inflate the bandwidth.
+
+    python benchmarks/moe_layer.py                     # Qwen3-30B-A3B + DeepSeek-V3 shapes
+    python benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1 --threads all
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lk_moe  # noqa: E402
+from lk_moe.reference import moe_torch_baseline, random_routing  # noqa: E402
+
+SHAPES = {
+    # name: (H, I, E, K)
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "deepseek-v3": (7168, 2048, 256, 8),
+}
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 8 << 30
+
+
+def make_weights(E, H, I, seed=0):
+    """Random experts (one random expert copied with a per-expert sign flip: fast to build, and
+    the data does not change the speed)."""
+    g = torch.Generator().manual_seed(seed)
+    b13 = (torch.randn(2 * I, H, generator=g) / H ** 0.5).bfloat16()
+    b2 = (torch.randn(H, I, generator=g) / I ** 0.5).bfloat16()
+    w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16)
+    w2 = torch.empty(E, H, I, dtype=torch.bfloat16)
+    for e in range(E):
+        w13[e].copy_(b13 if e % 2 == 0 else -b13)
+        w2[e].copy_(b2)
+    return w13, w2
+
+
+def timed(fn, reps):
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bench_shape(name, args, results):
+    H, I, E, K = SHAPES[name]
+    expert_bytes = 3 * H * I * 2
+    if args.max_experts:
+        E = min(E, args.max_experts)
+    # Budget: source weights + packed copies + torch baseline temporaries within ~60% of free RAM.
+    budget = int(mem_available() * 0.6)
+    E = max(K, min(E, budget // (3 * expert_bytes)))
+    layer_bytes = E * expert_bytes
+    copies = max(1, min(args.max_copies, int(args.rotate_bytes // layer_bytes) + 1,
+                        (budget - layer_bytes) // layer_bytes))
+    print(f"\n## {name}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
+          f"{copies} packed cop{'y' if copies == 1 else 'ies'} for decode rotation)", flush=True)
+    w13, w2 = make_weights(E, H, I)
+    cores = lk_moe.make_pool(threads=0).num_threads
+    for threads_arg in args.threads.split(","):
+        threads = cores if threads_arg == "all" else int(threads_arg)
+        pool = lk_moe.make_pool(threads=threads)
+        torch.set_num_threads(threads)
+        bw = pool.measure_read_bandwidth(args.read_bytes, 7)
+        read_bw = statistics.median(bw)
+        t0 = time.perf_counter()
+        layers = [lk_moe.MoELayer(w13, w2, pool=pool) for _ in range(copies)]
+        repack_s = (time.perf_counter() - t0) / copies
+        print(f"threads={threads} isa={lk_moe.isa()} read bandwidth {read_bw:.1f} GB/s "
+              f"(median of {len(bw)}; min {min(bw):.1f} max {max(bw):.1f}); repack "
+              f"{layer_bytes / repack_s / 1e9:.1f} GB/s; nbytes/expert bytes "
+              f"{layers[0].nbytes / layer_bytes:.4f}", flush=True)
+        print(f"{'M':>6} {'engine ms':>10} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
+              f"{'speedup':>8} {'TFLOP/s':>8}")
+        for M in [int(m) for m in args.tokens.split(",")]:
+            reps = args.reps if M <= 16 else max(3, args.reps // 4)
+            g = torch.Generator().manual_seed(M)
+            cases = []
+            for _ in range(reps + 2):
+                x = torch.randn(M, H, generator=g).bfloat16()
+                ids, w = random_routing(M, E, K, generator=g)
+                cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
+            times, bws = [], []
+            for i, (x, ids, w, out) in enumerate(cases):
+                layer = layers[i % copies]
+                t = time.perf_counter()
+                layer.forward_into(out, x, ids, w)
+                dt = time.perf_counter() - t
+                if i >= 2:  # warm-up
+                    times.append(dt)
+                    bws.append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
+            eng = statistics.median(times)
+            eff = statistics.median(bws)
+            treps = max(2, min(reps, 5 if M <= 16 else 3))
+            x, ids, w, _ = cases[-1]
+            moe_torch_baseline(x, w13, w2, ids, w)  # warm-up
+            base = statistics.median(timed(lambda: moe_torch_baseline(x, w13, w2, ids, w), treps))
+            tflops = 2 * M * K * 3 * H * I / eng / 1e12
+            print(f"{M:>6} {eng * 1e3:>10.3f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
+                  f"{base / eng:>8.2f} {tflops:>8.3f}", flush=True)
+            results.append(dict(shape=name, H=H, I=I, E=E, K=K, threads=threads, isa=lk_moe.isa(), M=M,
+                                engine_ms=eng * 1e3, eff_gbs=eff, read_gbs=read_bw, bw_ratio=eff / read_bw,
+                                torch_ms=base * 1e3, speedup=base / eng, tflops=tflops, reps=len(times)))
+        del layers, pool
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3")
+    p.add_argument("--tokens", default="1,4,16,256,1024")
+    p.add_argument("--threads", default="all,1", help="comma list of 'all' or numbers")
+    p.add_argument("--reps", type=int, default=20, help="timed forwards per decode case (prefill: /4)")
+    p.add_argument("--max-experts", type=int, default=0, help="cap E (default: as memory allows)")
+    p.add_argument("--read-bytes", type=int, default=0, help="read-bandwidth probe size (default 2-4 GiB)")
+    p.add_argument("--rotate-bytes", type=float, default=4 * 2**30,
+                   help="decode rotates over packed copies until this many bytes (defeats the LLC)")
+    p.add_argument("--max-copies", type=int, default=4)
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    if not args.read_bytes:
+        args.read_bytes = (4 << 30) if mem_available() > (48 << 30) else (2 << 30)
+    print(f"# lk_moe {lk_moe.__version__}  cpu: {lk_moe._C.cpu_brand()}  isa: {lk_moe.isa()} "
+          f"(supported: {', '.join(lk_moe.supported_isas())})  torch {torch.__version__}  "
+          f"python {platform.python_version()}  {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    results = []
+    for name in args.shapes.split(","):
+        bench_shape(name, args, results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(cpu=lk_moe._C.cpu_brand(), results=results), indent=1))
+
+
+if __name__ == "__main__":
+    main()
