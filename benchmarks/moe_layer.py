@@ -89,6 +89,8 @@ def bench_shape(name, args, results):
         threads = cores if threads_arg == "all" else int(threads_arg)
         pool = lk_moe.make_pool(threads=threads)
         torch.set_num_threads(threads)
+        hot = statistics.median(pool.round_trip_us(200, 0))
+        parked = statistics.median(pool.round_trip_us(30, pool.spin_us + 2000))
         bw = pool.measure_read_bandwidth(args.read_bytes, 7)
         read_bw = statistics.median(bw)
         t0 = time.perf_counter()
@@ -97,7 +99,8 @@ def bench_shape(name, args, results):
         print(f"threads={threads} isa={lk_moe.isa()} read bandwidth {read_bw:.1f} GB/s "
               f"(median of {len(bw)}; min {min(bw):.1f} max {max(bw):.1f}); repack "
               f"{layer_bytes / repack_s / 1e9:.1f} GB/s; nbytes/expert bytes "
-              f"{layers[0].nbytes / layer_bytes:.4f}", flush=True)
+              f"{layers[0].nbytes / layer_bytes:.4f}; empty-job round trip: {hot:.1f} us spinning, "
+              f"{parked:.1f} us from parked", flush=True)
         print(f"{'M':>6} {'engine ms':>10} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
               f"{'speedup':>8} {'TFLOP/s':>8}")
         for M in [int(m) for m in args.tokens.split(",")]:

@@ -212,6 +212,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("threads_on_node", &lk::ThreadPool::threads_on_node)
       .def("cpus_of_thread", &lk::ThreadPool::cpus_of_thread)
       .def(
+          "round_trip_us",
+          [](lk::ThreadPool& p, int iters, int idle_us) {
+            if (iters < 1 || idle_us < 0) throw py::value_error("need iters >= 1 and idle_us >= 0");
+            py::gil_scoped_release nogil;
+            return p.round_trip_us(iters, idle_us);
+          },
+          py::arg("iters") = 50, py::arg("idle_us") = 0,
+          "submit-to-done time of an empty job (us); idle_us > spin_us measures wake-up from parked")
+      .def(
           "measure_read_bandwidth",
           [](lk::ThreadPool& p, size_t bytes, int iters) {
             if (bytes < (size_t(1) << 20) || iters < 1) throw py::value_error("need bytes >= 1 MiB and iters >= 1");

@@ -45,6 +45,13 @@ constexpr const char* kTierName = LK_STR(LK_TIER);
 template <typename T>
 inline T tmin(T a, T b) { return a < b ? a : b; }
 
+// A range of cache lines to pull into L2 while a compute-bound tile runs: the next block's
+// weights, so that they do not arrive at DRAM speed when the next tile needs them.
+struct Prefetch {
+  const char* p = nullptr;
+  int lines = 0;
+};
+
 // ---------------------------------------------------------------- scalar conversions
 inline float bf16_to_f32(uint16_t v) {
   uint32_t u = uint32_t(v) << 16;
@@ -176,20 +183,28 @@ inline __m512i bcast_pair(const uint16_t* a) {
 
 // C[r][j*16 + n] (ld 32) = sum_k A_r[k] * B_j[n][k]
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf) {
   __m512 acc[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
   const int npairs = kp / 2;
+  const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
+  int countdown = every, next_line = 0;
+#define LK_TRICKLE_PREFETCH()                                                       \
+  if (every && --countdown == 0) {                                                  \
+    countdown = every;                                                              \
+    if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);  \
+  }
 #if defined(LK_VBF16)
   for (int p = 0; p < npairs; ++p) {
+    LK_TRICKLE_PREFETCH()
     __m512i w[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
-      // Few rows = streaming weights from DRAM: prefetch ahead (past the block end is harmless).
-      if (MR <= 4) _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
+      // The first row tile streams the block from DRAM: prefetch ahead (past the block end is harmless).
+      _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
       w[j] = _mm512_loadu_si512((const void*)(b[j] + p * 32));
     }
 #pragma GCC unroll 8
@@ -202,10 +217,11 @@ inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp,
 #else
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
   for (int p = 0; p < npairs; ++p) {
+    LK_TRICKLE_PREFETCH()
     __m512 we[NB], wo[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
-      if (MR <= 4) _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
       __m512i w = _mm512_loadu_si512((const void*)(b[j] + p * 32));
       we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
@@ -223,6 +239,7 @@ inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp,
     }
   }
 #endif
+#undef LK_TRICKLE_PREFETCH
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
@@ -283,7 +300,7 @@ inline void axpy_16(float w, const float* c, float* o) {
 }
 
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf) {
   __m256 acc[MR][NB][2];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
@@ -333,7 +350,7 @@ inline void axpy_16(float w, const float* c, float* o) {
 }
 
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf) {
   float acc[MR][NB * 16];
   for (int r = 0; r < MR; ++r)
     for (int n = 0; n < NB * 16; ++n) acc[r][n] = 0.0f;
@@ -361,55 +378,76 @@ constexpr int kMaxRows = 4;
 
 // Runtime row count -> compile-time tile.
 template <int NB>
-void dot_rows(int mr, const uint16_t* const* a, const uint16_t* const* b, int kp, float* c) {
+void dot_rows(int mr, const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf = {}) {
   switch (mr) {
-    case 1: dot_tile<1, NB>(a, b, kp, c); break;
+    case 1: dot_tile<1, NB>(a, b, kp, c, pf); break;
 #if defined(LK_V512)
-    case 2: dot_tile<2, NB>(a, b, kp, c); break;
-    case 3: dot_tile<3, NB>(a, b, kp, c); break;
-    case 4: dot_tile<4, NB>(a, b, kp, c); break;
-    case 5: dot_tile<5, NB>(a, b, kp, c); break;
-    case 6: dot_tile<6, NB>(a, b, kp, c); break;
-    case 7: dot_tile<7, NB>(a, b, kp, c); break;
-    default: dot_tile<8, NB>(a, b, kp, c); break;
+    case 2: dot_tile<2, NB>(a, b, kp, c, pf); break;
+    case 3: dot_tile<3, NB>(a, b, kp, c, pf); break;
+    case 4: dot_tile<4, NB>(a, b, kp, c, pf); break;
+    case 5: dot_tile<5, NB>(a, b, kp, c, pf); break;
+    case 6: dot_tile<6, NB>(a, b, kp, c, pf); break;
+    case 7: dot_tile<7, NB>(a, b, kp, c, pf); break;
+    default: dot_tile<8, NB>(a, b, kp, c, pf); break;
 #elif defined(__AVX2__)
-    default: dot_tile<2, NB>(a, b, kp, c); break;
+    default: dot_tile<2, NB>(a, b, kp, c, pf); break;
 #else
-    case 2: dot_tile<2, NB>(a, b, kp, c); break;
-    case 3: dot_tile<3, NB>(a, b, kp, c); break;
-    default: dot_tile<4, NB>(a, b, kp, c); break;
+    case 2: dot_tile<2, NB>(a, b, kp, c, pf); break;
+    case 3: dot_tile<3, NB>(a, b, kp, c, pf); break;
+    default: dot_tile<4, NB>(a, b, kp, c, pf); break;
 #endif
   }
 }
 
+// The share of `bytes` at `next` that row tile `tile` of `tiles` should prefetch.
+inline Prefetch tile_share(const void* next, size_t bytes, int tile, int tiles) {
+  Prefetch pf;
+  if (!next || tiles < 2) return pf;  // a lone tile is streaming anyway
+  const int lines = int(bytes / 64);
+  const int per = (lines + tiles - 1) / tiles;
+  const int first = tile * per;
+  pf.p = static_cast<const char*>(next) + size_t(first) * 64;
+  pf.lines = tmin(per, lines - first);
+  if (pf.lines < 0) pf.lines = 0;
+  return pf;
+}
+
 // Blocks outer, rows inner: the block pair (2 x kp x 32 bytes) stays in L2 while every row
-// tile of the unit passes, so the weights leave DRAM once per unit and rows come from L2.
+// tile of the unit passes, so the weights leave DRAM once per unit and rows come from L2;
+// meanwhile the row tiles trickle-prefetch the next block pair.
 void gate_up_vec(const GateUpTask& t) {
   float* c = t.scratch->c;
   const size_t block = size_t(t.kp) * kBlockN;
+  const int tiles = (t.m + kMaxRows - 1) / kMaxRows;
   for (int j = 0; j < t.nblk; ++j) {
     const uint16_t* b[2] = {t.w13 + size_t(j) * 2 * block, t.w13 + size_t(j) * 2 * block + block};
-    for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const uint16_t* next = j + 1 < t.nblk ? b[0] + 2 * block : nullptr;
+    for (int r0 = 0, tile = 0; r0 < t.m; r0 += kMaxRows, ++tile) {
       const int mr = tmin(kMaxRows, t.m - r0);
-      dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c);
+      dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c, tile_share(next, 2 * block * 2, tile, tiles));
       for (int r = 0; r < mr; ++r)
         silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
     }
   }
 }
 
+// Block pairs outer, rows inner (as gate_up_vec); the accumulator rows stay in L2.
 void down_vec(const DownTask& t) {
   float* c = t.scratch->c;
   const size_t block = size_t(t.kp) * kBlockN;
   const uint16_t* rows[kMaxRows];
-  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-    const int mr = tmin(kMaxRows, t.m - r0);
-    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
-    for (int j = 0; j < t.nblk; j += 2) {
-      const int nb = tmin(2, t.nblk - j);
-      const uint16_t* b[2] = {t.w2 + size_t(j) * block, t.w2 + size_t(j + nb - 1) * block};
-      if (nb == 2) dot_rows<2>(mr, rows, b, t.kp, c);
-      else dot_rows<1>(mr, rows, b, t.kp, c);
+  const int tiles = (t.m + kMaxRows - 1) / kMaxRows;
+  for (int j = 0; j < t.nblk; j += 2) {
+    const int nb = tmin(2, t.nblk - j);
+    const uint16_t* b[2] = {t.w2 + size_t(j) * block, t.w2 + size_t(j + nb - 1) * block};
+    const uint16_t* next = j + 2 < t.nblk ? t.w2 + size_t(j + 2) * block : nullptr;
+    const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block * 2;
+    for (int r0 = 0, tile = 0; r0 < t.m; r0 += kMaxRows, ++tile) {
+      const int mr = tmin(kMaxRows, t.m - r0);
+      for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
+      const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+      if (nb == 2) dot_rows<2>(mr, rows, b, t.kp, c, pf);
+      else dot_rows<1>(mr, rows, b, t.kp, c, pf);
       for (int r = 0; r < mr; ++r) {
         float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
         for (int q = 0; q < nb; ++q) axpy_16(t.row_weight[r0 + r], c + r * 32 + q * 16, o + q * 16);
@@ -421,6 +459,7 @@ void down_vec(const DownTask& t) {
 #if defined(LK_AMX)
 // AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
 constexpr int kAmxMinRows = 16;
+constexpr int kAmxPrefetchK = 64;
 
 struct alignas(64) TileConfig {
   uint8_t palette_id;
@@ -449,6 +488,13 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
   _tile_zero(3);
   const size_t stride = lda * 2;
   for (int k = 0; k < kp; k += 32) {
+    // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
+    const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
+    const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
+    for (int l = 0; l < 16; ++l) {
+      _mm_prefetch((const char*)(p0 + l * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(p1 + l * 32), _MM_HINT_T0);
+    }
     _tile_loadd(4, a + k, stride);
     _tile_loadd(5, a + 16 * lda + k, stride);
     _tile_loadd(6, b0 + size_t(k) * 16, 64);

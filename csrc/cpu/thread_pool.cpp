@@ -157,6 +157,21 @@ uint32_t ThreadPool::submit(Job* job) {
   return seq;
 }
 
+std::vector<double> ThreadPool::round_trip_us(int iters, int idle_us) {
+  struct Noop : Job {
+    void run(WorkerCtx&) override {}
+  } job;
+  std::vector<double> out;
+  for (int i = 0; i < iters; ++i) {
+    if (idle_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+    const auto t0 = std::chrono::steady_clock::now();
+    submit(&job);
+    job.wait();
+    out.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return out;
+}
+
 void ThreadPool::barrier_wait() {
   const uint32_t n = uint32_t(ctx_.size());
   const uint32_t gen = bar_gen_.load(std::memory_order_acquire);

@@ -87,6 +87,10 @@ class ThreadPool {
   // Pool-wide scratch for the job being run (jobs never overlap).
   HostBuffer& shared_buffer(int slot);
 
+  // Submit-to-completion time of an empty job, in microseconds, `iters` times; before each,
+  // the pool idles `idle_us` (longer than spin_us: workers are parked and must be woken).
+  std::vector<double> round_trip_us(int iters, int idle_us);
+
   // Counters for benchmarks: jobs run, and how often workers had to be woken from the futex.
   uint64_t jobs_run() const { return completed_.load(std::memory_order_relaxed); }
   uint64_t futex_wakes() const { return futex_wakes_.load(std::memory_order_relaxed); }
