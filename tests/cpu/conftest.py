@@ -5,6 +5,12 @@ import lk_moe
 from lk_moe.reference import moe_reference
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test draws the same random data on every run (no flaky tolerances)."""
+    torch.manual_seed(1234)
+
+
 @pytest.fixture(params=lk_moe.supported_isas())
 def tier(request):
     """Runs the test once per ISA tier this CPU supports (the LK_ISA tiers), restoring the best after."""

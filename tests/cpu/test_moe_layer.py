@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import random_routing
+from lk_moe.reference import moe_reference, random_routing
 
 from .conftest import assert_matches_reference, make_experts
 
@@ -66,11 +66,15 @@ def test_real_shapes_every_tier(tier, H, I):
 
 
 def test_tiers_agree_closely():
-    """Tiers compute the same fp32 sums in different orders: at most 1 bf16 ulp apart."""
+    """Tiers compute the same fp32 sums in different orders. That can flip a bf16 rounding of an
+    activation (bounded by u * mag, u = 2^-8) or of an output (1 ulp), so nearly all outputs are
+    within 1 bf16 ulp of the generic tier's and none is further than those roundings allow."""
+    g = torch.Generator().manual_seed(7)
     w13, w2 = make_experts(8, 512, 256)
     layer = lk_moe.MoELayer(w13, w2)
-    x = torch.randn(64, 512).bfloat16()
-    ids, w = random_routing(64, 8, 4)
+    x = torch.randn(64, 512, generator=g).bfloat16()
+    ids, w = random_routing(64, 8, 4, generator=g)
+    _, mag = moe_reference(x, w13, w2, ids, w, return_magnitude=True)
     before = lk_moe.isa()
     outs = {}
     try:
@@ -80,9 +84,11 @@ def test_tiers_agree_closely():
     finally:
         lk_moe.set_isa(before)
     base = outs["generic"]
+    ulp = 2.0 ** (torch.floor(torch.log2(base.abs().clamp_min(1e-30))) - 7)
     for t, o in outs.items():
-        ulp = 2.0 ** (torch.floor(torch.log2(base.abs().clamp_min(1e-30))) - 7)
-        assert ((o - base).abs() <= 2 * ulp + 1e-6).float().mean() > 0.999, t
+        diff = (o - base).abs()
+        assert (diff <= 2 ** -8 * mag + 2 * ulp).all(), t
+        assert (diff <= ulp).float().mean() > 0.99, t
 
 
 def test_repeated_experts_across_tokens(tier):
