@@ -91,6 +91,7 @@ def bench_shape(name, args, results):
         torch.set_num_threads(threads)
         hot = statistics.median(pool.round_trip_us(200, 0))
         parked = statistics.median(pool.round_trip_us(30, pool.spin_us + 2000))
+        prewoken = statistics.median(pool.round_trip_us(30, pool.spin_us + 2000, 100))
         bw = pool.measure_read_bandwidth(args.read_bytes, 7)
         read_bw = statistics.median(bw)
         t0 = time.perf_counter()
@@ -100,7 +101,8 @@ def bench_shape(name, args, results):
               f"(median of {len(bw)}; min {min(bw):.1f} max {max(bw):.1f}); repack "
               f"{layer_bytes / repack_s / 1e9:.1f} GB/s; nbytes/expert bytes "
               f"{layers[0].nbytes / layer_bytes:.4f}; empty-job round trip: {hot:.1f} us spinning, "
-              f"{parked:.1f} us from parked", flush=True)
+              f"{parked:.1f} us from parked, {prewoken:.1f} us from parked with wake() 100 us ahead",
+              flush=True)
         print(f"{'M':>6} {'engine ms':>10} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
               f"{'speedup':>8} {'TFLOP/s':>8}")
         for M in [int(m) for m in args.tokens.split(",")]:

@@ -200,7 +200,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              c.allowed = std::move(allowed);
              return std::make_shared<lk::ThreadPool>(c);
            }),
-           py::arg("threads") = 0, py::arg("binding") = "CPU_CORE", py::arg("spin_us") = 100,
+           py::arg("threads") = 0, py::arg("binding") = "CPU_CORE", py::arg("spin_us") = 1000,
            py::arg("sysfs_root") = "/sys", py::arg("allowed") = std::vector<int>{})
       .def_property_readonly("num_threads", &lk::ThreadPool::num_threads)
       .def_property_readonly("num_nodes", &lk::ThreadPool::num_nodes)
@@ -208,17 +208,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("spin_us", &lk::ThreadPool::spin_us)
       .def_property_readonly("jobs_run", &lk::ThreadPool::jobs_run)
       .def_property_readonly("futex_wakes", &lk::ThreadPool::futex_wakes)
+      .def("wake", &lk::ThreadPool::wake, "bring parked workers back to spinning (a job is coming)")
       .def("node_id", &lk::ThreadPool::node_id)
       .def("threads_on_node", &lk::ThreadPool::threads_on_node)
       .def("cpus_of_thread", &lk::ThreadPool::cpus_of_thread)
       .def(
           "round_trip_us",
-          [](lk::ThreadPool& p, int iters, int idle_us) {
+          [](lk::ThreadPool& p, int iters, int idle_us, int prewake_us) {
             if (iters < 1 || idle_us < 0) throw py::value_error("need iters >= 1 and idle_us >= 0");
             py::gil_scoped_release nogil;
-            return p.round_trip_us(iters, idle_us);
+            return p.round_trip_us(iters, idle_us, prewake_us);
           },
-          py::arg("iters") = 50, py::arg("idle_us") = 0,
+          py::arg("iters") = 50, py::arg("idle_us") = 0, py::arg("prewake_us") = -1,
           "submit-to-done time of an empty job (us); idle_us > spin_us measures wake-up from parked")
       .def(
           "measure_read_bandwidth",

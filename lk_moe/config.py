@@ -3,7 +3,7 @@
 LK_THREADS         worker threads (default: physical cores of the CPUs this process may use)
 LK_THREAD_BINDING  CPU_CORE (default) | NUMA_NODE | NONE
 LK_ISA             generic | avx2 | avx512 | avx512_bf16 | amx (default: best the CPU has)
-LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 100)
+LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 1000)
 
 A bad value raises ConfigError (a ValueError) naming the variable.
 """
@@ -26,7 +26,7 @@ class EngineConfig:
     threads: int = 0  # 0: physical cores of the allowed CPUs
     binding: str = "CPU_CORE"
     isa: Optional[str] = None  # None: best supported
-    spin_us: int = 100
+    spin_us: int = 1000
 
 
 def _int_var(env: Mapping[str, str], name: str, lo: int, hi: int) -> Optional[int]:
@@ -63,5 +63,5 @@ def from_env(env: Optional[Mapping[str, str]] = None, logical_cpus: Optional[int
         raise ConfigError(f"LK_ISA={env.get('LK_ISA')!r} is not one of {', '.join(ISAS)}")
     spin = _int_var(env, "LK_SPIN_US", 0, 1_000_000)
     return EngineConfig(
-        threads=threads or 0, binding=binding, isa=isa, spin_us=100 if spin is None else spin
+        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin
     )

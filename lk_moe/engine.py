@@ -53,7 +53,7 @@ def default_pool():
         return _pool
 
 
-def make_pool(threads: int = 0, binding: str = "CPU_CORE", spin_us: int = 100, sysfs_root: str = "/sys",
+def make_pool(threads: int = 0, binding: str = "CPU_CORE", spin_us: int = 1000, sysfs_root: str = "/sys",
               allowed=None):
     """A separate pool (tests, benchmarks). threads=0: physical cores."""
     return _C.ThreadPool(threads=threads, binding=binding, spin_us=spin_us, sysfs_root=sysfs_root,

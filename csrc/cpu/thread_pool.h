@@ -24,7 +24,7 @@ enum class Binding { kCpuCore, kNumaNode, kNone };
 struct PoolConfig {
   int threads = 0;            // <= 0: physical cores of the allowed CPUs
   Binding binding = Binding::kCpuCore;
-  int spin_us = 100;          // busy-wait before parking
+  int spin_us = 1000;         // busy-wait before parking
   std::string sysfs_root = "/sys";
   std::vector<int> allowed;   // empty: sched_getaffinity
 };
@@ -87,9 +87,14 @@ class ThreadPool {
   // Pool-wide scratch for the job being run (jobs never overlap).
   HostBuffer& shared_buffer(int slot);
 
+  // Bring parked workers back to spinning (for spin_us) without a job, so that a job known to be
+  // coming soon (e.g. while the GPU computes a layer's router) does not pay the wake-up.
+  void wake();
+
   // Submit-to-completion time of an empty job, in microseconds, `iters` times; before each,
   // the pool idles `idle_us` (longer than spin_us: workers are parked and must be woken).
-  std::vector<double> round_trip_us(int iters, int idle_us);
+  // prewake_us >= 0: call wake() that long before submitting.
+  std::vector<double> round_trip_us(int iters, int idle_us, int prewake_us = -1);
 
   // Counters for benchmarks: jobs run, and how often workers had to be woken from the futex.
   uint64_t jobs_run() const { return completed_.load(std::memory_order_relaxed); }
@@ -105,6 +110,7 @@ class ThreadPool {
   PoolConfig cfg_;
   Topology topo_;
   bool place_memory_ = false;
+  bool caller_may_spin_ = false;  // fewer workers than allowed CPUs
   std::vector<int> node_ids_, node_threads_;
   std::vector<WorkerCtx> ctx_;
   std::vector<std::vector<int>> thread_cpus_;
@@ -117,6 +123,7 @@ class ThreadPool {
   std::mutex submit_mu_;
   std::atomic<uint32_t> submitted_{0};  // futex word: jobs queued so far
   std::atomic<uint32_t> completed_{0};  // futex word: jobs finished so far
+  std::atomic<uint32_t> doorbell_{0};  // futex word of parked workers: bumped by submit and wake
   std::atomic<uint32_t> idle_sleepers_{0};
   std::atomic<uint32_t> submit_waiters_{0};  // submitters blocked on a full ring or on wait()
   std::atomic<bool> stop_{false};

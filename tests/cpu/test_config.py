@@ -11,7 +11,7 @@ from lk_moe.config import ConfigError, from_env
 
 def test_defaults():
     cfg = from_env({}, logical_cpus=8)
-    assert cfg.threads == 0 and cfg.binding == "CPU_CORE" and cfg.isa is None and cfg.spin_us == 100
+    assert cfg.threads == 0 and cfg.binding == "CPU_CORE" and cfg.isa is None and cfg.spin_us == 1000
 
 
 def test_values():
