@@ -7,6 +7,7 @@
 
 #include "cpu/cpu_dispatch.h"
 #include "cpu/cpu_features.h"
+#include "cpu/cuda_host_call.h"
 #include "cpu/host_memory.h"
 #include "cpu/moe_layer.h"
 #include "cpu/numa_topology.h"
@@ -146,6 +147,44 @@ struct Layer {
   }
 };
 
+// A HostForward plus the pinned tensors it reads and writes (kept alive with it).
+struct HostCall {
+  std::unique_ptr<lk::HostForward> impl;
+  at::Tensor x, ids, weights, out;
+
+  HostCall(const Layer& layer, const at::Tensor& x_h, const at::Tensor& ids_h, const at::Tensor& w_h,
+           const at::Tensor& out_h, int64_t tokens) {
+    const auto& sh = layer.impl->shape();
+    const DType xt = half_type(x_h, "x_host");
+    if (out_h.scalar_type() != x_h.scalar_type()) throw py::type_error("out_host must have x_host's dtype");
+    if (ids_h.scalar_type() != at::kInt) throw py::type_error("ids_host must be int32");
+    if (w_h.scalar_type() != at::kFloat) throw py::type_error("weights_host must be float32");
+    for (auto* t : {&x_h, &ids_h, &w_h, &out_h}) {
+      if (!t->device().is_cpu() || !t->is_contiguous() || !t->is_pinned())
+        throw py::value_error("host buffers must be contiguous pinned CPU tensors");
+    }
+    if (x_h.dim() != 2 || x_h.size(1) != sh.hidden || out_h.dim() != 2 || out_h.size(1) != sh.hidden)
+      throw py::value_error("x_host/out_host must be [max_tokens, H]");
+    if (ids_h.dim() != 2 || w_h.sizes() != ids_h.sizes() || ids_h.size(0) != x_h.size(0))
+      throw py::value_error("ids_host/weights_host must be [max_tokens, K]");
+    if (tokens < 1 || tokens > x_h.size(0)) throw py::value_error("tokens must be in 1..max_tokens");
+    lk::ForwardArgs a;
+    a.x = x_h.data_ptr();
+    a.x_type = xt;
+    a.tokens = tokens;
+    a.top_k = int(ids_h.size(1));
+    a.ids = ids_h.data_ptr<int32_t>();
+    a.weights = w_h.data_ptr<float>();
+    a.out = out_h.data_ptr();
+    a.out_type = xt;
+    impl = std::make_unique<lk::HostForward>(layer.impl, a);
+    x = x_h;
+    ids = ids_h;
+    weights = w_h;
+    out = out_h;
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -230,6 +269,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("bytes"), py::arg("iters") = 5);
 
+  m.def("cuda_runtime_available", [] {
+    std::string why;
+    bool ok = lk::cuda_runtime_available(&why);
+    return py::make_tuple(ok, why);
+  });
+  py::class_<HostCall>(m, "HostCall")
+      .def(py::init<const Layer&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t>(),
+           py::arg("layer"), py::arg("x_host"), py::arg("ids_host"), py::arg("weights_host"), py::arg("out_host"),
+           py::arg("tokens"))
+      .def("enqueue", [](HostCall& h, uintptr_t stream) { h.impl->enqueue(stream); }, py::arg("stream"),
+           "add the engine call to a CUDA stream (host-function node when capturing)")
+      .def("take_errors", [](HostCall& h) { return h.impl->take_errors(); })
+      .def_property_readonly("last_host_us", [](const HostCall& h) { return h.impl->last_host_us(); });
+
   py::class_<Handle>(m, "Handle").def("wait", &Handle::wait).def("done", &Handle::done);
 
   py::class_<Layer>(m, "Layer")
@@ -240,6 +293,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("num_experts", [](const Layer& l) { return l.impl->shape().experts; })
       .def_property_readonly("hidden_size", [](const Layer& l) { return l.impl->shape().hidden; })
       .def_property_readonly("intermediate_size", [](const Layer& l) { return l.impl->shape().intermediate; })
+      .def_property_readonly("last_compute_us", [](const Layer& l) { return l.impl->last_compute_us(); })
       .def_property_readonly("num_slices", [](const Layer& l) { return int(l.impl->slices().size()); })
       .def("slice_bounds", [](const Layer& l, int s) {
         const auto& sl = l.impl->slices().at(s);

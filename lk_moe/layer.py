@@ -68,6 +68,11 @@ class MoELayer:
         return E * 3 * H * I * 2
 
     @property
+    def last_compute_us(self) -> float:
+        """Time the last forward spent inside the pool (all phases, all workers), microseconds."""
+        return self._impl.last_compute_us
+
+    @property
     def num_slices(self) -> int:
         return self._impl.num_slices
 

@@ -58,6 +58,8 @@ class ForwardJob : public Job {
  public:
   void prepare(const MoELayer* layer, const ForwardArgs& args, const KernelTable* kernels);
   void run(WorkerCtx& ctx) override;
+  // Wall time of the last forward inside the pool (first worker in to last worker out), us.
+  double compute_us() const { return compute_us_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr int kMaxNodes = 64;
@@ -88,6 +90,7 @@ class ForwardJob : public Job {
   uint16_t* act_ = nullptr;           // [S + 32][kp2]
   std::atomic<int> next1_[kMaxNodes];
   std::atomic<int> next2_[kMaxNodes];
+  std::atomic<double> compute_us_{0};
 };
 
 class MoELayer {
@@ -107,6 +110,7 @@ class MoELayer {
   void check_ids(const int32_t* ids, int64_t count) const;
   // Starts a forward; waits first for this layer's previous one (one in flight per layer).
   Job* submit(const ForwardArgs& args);
+  double last_compute_us() const { return job_.compute_us(); }
 
  private:
   std::shared_ptr<ThreadPool> pool_;

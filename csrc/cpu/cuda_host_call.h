@@ -1,0 +1,43 @@
+// The CPU expert call as a CUDA stream operation (graph-capturable), with no link-time CUDA
+// dependency: the CUDA runtime that torch already loaded is looked up at first use, so the
+// engine still loads on machines without CUDA.
+//
+// Why a host-function node (cudaLaunchHostFunc) and not a GPU<->host mailbox: it needs no
+// spinning CPU core and no SM while waiting, runs identically eager and inside captured graphs
+// (FULL, PIECEWISE), and cannot hang the GPU if the engine fails. The mailbox saves ~20 us per
+// layer (shared/design/vllm-0.26-integration.md, section 3.4); it stays the optimisation to
+// try if the measured host-node overhead is too high.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cpu/moe_layer.h"
+
+namespace lk {
+
+// One immutable call: fixed pinned buffers and a fixed token count, so a graph that captured
+// it replays exactly this call. The engine writes out_host; the caller's stream copies it back.
+class HostForward {
+ public:
+  HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args);
+  // Enqueue the engine call on a CUDA stream (cudaStream_t as an integer).
+  void enqueue(uintptr_t stream);
+  // Number of calls that found an invalid expert id (their output rows are NaN); reset on read.
+  uint32_t take_errors();
+  // Time of the last host-node run, split: wait for the pool + compute, in microseconds.
+  double last_host_us() const { return last_us_.load(std::memory_order_relaxed); }
+
+ private:
+  static void run(void* self);
+  std::shared_ptr<MoELayer> layer_;
+  ForwardArgs args_;
+  std::atomic<uint32_t> errors_{0};
+  std::atomic<double> last_us_{0};
+};
+
+bool cuda_runtime_available(std::string* why);
+
+}  // namespace lk

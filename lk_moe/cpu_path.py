@@ -1,0 +1,70 @@
+"""The CPU expert path seen from the GPU: inputs on a CUDA device, result back on it.
+
+All work is ordered on the caller's current CUDA stream: D2H copies of the hidden states and
+routing into pinned buffers, a host-function node that runs the engine, an H2D copy of the
+result. Nothing blocks the Python thread, so other GPU work (shared experts on another stream)
+overlaps, and the sequence can be captured in a CUDA graph and replayed with new inputs written
+into the captured input tensors. Pinned buffers are allocated once, sized by `max_tokens`.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from .layer import MoELayer
+
+
+class CpuExpertPath:
+    def __init__(self, layer: MoELayer, max_tokens: int, top_k: int, dtype=torch.bfloat16):
+        ok, why = _C.cuda_runtime_available()
+        if not ok or not torch.cuda.is_available():
+            raise RuntimeError(f"the CPU expert path needs a CUDA device ({why or 'torch sees no GPU'})")
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"dtype must be bfloat16 or float16, got {dtype}")
+        if max_tokens < 1 or top_k < 1:
+            raise ValueError("max_tokens and top_k must be >= 1")
+        self.layer = layer
+        self.max_tokens, self.top_k, self.dtype = max_tokens, top_k, dtype
+        H = layer.hidden_size
+        self._x = torch.empty(max_tokens, H, dtype=dtype, pin_memory=True)
+        self._ids = torch.zeros(max_tokens, top_k, dtype=torch.int32, pin_memory=True)
+        self._w = torch.zeros(max_tokens, top_k, dtype=torch.float32, pin_memory=True)
+        self._out = torch.empty(max_tokens, H, dtype=dtype, pin_memory=True)
+        self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
+
+    def _call(self, tokens: int):
+        call = self._calls.get(tokens)
+        if call is None:
+            call = _C.HostCall(self.layer._impl, self._x, self._ids, self._w, self._out, tokens)
+            self._calls[tokens] = call
+        return call
+
+    def check_errors(self) -> None:
+        """Raise if a host-node run since the last check saw an invalid expert id (outputs were NaN)."""
+        bad = sum(c.take_errors() for c in self._calls.values())
+        if bad:
+            raise ValueError(f"{bad} CPU expert call(s) received expert ids outside 0..{self.layer.num_experts - 1}"
+                             " (or -1); their outputs were set to NaN")
+
+    def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        M = x.shape[0]
+        if not (x.is_cuda and topk_ids.is_cuda and topk_weights.is_cuda):
+            raise ValueError("x, topk_ids and topk_weights must be CUDA tensors")
+        if x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != self.layer.hidden_size:
+            raise ValueError(f"x must be [M, {self.layer.hidden_size}] {self.dtype}, got {list(x.shape)} {x.dtype}")
+        if topk_ids.dtype != torch.int32 or topk_weights.dtype != torch.float32:
+            raise TypeError("topk_ids must be int32 and topk_weights float32")
+        if tuple(topk_ids.shape) != (M, self.top_k) or topk_weights.shape != topk_ids.shape:
+            raise ValueError(f"topk_ids/topk_weights must be [M, {self.top_k}]")
+        if not 1 <= M <= self.max_tokens:
+            raise ValueError(f"M={M} is outside 1..max_tokens={self.max_tokens}")
+        stream = torch.cuda.current_stream()
+        self._x[:M].copy_(x, non_blocking=True)
+        self._ids[:M].copy_(topk_ids, non_blocking=True)
+        self._w[:M].copy_(topk_weights, non_blocking=True)
+        self._call(M).enqueue(stream.cuda_stream)
+        if out is None:
+            out = torch.empty_like(x)
+        out.copy_(self._out[:M], non_blocking=True)
+        return out

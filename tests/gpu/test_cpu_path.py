@@ -1,0 +1,106 @@
+"""The CPU expert path driven from the GPU: eager, inside a captured CUDA graph, beside other
+streams. Needs an NVIDIA GPU (skipped without one); run on the GPU machine."""
+import pytest
+import torch
+
+import lk_moe
+from lk_moe.cpu_path import CpuExpertPath
+from lk_moe.reference import random_routing
+
+from ..cpu.conftest import assert_matches_reference, make_experts
+
+pytestmark = pytest.mark.gpu
+
+E, H, I, K = 16, 2048, 768, 8  # Qwen3-30B-A3B expert shape, fewer experts
+
+
+@pytest.fixture(scope="module")
+def experts():
+    w13, w2 = make_experts(E, H, I)
+    return lk_moe.MoELayer(w13, w2), w13, w2
+
+
+def _inputs(M, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, H, generator=g).bfloat16()
+    ids, w = random_routing(M, E, K, generator=g)
+    return x, ids, w
+
+
+@pytest.mark.parametrize("M", [1, 7, 64])
+def test_eager(experts, M):
+    layer, w13, w2 = experts
+    path = CpuExpertPath(layer, max_tokens=64, top_k=K)
+    x, ids, w = _inputs(M, M)
+    out = path(x.cuda(), ids.cuda(), w.cuda())
+    assert out.is_cuda and out.dtype == torch.bfloat16
+    assert_matches_reference(out.cpu(), x, w13, w2, ids, w)
+
+
+def test_graph_replay_with_changing_inputs(experts):
+    layer, w13, w2 = experts
+    M = 4
+    path = CpuExpertPath(layer, max_tokens=16, top_k=K)
+    x_s = torch.zeros(M, H, dtype=torch.bfloat16, device="cuda")
+    ids_s = torch.zeros(M, K, dtype=torch.int32, device="cuda")
+    w_s = torch.zeros(M, K, dtype=torch.float32, device="cuda")
+    path(x_s, ids_s, w_s)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x_s * 2  # GPU work before and after the CPU call, as in a model
+        out_s = path(y, ids_s, w_s)
+        z = out_s * 2  # exact in bf16
+    for it in range(100):
+        x, ids, w = _inputs(M, 1000 + it)
+        x_s.copy_(x.cuda())
+        ids_s.copy_(ids.cuda())
+        w_s.copy_(w.cuda())
+        g.replay()
+        got = z.cpu().float() / 2
+        assert_matches_reference(got.bfloat16(), (x.float() * 2).bfloat16(), w13, w2, ids, w)
+    path.check_errors()
+
+
+def test_invalid_ids_in_graph_give_nan_and_an_error(experts):
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=4, top_k=K)
+    x, ids, w = _inputs(2, 5)
+    ids[1, 3] = E  # out of range
+    out = path(x.cuda(), ids.cuda(), w.cuda())
+    torch.cuda.synchronize()
+    assert torch.isnan(out.float()).all()
+    with pytest.raises(ValueError, match="outside 0..15"):
+        path.check_errors()
+
+
+def test_overlaps_with_work_on_another_stream(experts):
+    """Shared-expert-style GPU work on a side stream runs while the CPU computes."""
+    layer, w13, w2 = experts
+    path = CpuExpertPath(layer, max_tokens=16, top_k=K)
+    x, ids, w = _inputs(8, 9)
+    xc, idc, wc = x.cuda(), ids.cuda(), w.cuda()
+    side = torch.cuda.Stream()
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    main = torch.cuda.current_stream()
+    side.wait_stream(main)
+    out = path(xc, idc, wc)
+    with torch.cuda.stream(side):
+        shared = a @ a
+    main.wait_stream(side)
+    total = out.float() + shared[:8, :H].float() * 0
+    torch.cuda.synchronize()
+    assert_matches_reference(total.cpu().bfloat16(), x, w13, w2, ids, w)
+
+
+def test_bad_inputs(experts):
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=4, top_k=K)
+    x, ids, w = _inputs(2, 1)
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        path(x, ids, w)
+    with pytest.raises(ValueError, match="outside 1..max_tokens=4"):
+        x5, ids5, w5 = _inputs(5, 1)
+        path(x5.cuda(), ids5.cuda(), w5.cuda())
+    with pytest.raises(TypeError, match="int32"):
+        path(x.cuda(), ids.long().cuda(), w.cuda())
