@@ -41,6 +41,54 @@ def gpu_time_us(fn, reps):
     return out
 
 
+def run_case(layers, copies, E, K, H, L, M, signal, args):
+    paths = [CpuExpertPath(layers[i % copies], max_tokens=max(16, M), top_k=K, signal=signal)
+             for i in range(L)]
+    xs = [torch.randn(M, H, device="cuda", dtype=torch.bfloat16) for _ in range(L)]
+    ids = [torch.zeros(M, K, device="cuda", dtype=torch.int32) for _ in range(L)]
+    ws = [torch.zeros(M, K, device="cuda", dtype=torch.float32) for _ in range(L)]
+
+    def new_routing():
+        for i in range(L):
+            r, w = random_routing(M, E, K)
+            ids[i].copy_(r, non_blocking=True)
+            ws[i].copy_(w, non_blocking=True)
+        torch.cuda.synchronize()
+
+    def step():
+        for i in range(L):
+            paths[i](xs[i], ids[i], ws[i])
+
+    def copies_only():
+        for i in range(L):
+            p = paths[i]
+            p._x[:M].copy_(xs[i], non_blocking=True)
+            p._ids[:M].copy_(ids[i], non_blocking=True)
+            p._w[:M].copy_(ws[i], non_blocking=True)
+            xs[i].copy_(p._out[:M], non_blocking=True)
+
+    new_routing()
+    step()
+    torch.cuda.synchronize()
+    graph, cgraph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    with torch.cuda.graph(cgraph):
+        copies_only()
+    for mode, fn in (("eager", step), ("graph", graph.replay)):
+        totals, computes, hosts = [], [], []
+        for _ in range(args.reps):
+            new_routing()
+            totals.append(gpu_time_us(fn, 1)[0] / L)
+            computes.append(statistics.mean(p.layer.last_compute_us for p in paths))
+            hosts.append(statistics.mean(p._calls[M].last_host_us for p in paths))
+        cp = statistics.median(gpu_time_us(cgraph.replay, args.reps)) / L
+        tot, comp, host = (statistics.median(v) for v in (totals, computes, hosts))
+        print(f"{M:>4} {signal + ' ' + mode:>14} {tot:>9.1f} {comp:>8.1f} {host:>9.1f} {cp:>7.1f} {tot - comp:>9.1f}", flush=True)
+    for p in paths:
+        p.check_errors()
+
+
 def bench(name, args):
     H, I, E, K = SHAPES[name]
     expert_bytes = 3 * H * I * 2
@@ -54,53 +102,10 @@ def bench(name, args):
     L = args.layers
     print(f"\n## {name}: H={H} I={I} E={E} K={K}; {L} layer calls per step over {copies} packed "
           f"cop{'y' if copies == 1 else 'ies'}; {pool.num_threads} threads, isa {lk_moe.isa()}")
-    print(f"{'M':>4} {'mode':>6} {'total us':>9} {'compute':>8} {'host node':>9} {'copies':>7} {'overhead':>9}")
+    print(f"{'M':>4} {'signal mode':>14} {'total us':>9} {'compute':>8} {'host node':>9} {'copies':>7} {'overhead':>9}")
     for M in [int(m) for m in args.tokens.split(",")]:
-        paths = [CpuExpertPath(layers[i % copies], max_tokens=max(16, M), top_k=K) for i in range(L)]
-        xs = [torch.randn(M, H, device="cuda", dtype=torch.bfloat16) for _ in range(L)]
-        ids = [torch.zeros(M, K, device="cuda", dtype=torch.int32) for _ in range(L)]
-        ws = [torch.zeros(M, K, device="cuda", dtype=torch.float32) for _ in range(L)]
-
-        def new_routing():
-            for i in range(L):
-                r, w = random_routing(M, E, K)
-                ids[i].copy_(r, non_blocking=True)
-                ws[i].copy_(w, non_blocking=True)
-            torch.cuda.synchronize()
-
-        def step():
-            for i in range(L):
-                paths[i](xs[i], ids[i], ws[i])
-
-        def copies_only():
-            for i in range(L):
-                p = paths[i]
-                p._x[:M].copy_(xs[i], non_blocking=True)
-                p._ids[:M].copy_(ids[i], non_blocking=True)
-                p._w[:M].copy_(ws[i], non_blocking=True)
-                xs[i].copy_(p._out[:M], non_blocking=True)
-
-        new_routing()
-        step()
-        torch.cuda.synchronize()
-        graph, cgraph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        with torch.cuda.graph(cgraph):
-            copies_only()
-        for mode, fn in (("eager", step), ("graph", graph.replay)):
-            totals, computes, hosts = [], [], []
-            for _ in range(args.reps):
-                new_routing()
-                totals.append(gpu_time_us(fn, 1)[0] / L)
-                computes.append(statistics.mean(p.layer.last_compute_us for p in paths))
-                hosts.append(statistics.mean(p._calls[M].last_host_us for p in paths))
-            cp = statistics.median(gpu_time_us(cgraph.replay, args.reps)) / L
-            tot, comp, host = (statistics.median(v) for v in (totals, computes, hosts))
-            print(f"{M:>4} {mode:>6} {tot:>9.1f} {comp:>8.1f} {host:>9.1f} {cp:>7.1f} {tot - comp:>9.1f}", flush=True)
-        for p in paths:
-            p.check_errors()
-        del graph, cgraph, paths
+        for signal in args.signals.split(","):
+            run_case(layers, copies, E, K, H, L, M, signal, args)
 
 
 def main():
@@ -109,6 +114,7 @@ def main():
     p.add_argument("--tokens", default="1,4,16")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--signals", default="hostfn,mailbox")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("No NVIDIA GPU: this benchmark measures the GPU<->CPU path and needs one.")

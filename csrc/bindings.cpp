@@ -280,6 +280,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("tokens"))
       .def("enqueue", [](HostCall& h, uintptr_t stream) { h.impl->enqueue(stream); }, py::arg("stream"),
            "add the engine call to a CUDA stream (host-function node when capturing)")
+      .def("enqueue_mailbox", [](HostCall& h, uintptr_t stream) { h.impl->enqueue_mailbox(stream); },
+           py::arg("stream"), "the same through a mapped-memory mailbox (stream memory operations)")
       .def("take_errors", [](HostCall& h) { return h.impl->take_errors(); })
       .def_property_readonly("last_host_us", [](const HostCall& h) { return h.impl->last_host_us(); });
 

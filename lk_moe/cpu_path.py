@@ -15,7 +15,16 @@ from .layer import MoELayer
 
 
 class CpuExpertPath:
-    def __init__(self, layer: MoELayer, max_tokens: int, top_k: int, dtype=torch.bfloat16):
+    SIGNALS = ("hostfn", "mailbox")
+
+    def __init__(self, layer: MoELayer, max_tokens: int, top_k: int, dtype=torch.bfloat16,
+                 signal: str = "hostfn"):
+        """signal: how the stream hands the call to the CPU. "hostfn": a host-function node
+        (cudaLaunchHostFunc); "mailbox": stream memory operations on mapped pinned memory served
+        by a polling thread (experimental, being measured against hostfn)."""
+        if signal not in self.SIGNALS:
+            raise ValueError(f"signal must be one of {self.SIGNALS}, got {signal!r}")
+        self.signal = signal
         ok, why = _C.cuda_runtime_available()
         if not ok or not torch.cuda.is_available():
             raise RuntimeError(f"the CPU expert path needs a CUDA device ({why or 'torch sees no GPU'})")
@@ -63,7 +72,11 @@ class CpuExpertPath:
         self._x[:M].copy_(x, non_blocking=True)
         self._ids[:M].copy_(topk_ids, non_blocking=True)
         self._w[:M].copy_(topk_weights, non_blocking=True)
-        self._call(M).enqueue(stream.cuda_stream)
+        call = self._call(M)
+        if self.signal == "hostfn":
+            call.enqueue(stream.cuda_stream)
+        else:
+            call.enqueue_mailbox(stream.cuda_stream)
         if out is None:
             out = torch.empty_like(x)
         out.copy_(self._out[:M], non_blocking=True)

@@ -23,8 +23,12 @@ namespace lk {
 class HostForward {
  public:
   HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args);
-  // Enqueue the engine call on a CUDA stream (cudaStream_t as an integer).
+  // Enqueue the engine call on a CUDA stream (cudaStream_t as an integer) as a host-function node.
   void enqueue(uintptr_t stream);
+  // The same through a mailbox in mapped pinned memory: stream memory operations ring a
+  // doorbell that a spinning poller thread serves, then the stream waits for the done word
+  // (no driver callback thread, no kernel). Experimental: measured against enqueue().
+  void enqueue_mailbox(uintptr_t stream);
   // Number of calls that found an invalid expert id (their output rows are NaN); reset on read.
   uint32_t take_errors();
   // Time of the last host-node run, split: wait for the pool + compute, in microseconds.
@@ -32,6 +36,10 @@ class HostForward {
 
  private:
   static void run(void* self);
+ public:
+  static void serve(HostForward* self);  // for the mailbox poller
+ private:
+  uint32_t mailbox_id_ = 0;
   std::shared_ptr<MoELayer> layer_;
   ForwardArgs args_;
   std::atomic<uint32_t> errors_{0};

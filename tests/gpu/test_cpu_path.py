@@ -27,20 +27,22 @@ def _inputs(M, seed):
     return x, ids, w
 
 
+@pytest.mark.parametrize("signal", CpuExpertPath.SIGNALS)
 @pytest.mark.parametrize("M", [1, 7, 64])
-def test_eager(experts, M):
+def test_eager(experts, M, signal):
     layer, w13, w2 = experts
-    path = CpuExpertPath(layer, max_tokens=64, top_k=K)
+    path = CpuExpertPath(layer, max_tokens=64, top_k=K, signal=signal)
     x, ids, w = _inputs(M, M)
     out = path(x.cuda(), ids.cuda(), w.cuda())
     assert out.is_cuda and out.dtype == torch.bfloat16
     assert_matches_reference(out.cpu(), x, w13, w2, ids, w)
 
 
-def test_graph_replay_with_changing_inputs(experts):
+@pytest.mark.parametrize("signal", CpuExpertPath.SIGNALS)
+def test_graph_replay_with_changing_inputs(experts, signal):
     layer, w13, w2 = experts
     M = 4
-    path = CpuExpertPath(layer, max_tokens=16, top_k=K)
+    path = CpuExpertPath(layer, max_tokens=16, top_k=K, signal=signal)
     x_s = torch.zeros(M, H, dtype=torch.bfloat16, device="cuda")
     ids_s = torch.zeros(M, K, dtype=torch.int32, device="cuda")
     w_s = torch.zeros(M, K, dtype=torch.float32, device="cuda")
