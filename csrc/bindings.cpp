@@ -297,6 +297,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("intermediate_size", [](const Layer& l) { return l.impl->shape().intermediate; })
       .def_property_readonly("last_compute_us", [](const Layer& l) { return l.impl->last_compute_us(); })
       .def_property_readonly("num_slices", [](const Layer& l) { return int(l.impl->slices().size()); })
+      .def("packed_slices",
+           [](const Layer& l) {
+             // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
+             // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
+             const auto& sh = l.impl->shape();
+             py::list out;
+             auto keep = l.impl;
+             auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);
+             for (const auto& sl : l.impl->slices()) {
+               const int64_t nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+               at::Tensor w13 = torch::from_blob(sl.w13.data(), {sh.experts, nbi, 2, sh.kp1 / 2, 16, 2},
+                                                 [keep](void*) {}, opts);
+               at::Tensor w2 = torch::from_blob(sl.w2.data(), {sh.experts, nbh, sh.kp2 / 2, 16, 2},
+                                                [keep](void*) {}, opts);
+               out.append(py::make_tuple(w13, w2, sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN,
+                                         sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN));
+             }
+             return out;
+           })
+      .def_property_readonly("padded_dims", [](const Layer& l) {
+        const auto& sh = l.impl->shape();
+        return py::make_tuple(sh.kp1, sh.kp2, sh.h_blocks * lk::kBlockN);
+      })
       .def("slice_bounds", [](const Layer& l, int s) {
         const auto& sl = l.impl->slices().at(s);
         return py::make_tuple(sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN, sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN);
