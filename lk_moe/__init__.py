@@ -6,6 +6,17 @@ from .config import ConfigError, EngineConfig
 from .engine import default_pool, isa, make_pool, set_isa, supported_isas
 from .layer import ForwardHandle, MoELayer
 
+
+def __getattr__(name):
+    # GPU-side classes load on first use (they need torch.cuda only when constructed).
+    if name == "HybridMoE":
+        from .hybrid import HybridMoE
+        return HybridMoE
+    if name == "ExpertStreamer":
+        from .hybrid import ExpertStreamer
+        return ExpertStreamer
+    raise AttributeError(name)
+
 __version__ = "0.1.0.dev0"
 
 __all__ = [

@@ -12,8 +12,8 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False):
     the activation perturbs each output by (used for rigorous error bounds)."""
     M, H = x.shape
     I = w2.shape[2]
-    out = torch.zeros(M, H, dtype=torch.float32)
-    mag = torch.zeros(M, H, dtype=torch.float32)
+    out = torch.zeros(M, H, dtype=torch.float32, device=x.device)
+    mag = torch.zeros(M, H, dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in torch.unique(topk_ids).tolist():
         if e < 0:
