@@ -7,11 +7,18 @@ import torch
 import torch.nn.functional as F
 
 
+_OUT_DTYPE_OK = True
+
+
 def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """bf16 x bf16 -> fp32 without rounding the product to bf16 (cuBLAS with an fp32 output on
     CUDA; plain fp32 math elsewhere, where this path only runs in tests)."""
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
+    global _OUT_DTYPE_OK
+    if a.is_cuda and _OUT_DTYPE_OK:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # older cuBLAS/torch without bf16->fp32 mm
+            _OUT_DTYPE_OK = False
     return a.float() @ b.float()
 
 
