@@ -316,6 +316,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              }
              return out;
            })
+      .def("pin_for_gpu",
+           [](Layer& l) {
+             // Page-lock the packed weights once (unregistered when the layer is freed).
+             if (l.impl->pinned) return;
+             std::vector<void*> done;
+             try {
+               for (const auto& sl : l.impl->slices()) {
+                 for (const lk::HostBuffer* b : {&sl.w13, &sl.w2}) {
+                   if (!b->size()) continue;
+                   lk::register_host_memory(b->data(), b->size());
+                   done.push_back(b->data());
+                 }
+               }
+             } catch (const std::runtime_error& e) {
+               for (void* p : done) lk::unregister_host_memory(p);
+               throw;
+             }
+             l.impl->pinned = true;
+             l.impl->on_destroy([done] {
+               for (void* p : done) lk::unregister_host_memory(p);
+             });
+           })
       .def_property_readonly("padded_dims", [](const Layer& l) {
         const auto& sh = l.impl->shape();
         return py::make_tuple(sh.kp1, sh.kp2, sh.h_blocks * lk::kBlockN);

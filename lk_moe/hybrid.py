@@ -25,21 +25,6 @@ from .gpu_experts import RoutedBatch, experts_forward
 from .gpu_layout import unpack_w13, unpack_w2
 from .layer import MoELayer
 
-_registered = set()
-
-
-def _pin(t: torch.Tensor) -> None:
-    """Page-lock engine memory in place (cudaHostRegister): fast async H2D, no second copy."""
-    key = t.data_ptr()
-    if key in _registered:
-        return
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaHostRegister of {t.numel() * t.element_size() / 2**20:.0f} MiB of expert "
-                           f"memory failed ({err}); check `ulimit -l` (locked-memory limit)")
-    _registered.add(key)
-
-
 class ExpertStreamer:
     """A bounded ring of GPU staging slots fed by one copy stream, shared by the layers of a model.
 
@@ -115,9 +100,9 @@ class HybridMoE:
             self._resident_w = (unpack_w13([s[0].cuda() for s in self._slices]),
                                 unpack_w2([s[1].cuda() for s in self._slices]))
         elif gpu_min_batch > 0:
-            for s in self._slices:
-                _pin(s[0])
-                _pin(s[1])
+            # Page-lock the engine's own copy in place (fast async H2D, no second host copy);
+            # unregistered when the layer is freed.
+            self.layer._impl.pin_for_gpu()
             if self.streamer is None:
                 per_slot = max(1, min(self.num_experts, (256 << 20) // self.expert_bytes))
                 self.streamer = ExpertStreamer(per_slot * self.expert_bytes, slots=4)

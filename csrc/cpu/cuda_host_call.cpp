@@ -23,9 +23,16 @@ using cudaHostFn_t = void (*)(void*);
 using LaunchHostFunc = cudaError_t (*)(cudaStream_t, cudaHostFn_t, void*);
 using GetErrorString = const char* (*)(cudaError_t);
 
+using HostRegister = cudaError_t (*)(void*, size_t, unsigned);
+using HostUnregister = cudaError_t (*)(void*);
+using GetLastError = cudaError_t (*)();
+
 struct CudaRuntime {
   LaunchHostFunc launch_host_func = nullptr;
   GetErrorString error_string = nullptr;
+  HostRegister host_register = nullptr;
+  HostUnregister host_unregister = nullptr;
+  GetLastError get_last_error = nullptr;
   std::string why;
 };
 
@@ -48,6 +55,9 @@ const CudaRuntime& runtime() {
     }
     r.launch_host_func = reinterpret_cast<LaunchHostFunc>(dlsym(lib, "cudaLaunchHostFunc"));
     r.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cudaGetErrorString"));
+    r.host_register = reinterpret_cast<HostRegister>(dlsym(lib, "cudaHostRegister"));
+    r.host_unregister = reinterpret_cast<HostUnregister>(dlsym(lib, "cudaHostUnregister"));
+    r.get_last_error = reinterpret_cast<GetLastError>(dlsym(lib, "cudaGetLastError"));
     if (!r.launch_host_func || !r.error_string) r.why = "libcudart lacks cudaLaunchHostFunc";
     return r;
   }();
@@ -178,6 +188,22 @@ bool cuda_runtime_available(std::string* why) {
   const CudaRuntime& r = runtime();
   if (why) *why = r.why;
   return r.launch_host_func != nullptr;
+}
+
+void register_host_memory(void* ptr, size_t bytes) {
+  const CudaRuntime& r = runtime();
+  if (!r.host_register) throw std::runtime_error("cannot pin expert memory: " + r.why);
+  const cudaError_t err = r.host_register(ptr, bytes, 0);
+  if (err != 0) {
+    if (r.get_last_error) r.get_last_error();  // not sticky: clear it for torch
+    throw std::runtime_error("cudaHostRegister of " + std::to_string(bytes >> 20) + " MiB of expert memory failed: " +
+                             r.error_string(err) + " (check the locked-memory limit, `ulimit -l`)");
+  }
+}
+
+void unregister_host_memory(void* ptr) {
+  const CudaRuntime& r = runtime();
+  if (r.host_unregister && r.host_unregister(ptr) != 0 && r.get_last_error) r.get_last_error();
 }
 
 HostForward::HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args)

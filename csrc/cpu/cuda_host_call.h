@@ -48,4 +48,9 @@ class HostForward {
 
 bool cuda_runtime_available(std::string* why);
 
+// Page-lock [ptr, ptr+bytes) for fast async copies to the GPU (cudaHostRegister); throws with the
+// CUDA error on failure (and clears it, so torch does not trip over it later).
+void register_host_memory(void* ptr, size_t bytes);
+void unregister_host_memory(void* ptr);
+
 }  // namespace lk

@@ -132,6 +132,7 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void
 
 MoELayer::~MoELayer() {
   if (submitted_) job_.wait();
+  for (auto& fn : cleanup_) fn();
 }
 
 size_t MoELayer::nbytes() const {

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -111,6 +112,9 @@ class MoELayer {
   // Starts a forward; waits first for this layer's previous one (one in flight per layer).
   Job* submit(const ForwardArgs& args);
   double last_compute_us() const { return job_.compute_us(); }
+  // Runs before the weights are freed (e.g. to unregister them from CUDA).
+  void on_destroy(std::function<void()> fn) { cleanup_.push_back(std::move(fn)); }
+  bool pinned = false;  // weights page-locked for GPU streaming
 
  private:
   std::shared_ptr<ThreadPool> pool_;
@@ -119,6 +123,7 @@ class MoELayer {
   std::vector<NodeSlice> slices_;
   ForwardJob job_;
   bool submitted_ = false;
+  std::vector<std::function<void()>> cleanup_;
 };
 
 }  // namespace lk
