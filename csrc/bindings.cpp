@@ -139,8 +139,7 @@ struct Layer {
     a.out_type = xt;
     {
       py::gil_scoped_release nogil;  // may wait for this layer's previous forward
-      lk::Job* job = impl->submit(a);
-      h.seq = job->seq();
+      h.seq = impl->submit(a);
     }
     h.submitted = true;
     return h;

@@ -33,8 +33,12 @@ class RoutedBatch:
         self.tokens = (order // k)
         self.weights = topk_weights.reshape(-1)[order].float()
         counts = torch.bincount(flat[valid], minlength=num_experts)
+        bad = ((flat < -1) | (flat >= num_experts)).sum().view(1)
         # One host sync per forward: the per-expert loop needs the counts (eager prefill only).
-        self.counts = counts.tolist()
+        fetched = torch.cat([counts, bad]).tolist()
+        if fetched[-1]:
+            raise ValueError(f"topk_ids holds {fetched[-1]} expert id(s) outside 0..{num_experts - 1} (or -1)")
+        self.counts = fetched[:num_experts]
         self.offsets = [0]
         for c in self.counts:
             self.offsets.append(self.offsets[-1] + c)

@@ -158,6 +158,12 @@ class HybridMoE:
             return self.cpu_path(x, topk_ids, topk_weights)
         if not x.is_cuda or x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"x must be a CUDA [M, {self.hidden}] {self.dtype} tensor")
+        if topk_ids.dtype != torch.int32 or topk_weights.dtype != torch.float32:
+            raise TypeError("topk_ids must be int32 and topk_weights float32")
+        if tuple(topk_ids.shape) != (M, self.top_k) or topk_weights.shape != topk_ids.shape:
+            raise ValueError(f"topk_ids/topk_weights must be [M, {self.top_k}] = [{M}, {self.top_k}]")
+        if topk_ids.device != x.device or topk_weights.device != x.device:
+            raise ValueError("x, topk_ids and topk_weights must be on the same CUDA device")
         batch = RoutedBatch(topk_ids, topk_weights, self.num_experts)
         x_pad = F.pad(x, (0, self.kp1 - self.hidden)) if self.kp1 != self.hidden else x
         acc = torch.zeros(M, self.h_pad, dtype=torch.float32, device=x.device)

@@ -233,7 +233,8 @@ void HostForward::run(void* p) {
     fill_nan(a, self->layer_->shape().hidden);
   } else {
     try {
-      self->layer_->submit(a)->wait();
+      MoELayer& layer = *self->layer_;
+      layer.pool().wait_for(layer.submit(a));
     } catch (...) {
       self->errors_.fetch_add(1);
       fill_nan(a, self->layer_->shape().hidden);

@@ -131,6 +131,7 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void
 }
 
 MoELayer::~MoELayer() {
+  std::lock_guard<std::mutex> lock(submit_mu_);
   if (submitted_) job_.wait();
   for (auto& fn : cleanup_) fn();
 }
@@ -151,12 +152,12 @@ void MoELayer::check_ids(const int32_t* ids, int64_t count) const {
   }
 }
 
-Job* MoELayer::submit(const ForwardArgs& args) {
+uint32_t MoELayer::submit(const ForwardArgs& args) {
+  std::lock_guard<std::mutex> lock(submit_mu_);
   if (submitted_) job_.wait();
   job_.prepare(this, args, active_kernels());
   submitted_ = true;
-  pool_->submit(&job_);
-  return &job_;
+  return pool_->submit(&job_);
 }
 
 // ------------------------------------------------------------------ ForwardJob

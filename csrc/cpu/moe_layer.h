@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -109,8 +110,9 @@ class MoELayer {
 
   // Throws std::invalid_argument for an expert id outside [-1, E).
   void check_ids(const int32_t* ids, int64_t count) const;
-  // Starts a forward; waits first for this layer's previous one (one in flight per layer).
-  Job* submit(const ForwardArgs& args);
+  // Starts a forward and returns its pool sequence number (wait with pool().wait_for(seq)).
+  // Waits first for this layer's previous forward: one in flight per layer; thread-safe.
+  uint32_t submit(const ForwardArgs& args);
   double last_compute_us() const { return job_.compute_us(); }
   // Runs before the weights are freed (e.g. to unregister them from CUDA).
   void on_destroy(std::function<void()> fn) { cleanup_.push_back(std::move(fn)); }
@@ -121,6 +123,7 @@ class MoELayer {
   MoEShape shape_;
   Activation act_;
   std::vector<NodeSlice> slices_;
+  std::mutex submit_mu_;  // callers may be Python threads and CUDA's callback/poller threads
   ForwardJob job_;
   bool submitted_ = false;
   std::vector<std::function<void()>> cleanup_;

@@ -57,3 +57,15 @@ def test_experts_forward_matches_reference():
     routed = batch.routed_experts()
     experts_forward(x_pad, batch, u13[routed], u2[routed], 0, acc2, expert_ids=routed)
     assert torch.equal(acc, acc2)
+
+
+def test_routed_batch_rejects_bad_ids():
+    ids = torch.tensor([[0, 3], [1, 8]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="outside 0..7"):
+        RoutedBatch(ids, torch.ones(2, 2), 8)
+    ids[1, 1] = -2
+    with pytest.raises(ValueError, match="outside 0..7"):
+        RoutedBatch(ids, torch.ones(2, 2), 8)
+    ids[1, 1] = -1
+    b = RoutedBatch(ids, torch.ones(2, 2), 8)
+    assert b.counts[0] == 1 and b.counts[3] == 1 and sum(b.counts) == 3

@@ -149,3 +149,29 @@ def test_cpu_core_binding_uses_physical_cores_first():
         assert len({p[0] for p in picked}) == 2
     none_pool = lk_moe.make_pool(threads=2, binding="NONE")
     assert none_pool.cpus_of_thread(0) == []
+
+
+def test_one_layer_driven_from_two_threads():
+    """The same layer called from two threads at once: calls serialise, results stay right."""
+    E, H, I, K = 8, 512, 256, 4
+    w13, w2 = make_experts(E, H, I)
+    layer = lk_moe.MoELayer(w13, w2)
+    errors = []
+
+    def drive(seed):
+        g = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(40):
+                M = int(torch.randint(1, 50, (1,), generator=g))
+                x = torch.randn(M, H, generator=g).bfloat16()
+                ids, w = random_routing(M, E, K, generator=g)
+                assert_matches_reference(layer.forward(x, ids, w), x, w13, w2, ids, w)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=drive, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
