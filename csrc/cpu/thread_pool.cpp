@@ -138,9 +138,9 @@ ThreadPool::~ThreadPool() {
 
 HostBuffer& ThreadPool::shared_buffer(int slot) { return shared_buffers_.at(slot); }
 
-bool ThreadPool::spin_until_changed(const std::atomic<uint32_t>& word, uint32_t old) const {
+bool ThreadPool::spin_until_changed(const std::atomic<uint32_t>& word, uint32_t old, int spin_us) const {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::microseconds(cfg_.spin_us);
+  const auto deadline = clock::now() + std::chrono::microseconds(spin_us);
   for (uint32_t i = 1;; ++i) {
     if (word.load(std::memory_order_acquire) != old) return true;
     cpu_relax();
@@ -211,7 +211,7 @@ void ThreadPool::barrier_wait() {
     if (bar_sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(bar_gen_);
     return;
   }
-  if (spin_until_changed(bar_gen_, gen)) return;
+  if (spin_until_changed(bar_gen_, gen, barrier_spin_us())) return;
   bar_sleepers_.fetch_add(1, std::memory_order_seq_cst);
   while (bar_gen_.load(std::memory_order_seq_cst) == gen) futex_wait(bar_gen_, gen);
   bar_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
@@ -232,7 +232,7 @@ void ThreadPool::worker_main(int tid) {
   for (;;) {
     // Spin for spin_us, then park until the doorbell rings (a job, a wake() or shutdown);
     // after a wake() without a job, spin again.
-    while (!spin_until_changed(submitted_, seq)) {
+    while (!spin_until_changed(submitted_, seq, cfg_.spin_us)) {
       const uint32_t bell = doorbell_.load(std::memory_order_seq_cst);
       idle_sleepers_.fetch_add(1, std::memory_order_seq_cst);
       if (submitted_.load(std::memory_order_seq_cst) == seq) futex_wait(doorbell_, bell);
@@ -250,7 +250,7 @@ void ThreadPool::worker_main(int tid) {
       if (submit_waiters_.load(std::memory_order_seq_cst)) futex_wake_all(completed_);
       bar_gen_.fetch_add(1, std::memory_order_seq_cst);
       if (bar_sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(bar_gen_);
-    } else if (!spin_until_changed(bar_gen_, gen)) {
+    } else if (!spin_until_changed(bar_gen_, gen, barrier_spin_us())) {
       bar_sleepers_.fetch_add(1, std::memory_order_seq_cst);
       while (bar_gen_.load(std::memory_order_seq_cst) == gen) futex_wait(bar_gen_, gen);
       bar_sleepers_.fetch_sub(1, std::memory_order_seq_cst);

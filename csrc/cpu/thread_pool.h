@@ -104,8 +104,12 @@ class ThreadPool {
   friend struct WorkerCtx;
   friend class Job;
   void worker_main(int tid);
+  // Inside a job the others arrive within microseconds unless one of them lost its CPU (another
+  // process or the GPU-driving threads share the core): then waiting in the kernel hands that
+  // CPU back to it, where spinning for the whole LK_SPIN_US would hold the job up.
+  int barrier_spin_us() const { return cfg_.spin_us < 50 ? cfg_.spin_us : 50; }
   void barrier_wait();
-  bool spin_until_changed(const std::atomic<uint32_t>& word, uint32_t old) const;
+  bool spin_until_changed(const std::atomic<uint32_t>& word, uint32_t old, int spin_us) const;
 
   PoolConfig cfg_;
   Topology topo_;
