@@ -92,10 +92,69 @@ struct Layer {
     require_cpu_contiguous(w13, "w13");
     require_cpu_contiguous(w2, "w2");
     if (E > (1 << 20) || H > (1 << 20) || I > (1 << 20)) throw py::value_error("expert dimensions are implausibly large: " + shape_str(w13));
+    lk::WeightSource src;
+    src.type = t13;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
     py::gil_scoped_release nogil;
-    impl = std::make_shared<lk::MoELayer>(std::move(pool), w13.data_ptr(), w2.data_ptr(), t13, int(E), int(I), int(H),
-                                          lk::Activation::kSiLU);
+    impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
   }
+
+  // fp8_block: vLLM Fp8MoEMethod after loading (block quant): w13_weight / w2_weight float8_e4m3fn,
+  // w13_weight_scale_inv / w2_weight_scale_inv fp32 per (bn x bk) block. Names in errors are vLLM's.
+  static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                         const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
+                         int64_t block_n, int64_t block_k) {
+    if (activation != "silu")
+      throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
+      if (t->scalar_type() != at::kFloat8_e4m3fn)
+        throw py::type_error(std::string(name) + " must be float8_e4m3fn, got " + dtype_name(*t));
+    for (auto [t, name] : {std::pair{&s13, "w13_weight_scale_inv"}, std::pair{&s2, "w2_weight_scale_inv"}})
+      if (t->scalar_type() != at::kFloat) throw py::type_error(std::string(name) + " must be float32, got " + dtype_name(*t));
+    if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
+    const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
+    const std::string want2 = "[" + std::to_string(E) + ", " + std::to_string(H) + ", " + std::to_string(I) + "]";
+    require_shape(w2, "w2_weight", {E, H, I}, want2.c_str());
+    if (s13.dim() != 3 || s13.size(0) != E || s2.dim() != 3 || s2.size(0) != E)
+      throw py::value_error("w13_weight_scale_inv / w2_weight_scale_inv must be [E, row blocks, col blocks], got " +
+                            shape_str(s13) + " and " + shape_str(s2));
+    // Block size from the shapes when they tile exactly (real checkpoints: 128 x 128); otherwise
+    // the caller must say it (block_size), as a grid alone is ambiguous then.
+    int64_t bn = block_n, bk = block_k;
+    if (bn <= 0 || bk <= 0) {
+      if ((2 * I) % s13.size(1) || H % s13.size(2))
+        throw py::value_error("cannot infer the fp8 block size from w13_weight " + shape_str(w13) +
+                              " and w13_weight_scale_inv " + shape_str(s13) + "; pass block_size=(rows, cols)");
+      bn = 2 * I / s13.size(1);
+      bk = H / s13.size(2);
+    }
+    if (s13.size(1) != (2 * I + bn - 1) / bn || s13.size(2) != (H + bk - 1) / bk || s2.size(1) != (H + bn - 1) / bn ||
+        s2.size(2) != (I + bk - 1) / bk)
+      throw py::value_error("scale shapes " + shape_str(s13) + " / " + shape_str(s2) + " do not match block size " +
+                            std::to_string(bn) + "x" + std::to_string(bk) + " for w13 [E, 2I, H] = " + shape_str(w13));
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
+                           std::pair{&s13, "w13_weight_scale_inv"}, std::pair{&s2, "w2_weight_scale_inv"}})
+      require_cpu_contiguous(*t, name);
+    lk::WeightSource src;
+    src.type = lk::DType::kFP8E4M3;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
+    src.s13 = s13.data_ptr<float>();
+    src.s2 = s2.data_ptr<float>();
+    src.bn = int(bn);
+    src.bk = int(bk);
+    Layer l;
+    try {
+      py::gil_scoped_release nogil;
+      l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+    return l;
+  }
+
+  Layer() = default;
 
   Handle submit(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& out) {
     const auto& sh = impl->shape();
@@ -289,6 +348,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Layer>(m, "Layer")
       .def(py::init<std::shared_ptr<lk::ThreadPool>, const at::Tensor&, const at::Tensor&, const std::string&>(),
            py::arg("pool"), py::arg("w13"), py::arg("w2"), py::arg("activation") = "silu")
+      .def_static("fp8_block", &Layer::fp8_block, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
+                  py::arg("w13_weight_scale_inv"), py::arg("w2_weight_scale_inv"), py::arg("activation") = "silu",
+                  py::arg("block_n") = 0, py::arg("block_k") = 0)
+      .def_property_readonly("format", [](const Layer& l) { return l.impl->shape().fp8 ? "fp8_block" : "bf16"; })
       .def("submit", &Layer::submit, py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("out"))
       .def_property_readonly("nbytes", [](const Layer& l) { return l.impl->nbytes(); })
       .def_property_readonly("num_experts", [](const Layer& l) { return l.impl->shape().experts; })
@@ -301,6 +364,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
+             if (sh.fp8) throw py::value_error("GPU streaming of fp8_block experts is not supported yet");
              py::list out;
              auto keep = l.impl;
              auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);

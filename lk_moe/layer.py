@@ -42,6 +42,43 @@ class MoELayer:
         self._pool = pool if pool is not None else default_pool()
         self._impl = _C.Layer(self._pool, w13, w2, activation)
         self.activation = activation
+        self._source_bytes = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
+
+    FORMATS = {
+        # format id -> vLLM parameter names it needs (as the MoE method holds them after loading)
+        "bf16": ("w13_weight", "w2_weight"),
+        "fp8_block": ("w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"),
+    }
+
+    @classmethod
+    def from_checkpoint(cls, format: str, tensors: dict, *, activation: str = "silu", pool=None,
+                        block_size=None) -> "MoELayer":
+        """Build from the tensors vLLM's MoE method holds for `format` (names as vLLM's parameters).
+        Block sizes and the like are read from the tensors' shapes; `block_size=(rows, cols)` is
+        needed only where the shapes do not tile exactly. Unquantized: "bf16" (fp16 too)."""
+        if format not in cls.FORMATS:
+            raise ValueError(f"unsupported expert format {format!r}; supported: {', '.join(cls.FORMATS)}")
+        names = cls.FORMATS[format]
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise ValueError(f"format {format!r} needs tensor(s) {', '.join(missing)}")
+        for n in names:
+            if not isinstance(tensors[n], torch.Tensor):
+                raise TypeError(f"{n} must be a torch.Tensor, got {type(tensors[n]).__name__}")
+        if format == "bf16":
+            return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool)
+        self = cls.__new__(cls)
+        self._pool = pool if pool is not None else default_pool()
+        bn, bk = block_size if block_size is not None else (0, 0)
+        self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
+                                        block_n=int(bn), block_k=int(bk))
+        self.activation = activation
+        self._source_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in names)
+        return self
+
+    @property
+    def format(self) -> str:
+        return self._impl.format
 
     # -- shape and memory
     @property
@@ -63,9 +100,8 @@ class MoELayer:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of the experts in bf16 checkpoint layout (the 1.0x reference for nbytes)."""
-        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
-        return E * 3 * H * I * 2
+        """Bytes of the expert tensors the layer was built from (the 1.0x reference for nbytes)."""
+        return self._source_bytes
 
     @property
     def last_compute_us(self) -> float:

@@ -21,13 +21,27 @@ namespace lk {
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
-enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2 };
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3 };
 enum class Activation : int { kSiLU = 0 };
 
 // Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
 struct KernelScratch {
   float* c;            // >= 32 x 64 floats: one micro-tile of results
   uint16_t* panel;     // >= round_up(m, 32) x Kp1 bf16: AMX A panel (gathered token rows)
+  uint16_t* deq;       // >= 2 x 16 x kMaxSeg bf16: dequantized weight segments
+  float* acc;          // >= kMaxRowsPerTask x 32 floats: per-row sums across segments
+};
+
+constexpr int kMaxSeg = 256;            // largest quantization block along the input dimension
+constexpr int kMaxRowsPerTask = 128;    // rows of one gate/up task (the engine's piece size)
+
+// Block-quantized FP8 (e4m3fn) weights, as DeepSeek-V3 / Qwen3-FP8 checkpoints ship them: the
+// same block layout with one byte per element, and one fp32 scale per `seg` inputs of each
+// 16-row block (the checkpoint's 128x128 scale blocks, repeated per 16 rows). Null `w`: bf16.
+struct Fp8Weights {
+  const uint8_t* w = nullptr;
+  const float* scale = nullptr;
+  int seg = 0;
 };
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
@@ -42,6 +56,7 @@ struct GateUpTask {
   size_t act_ld;
   Activation act_fn;
   KernelScratch* scratch;
+  Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg]
 };
 
 // Phase 2: out_acc[out_row[r], j*16 + n] += row_weight[r] * (w2_j[n] . act_r)
@@ -58,6 +73,7 @@ struct DownTask {
   float* out_acc;
   size_t out_ld;
   KernelScratch* scratch;
+  Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg]
 };
 
 struct KernelTable {

@@ -10,7 +10,7 @@
 namespace lk {
 namespace {
 
-constexpr int kPieceRows = 128;        // phase-1 token rows per unit (bounds the row-pointer scratch)
+constexpr int kPieceRows = kMaxRowsPerTask;  // phase-1 token rows per unit (bounds per-task scratch)
 constexpr int kRangeTokensMax = 1024;  // phase-2 tokens per unit (bounds the fp32 accumulator)
 constexpr size_t kChunkBudget = size_t(256) << 20;  // activation scratch per chunk of tokens
 constexpr int kSlack = 32;
@@ -19,7 +19,7 @@ constexpr int kWideGroup = 8;          // blocks per unit for prefill-sized chun
 // Pool shared-buffer slots (one job runs at a time, so they are reused by every layer).
 enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight, kPieces, kAct, kXbf16 };
 // Per-worker buffer slots.
-enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow };
+enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowSums };
 
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
 size_t elem_size(DType t) { return t == DType::kFP32 ? 4 : 2; }
@@ -40,10 +40,8 @@ std::vector<int> split_blocks(int blocks, const ThreadPool& pool) {
 // owns each slice so first touch places the pages there even without mbind.
 class RepackJob : public Job {
  public:
-  RepackJob(const MoEShape& sh, std::vector<NodeSlice>& slices, const void* w13, const void* w2, DType wtype,
-            const KernelTable* kt)
-      : sh_(sh), slices_(slices), w13_(static_cast<const uint16_t*>(w13)), w2_(static_cast<const uint16_t*>(w2)),
-        wtype_(wtype), kt_(kt), next_(slices.size()) {
+  RepackJob(const MoEShape& sh, std::vector<NodeSlice>& slices, const WeightSource& src, const KernelTable* kt)
+      : sh_(sh), slices_(slices), src_(src), kt_(kt), next_(slices.size()) {
     for (auto& n : next_) n.store(0);
   }
 
@@ -51,47 +49,76 @@ class RepackJob : public Job {
     NodeSlice& sl = slices_[ctx.node];
     const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
     const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
-    uint16_t* row = static_cast<uint16_t*>(ctx.buffer(kRepackRow, size_t(16) * std::max(sh_.kp1, sh_.kp2) * 2));
+    const size_t esz = sh_.fp8 ? 1 : 2;
+    char* row = static_cast<char*>(ctx.buffer(kRepackRow, size_t(16) * std::max(sh_.kp1, sh_.kp2) * 2));
+    const int I = sh_.intermediate, H = sh_.hidden;
+    const char* w13 = static_cast<const char*>(src_.w13);
+    const char* w2 = static_cast<const char*>(src_.w2);
     for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
       if (u < int64_t(sh_.experts) * nbi) {
         const int e = int(u / nbi), lb = int(u % nbi);
-        uint16_t* dst = sl.w13.as<uint16_t>() + (size_t(e) * nbi + lb) * 2 * sh_.kp1 * kBlockN;
-        const uint16_t* base = w13_ + size_t(e) * 2 * sh_.intermediate * sh_.hidden;
+        const size_t blk = (size_t(e) * nbi + lb) * 2;  // index of the gate block; up follows
+        char* dst = sl.w13.as<char>() + blk * sh_.kp1 * kBlockN * esz;
+        const char* base = w13 + size_t(e) * 2 * I * H * esz;
         const int r0 = (sl.ib0 + lb) * kBlockN;
-        pack(base, r0, sh_.intermediate, sh_.hidden, sh_.kp1, row, dst);                       // gate rows
-        pack(base + size_t(sh_.intermediate) * sh_.hidden, r0, sh_.intermediate, sh_.hidden, sh_.kp1, row,
-             dst + size_t(sh_.kp1) * kBlockN);                                                    // up rows
+        pack(base, r0, I, H, sh_.kp1, row, dst);                                              // gate
+        pack(base + size_t(I) * H * esz, r0, I, H, sh_.kp1, row, dst + size_t(sh_.kp1) * kBlockN * esz);  // up
+        if (sh_.fp8) {
+          const int nseg = sh_.kp1 / sh_.seg, srows = (2 * I + src_.bn - 1) / src_.bn;
+          float* sd = sl.s13.as<float>() + blk * nseg;
+          const float* ss = src_.s13 + size_t(e) * srows * nseg;
+          for (int q = 0; q < nseg; ++q) {
+            sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
+            sd[nseg + q] = ss[size_t((I + r0) / src_.bn) * nseg + q];
+          }
+        }
       } else {
         u -= int64_t(sh_.experts) * nbi;
         const int e = int(u / nbh), lb = int(u % nbh);
-        uint16_t* dst = sl.w2.as<uint16_t>() + (size_t(e) * nbh + lb) * sh_.kp2 * kBlockN;
-        const uint16_t* base = w2_ + size_t(e) * sh_.hidden * sh_.intermediate;
-        pack(base, (sl.hb0 + lb) * kBlockN, sh_.hidden, sh_.intermediate, sh_.kp2, row, dst);
+        const size_t blk = size_t(e) * nbh + lb;
+        const int r0 = (sl.hb0 + lb) * kBlockN;
+        pack(w2 + size_t(e) * H * I * esz, r0, H, I, sh_.kp2, row, sl.w2.as<char>() + blk * sh_.kp2 * kBlockN * esz);
+        if (sh_.fp8) {
+          const int nseg = sh_.kp2 / sh_.seg, srows = (H + src_.bn - 1) / src_.bn;
+          float* sd = sl.s2.as<float>() + blk * nseg;
+          const float* ss = src_.s2 + size_t(e) * srows * nseg;
+          for (int q = 0; q < nseg; ++q) sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
+        }
       }
     }
   }
 
  private:
-  // 16 rows [r0, r0+16) of a [rows, k] matrix -> one block; rows past `rows` and k past `k` are zero.
-  void pack(const uint16_t* src, int r0, int rows, int k, int kp, uint16_t* tmp, uint16_t* dst) {
+  // 16 rows [r0, r0+16) of a [rows, k] matrix -> one block; rows past `rows` and k past `k` are
+  // zero. Element (n, k) goes to (k/2)*32 + 2n + (k&1): a 16 x kp/2 transpose of element pairs.
+  void pack(const char* src, int r0, int rows, int k, int kp, char* tmp, char* dst) {
+    const int pairs = kp / 2;
+    if (sh_.fp8) {
+      for (int n = 0; n < kBlockN; ++n) {
+        char* t = tmp + size_t(n) * kp;
+        if (r0 + n < rows) memcpy(t, src + size_t(r0 + n) * k, k);
+        else memset(t, 0, kp);
+      }
+      const uint16_t* t16 = reinterpret_cast<const uint16_t*>(tmp);
+      uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
+      for (int p = 0; p < pairs; ++p)
+        for (int n = 0; n < kBlockN; ++n) d16[size_t(p) * kBlockN + n] = t16[size_t(n) * pairs + p];
+      return;
+    }
     for (int n = 0; n < kBlockN; ++n) {
-      uint16_t* t = tmp + size_t(n) * kp;
-      if (r0 + n < rows) kt_->to_bf16(src + size_t(r0 + n) * k, wtype_, t, k, kp);
+      uint16_t* t = reinterpret_cast<uint16_t*>(tmp) + size_t(n) * kp;
+      if (r0 + n < rows) kt_->to_bf16(src + size_t(r0 + n) * k * 2, src_.type, t, k, kp);
       else memset(t, 0, size_t(kp) * 2);
     }
-    // Element (n, k) -> (k/2)*32 + 2n + (k&1): a 16 x kp/2 transpose of bf16 pairs.
     const uint32_t* t32 = reinterpret_cast<const uint32_t*>(tmp);
     uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
-    const int pairs = kp / 2;
     for (int p = 0; p < pairs; ++p)
       for (int n = 0; n < kBlockN; ++n) d32[size_t(p) * kBlockN + n] = t32[size_t(n) * pairs + p];
   }
 
   const MoEShape& sh_;
   std::vector<NodeSlice>& slices_;
-  const uint16_t* w13_;
-  const uint16_t* w2_;
-  DType wtype_;
+  WeightSource src_;
   const KernelTable* kt_;
   std::vector<std::atomic<int64_t>> next_;
 };
@@ -100,9 +127,19 @@ class RepackJob : public Job {
 
 // ------------------------------------------------------------------ MoELayer
 
-MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void* w2, DType wtype, int experts,
-                   int intermediate, int hidden, Activation act)
+MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, int experts, int intermediate,
+                   int hidden, Activation act)
     : pool_(std::move(pool)), act_(act) {
+  shape_.fp8 = src.type == DType::kFP8E4M3;
+  if (shape_.fp8) {
+    // The segment loop needs whole scale blocks that are whole AMX/pair rows.
+    if (src.bk % kPadK || src.bk > kMaxSeg || hidden % src.bk || intermediate % src.bk || src.bn % kBlockN)
+      throw std::invalid_argument("fp8 block size " + std::to_string(src.bn) + "x" + std::to_string(src.bk) +
+                                  " does not fit H=" + std::to_string(hidden) + ", I=" + std::to_string(intermediate) +
+                                  " (need a block width that divides H and I, a multiple of 32 up to 256, "
+                                  "and a block height that is a multiple of 16)");
+    shape_.seg = src.bk;
+  }
   shape_.experts = experts;
   shape_.intermediate = intermediate;
   shape_.hidden = hidden;
@@ -122,10 +159,15 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void
     sl.hb0 = hb[s];
     sl.hb1 = hb[s + 1];
     const int node = pool_->numa_placement() ? pool_->node_id(s) : -1;
-    sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * 2, node);
-    sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * 2, node);
+    const size_t esz = shape_.fp8 ? 1 : 2;
+    sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * esz, node);
+    sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * esz, node);
+    if (shape_.fp8) {
+      sl.s13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * (shape_.kp1 / shape_.seg) * 4, node);
+      sl.s2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * (shape_.kp2 / shape_.seg) * 4, node);
+    }
   }
-  RepackJob repack(shape_, slices_, w13, w2, wtype, active_kernels());
+  RepackJob repack(shape_, slices_, src, active_kernels());
   pool_->submit(&repack);
   repack.wait();
 }
@@ -138,7 +180,7 @@ MoELayer::~MoELayer() {
 
 size_t MoELayer::nbytes() const {
   size_t n = 0;
-  for (const auto& s : slices_) n += s.w13.size() + s.w2.size();
+  for (const auto& s : slices_) n += s.w13.size() + s.w2.size() + s.s13.size() + s.s2.size();
   return n;
 }
 
@@ -285,6 +327,15 @@ void ForwardJob::convert_inputs(WorkerCtx& ctx, int64_t t0, int tc) {
                  xb + size_t(r) * sh.kp1, sh.hidden, sh.kp1);
 }
 
+KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
+  KernelScratch ks;
+  ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
+  ks.panel = nullptr;
+  ks.deq = sh.fp8 ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kMaxSeg * 2)) : nullptr;
+  ks.acc = sh.fp8 ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
+  return ks;
+}
+
 void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   const MoEShape& sh = layer_->shape();
   const NodeSlice& sl = layer_->slices()[ctx.node];
@@ -292,11 +343,11 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   if (nbi == 0) return;
   const int ngroups = (nbi + group1_ - 1) / group1_;
   const int units = num_pieces_ * ngroups;
-  KernelScratch ks;
-  ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
+  KernelScratch ks = scratch(ctx, sh);
   ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(kPieceRows + 32) * sh.kp1 * 2));
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
   const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
+  const int nseg1 = sh.fp8 ? sh.kp1 / sh.seg : 0;
   for (int u; (u = next1_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
     const int32_t* pc = pieces_ + 3 * (u / ngroups);
     const int g = u % ngroups;
@@ -313,6 +364,12 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
     t.act_ld = sh.kp2;
     t.act_fn = layer_->activation();
     t.scratch = &ks;
+    if (sh.fp8) {
+      t.w13 = nullptr;
+      t.fp8.w = sl.w13.as<uint8_t>() + (size_t(e) * nbi + lb0) * w13_block;
+      t.fp8.scale = sl.s13.as<float>() + (size_t(e) * nbi + lb0) * 2 * nseg1;
+      t.fp8.seg = sh.seg;
+    }
     kt_->gate_up(t);
   }
 }
@@ -326,9 +383,8 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
   const int units = ngroups * token_ranges_;
   const int range = (tc + token_ranges_ - 1) / token_ranges_;
   const size_t out_ld = size_t(group2_) * kBlockN;
-  KernelScratch ks;
-  ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
-  ks.panel = nullptr;
+  KernelScratch ks = scratch(ctx, sh);
+  const int nseg2 = sh.fp8 ? sh.kp2 / sh.seg : 0;
   float* acc = static_cast<float*>(ctx.buffer(kOutAcc, size_t(range) * out_ld * 4));
   const size_t w2_block = size_t(sh.kp2) * kBlockN;
   const size_t osz = elem_size(a_.out_type);
@@ -358,6 +414,12 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
       t.out_acc = acc - size_t(tr0) * out_ld;  // ... so shift the accumulator's origin by tr0 rows
       t.out_ld = out_ld;
       t.scratch = &ks;
+      if (sh.fp8) {
+        t.w2 = nullptr;
+        t.fp8.w = sl.w2.as<uint8_t>() + (size_t(active_expert_[a]) * nbh + lb0) * w2_block;
+        t.fp8.scale = sl.s2.as<float>() + (size_t(active_expert_[a]) * nbh + lb0) * nseg2;
+        t.fp8.seg = sh.seg;
+      }
       kt_->down(t);
     }
     const int col0 = (sl.hb0 + lb0) * kBlockN;

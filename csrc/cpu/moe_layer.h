@@ -34,6 +34,18 @@ struct MoEShape {
   int kp2 = 0;           // I padded to kPadK (phase-2 reduction length, act row length)
   int i_blocks = 0;      // kp2 / 16: I-blocks (blocks past I hold zero weights)
   int h_blocks = 0;      // ceil(H / 16)
+  bool fp8 = false;      // weights stored as block-quantized fp8 (1 byte each) + fp32 scales
+  int seg = 0;           // fp8: inputs per scale (the checkpoint's block width)
+};
+
+// Expert weights as the checkpoint holds them (vLLM layouts).
+struct WeightSource {
+  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 with scales
+  const void* w13 = nullptr;  // [E, 2I, H]
+  const void* w2 = nullptr;   // [E, H, I]
+  const float* s13 = nullptr; // fp8: [E, ceil(2I/bn), H/bk] (vLLM's w13_weight_scale_inv)
+  const float* s2 = nullptr;  // fp8: [E, ceil(H/bn), I/bk]
+  int bn = 0, bk = 0;         // fp8: scale block rows x cols
 };
 
 struct NodeSlice {
@@ -41,6 +53,7 @@ struct NodeSlice {
   int hb0 = 0, hb1 = 0;  // H-blocks owned
   HostBuffer w13;        // [E][ib1-ib0][gate block, up block]
   HostBuffer w2;         // [E][hb1-hb0][block]
+  HostBuffer s13, s2;    // fp8 scales: [E][ib1-ib0][2][kp1/seg], [E][hb1-hb0][kp2/seg]
 };
 
 struct ForwardArgs {
@@ -66,6 +79,7 @@ class ForwardJob : public Job {
  private:
   static constexpr int kMaxNodes = 64;
   void plan_chunk(WorkerCtx& ctx, int64_t t0, int tc);
+  static KernelScratch scratch(WorkerCtx& ctx, const MoEShape& sh);
   void convert_inputs(WorkerCtx& ctx, int64_t t0, int tc);
   void phase_gate_up(WorkerCtx& ctx);
   void phase_down(WorkerCtx& ctx, int64_t t0, int tc);
@@ -97,9 +111,9 @@ class ForwardJob : public Job {
 
 class MoELayer {
  public:
-  // w13: [E, 2I, H], w2: [E, H, I] of type wtype (bf16 or fp16), contiguous.
-  MoELayer(std::shared_ptr<ThreadPool> pool, const void* w13, const void* w2, DType wtype, int experts,
-           int intermediate, int hidden, Activation act);
+  // Contiguous checkpoint tensors (see WeightSource); validated by the caller.
+  MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, int experts, int intermediate, int hidden,
+           Activation act);
   ~MoELayer();
 
   const MoEShape& shape() const { return shape_; }

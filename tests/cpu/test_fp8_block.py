@@ -1,0 +1,99 @@
+"""fp8_block experts (DeepSeek-V3 / Qwen3-FP8 style, vLLM Fp8MoEMethod tensors) against the fp32
+reference on the dequantized weights, on every ISA tier this CPU has."""
+import pytest
+import torch
+
+import lk_moe
+from lk_moe.reference import random_routing
+
+from .conftest import assert_matches_reference
+
+FP8_MAX = 448.0
+
+
+def quantize_block(w: torch.Tensor, bn=128, bk=128):
+    """[E, R, C] float -> (fp8 [E, R, C], scale_inv [E, ceil(R/bn), ceil(C/bk)], dequantized fp32)."""
+    E, R, C = w.shape
+    rb, cb = -(-R // bn), -(-C // bk)
+    pad = torch.zeros(E, rb * bn, cb * bk)
+    pad[:, :R, :C] = w
+    blocks = pad.view(E, rb, bn, cb, bk)
+    scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-12) / FP8_MAX
+    q = (blocks / scale[:, :, None, :, None]).to(torch.float8_e4m3fn)
+    deq = (q.float() * scale[:, :, None, :, None]).view(E, rb * bn, cb * bk)[:, :R, :C]
+    return q.view(E, rb * bn, cb * bk)[:, :R, :C].contiguous(), scale.float().contiguous(), deq.contiguous()
+
+
+def make_fp8_experts(E, H, I, seed=0, bn=128, bk=128):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    q13, s13, d13 = quantize_block(w13, bn, bk)
+    q2, s2, d2 = quantize_block(w2, bn, bk)
+    tensors = dict(w13_weight=q13, w2_weight=q2, w13_weight_scale_inv=s13, w2_weight_scale_inv=s2)
+    return tensors, d13, d2
+
+
+@pytest.mark.parametrize("H,I", [(2048, 768), (7168, 2048), (2048, 384)])  # Qwen3-30B FP8, DeepSeek-V3, TP=2 shard
+def test_fp8_block_every_tier(tier, H, I):
+    E, K = 8 if H < 4096 else 4, 4
+    tensors, d13, d2 = make_fp8_experts(E, H, I, seed=H + I)
+    layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
+    assert layer.format == "fp8_block"
+    for M in (1, 3, 16, 70):
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+def test_all_fp8_codes_convert_exactly(tier):
+    """Weights drawn from every finite e4m3 code, subnormals included, with unit scales."""
+    E, H, I, K = 4, 256, 128, 2
+    g = torch.Generator().manual_seed(3)
+    codes = torch.cat([torch.arange(0, 127), torch.arange(128, 255)]).to(torch.uint8)
+    def draw(*shape):
+        return codes[torch.randint(0, len(codes), shape, generator=g)].view(torch.float8_e4m3fn)
+    q13, q2 = draw(E, 2 * I, H), draw(E, H, I)
+    s13, s2 = torch.ones(E, 2 * I // 128, H // 128), torch.ones(E, H // 128, I // 128)
+    layer = lk_moe.MoELayer.from_checkpoint(
+        "fp8_block", dict(w13_weight=q13, w2_weight=q2, w13_weight_scale_inv=s13, w2_weight_scale_inv=s2))
+    x = (torch.randn(5, H) * 1e-3).bfloat16()  # small inputs keep the products of 448-sized weights finite
+    ids, w = random_routing(5, E, K)
+    assert_matches_reference(layer.forward(x, ids, w), x, q13.float(), q2.float(), ids, w)
+
+
+def test_fp8_memory_is_one_byte_per_weight():
+    tensors, _, _ = make_fp8_experts(16, 2048, 768)
+    layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
+    assert layer.nbytes <= 1.02 * layer.expert_bytes
+    assert layer.expert_bytes < 16 * 3 * 2048 * 768 * 1.01
+
+
+def test_fp8_bad_tensors_are_named():
+    tensors, _, _ = make_fp8_experts(2, 256, 128)
+    with pytest.raises(ValueError, match="needs tensor\\(s\\) w2_weight_scale_inv"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", {k: v for k, v in tensors.items() if k != "w2_weight_scale_inv"})
+    bad = dict(tensors, w13_weight=tensors["w13_weight"].float())
+    with pytest.raises(TypeError, match="w13_weight must be float8_e4m3fn"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", bad)
+    bad = dict(tensors, w2_weight_scale_inv=tensors["w2_weight_scale_inv"][:, :1].contiguous())
+    with pytest.raises(ValueError, match="scale shapes"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", bad)
+    bad = dict(tensors, w13_weight_scale_inv=torch.ones(2, 3, 2))  # 3 row blocks do not tile 2I = 256
+    with pytest.raises(ValueError, match="cannot infer the fp8 block size"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", bad)
+    with pytest.raises(ValueError, match="unsupported expert format 'nvfp4'"):
+        lk_moe.MoELayer.from_checkpoint("nvfp4", tensors)
+    t2, _, _ = make_fp8_experts(2, 192, 96, bn=48, bk=48)  # block width that is no multiple of 32
+    with pytest.raises(ValueError, match="fp8 block size 48x48 does not fit"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", t2)
+
+
+def test_explicit_block_size_for_untidy_shapes(tier):
+    """An explicit block_size (256-row blocks straddling the gate and up rows of w13)."""
+    E, H, I, K = 4, 256, 384, 2
+    tensors, d13, d2 = make_fp8_experts(E, H, I, bn=256, bk=128)  # 2I = 768 = 3 x 256
+    layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors, block_size=(256, 128))
+    x = torch.randn(9, H).bfloat16()
+    ids, w = random_routing(9, E, K)
+    assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
