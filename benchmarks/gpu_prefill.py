@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import lk_moe  # noqa: E402
+import lk_moe  # noqa: E402,F401
 from lk_moe.hybrid import ExpertStreamer, HybridMoE  # noqa: E402
 from lk_moe.reference import random_routing  # noqa: E402
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
-from lk_moe.reference import moe_torch_baseline, random_routing  # noqa: E402
+from lk_moe.reference import moe_torch_baseline, moe_torch_baseline_fp8, random_routing  # noqa: E402
 
 SHAPES = {
     # name: (H, I, E, K)
@@ -61,6 +60,25 @@ def make_weights(E, H, I, seed=0):
     return w13, w2
 
 
+def make_fp8_tensors(E, H, I, seed=0, block=128):
+    """fp8_block tensors as vLLM's Fp8MoEMethod holds them: random finite e4m3 codes (one random
+    expert copied, fast to build) and positive block scales."""
+    g = torch.Generator().manual_seed(seed)
+    def codes(r, c):
+        return torch.randint(0, 0x7E, (r, c), generator=g, dtype=torch.uint8) | (
+            torch.randint(0, 2, (r, c), generator=g, dtype=torch.uint8) << 7)
+    c13, c2 = codes(2 * I, H), codes(H, I)
+    q13 = torch.empty(E, 2 * I, H, dtype=torch.uint8)
+    q2 = torch.empty(E, H, I, dtype=torch.uint8)
+    for e in range(E):
+        q13[e].copy_(c13)
+        q2[e].copy_(c2)
+    s13 = torch.rand(E, 2 * I // block, H // block, generator=g) * 1e-3 + 1e-4
+    s2 = torch.rand(E, H // block, I // block, generator=g) * 1e-3 + 1e-4
+    return dict(w13_weight=q13.view(torch.float8_e4m3fn), w2_weight=q2.view(torch.float8_e4m3fn),
+                w13_weight_scale_inv=s13, w2_weight_scale_inv=s2)
+
+
 def timed(fn, reps):
     out = []
     for _ in range(reps):
@@ -72,7 +90,8 @@ def timed(fn, reps):
 
 def bench_shape(name, args, results):
     H, I, E, K = SHAPES[name]
-    expert_bytes = 3 * H * I * 2
+    fp8 = args.format == "fp8_block"
+    expert_bytes = 3 * H * I * (1 if fp8 else 2)
     if args.max_experts:
         E = min(E, args.max_experts)
     # Budget: source weights + packed copies + torch baseline temporaries within ~60% of free RAM.
@@ -81,9 +100,16 @@ def bench_shape(name, args, results):
     layer_bytes = E * expert_bytes
     copies = max(1, min(args.max_copies, int(args.rotate_bytes // layer_bytes) + 1,
                         (budget - layer_bytes) // layer_bytes))
-    print(f"\n## {name}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
+    print(f"\n## {name} {args.format}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
           f"{copies} packed cop{'y' if copies == 1 else 'ies'} for decode rotation)", flush=True)
-    w13, w2 = make_weights(E, H, I)
+    if fp8:
+        tensors = make_fp8_tensors(E, H, I)
+        build = lambda pool: lk_moe.MoELayer.from_checkpoint("fp8_block", tensors, pool=pool)  # noqa: E731
+        baseline = lambda x, ids, w: moe_torch_baseline_fp8(x, tensors, ids, w)  # noqa: E731
+    else:
+        w13, w2 = make_weights(E, H, I)
+        build = lambda pool: lk_moe.MoELayer(w13, w2, pool=pool)  # noqa: E731
+        baseline = lambda x, ids, w: moe_torch_baseline(x, w13, w2, ids, w)  # noqa: E731
     cores = lk_moe.make_pool(threads=0).num_threads
     for threads_arg in args.threads.split(","):
         threads = cores if threads_arg == "all" else int(threads_arg)
@@ -95,7 +121,7 @@ def bench_shape(name, args, results):
         bw = pool.measure_read_bandwidth(args.read_bytes, 7)
         read_bw = statistics.median(bw)
         t0 = time.perf_counter()
-        layers = [lk_moe.MoELayer(w13, w2, pool=pool) for _ in range(copies)]
+        layers = [build(pool) for _ in range(copies)]
         repack_s = (time.perf_counter() - t0) / copies
         print(f"threads={threads} isa={lk_moe.isa()} read bandwidth {read_bw:.1f} GB/s "
               f"(median of {len(bw)}; min {min(bw):.1f} max {max(bw):.1f}); repack "
@@ -126,12 +152,12 @@ def bench_shape(name, args, results):
             eff = statistics.median(bws)
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
-            moe_torch_baseline(x, w13, w2, ids, w)  # warm-up
-            base = statistics.median(timed(lambda: moe_torch_baseline(x, w13, w2, ids, w), treps))
+            baseline(x, ids, w)  # warm-up
+            base = statistics.median(timed(lambda: baseline(x, ids, w), treps))
             tflops = 2 * M * K * 3 * H * I / eng / 1e12
             print(f"{M:>6} {eng * 1e3:>10.3f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
                   f"{base / eng:>8.2f} {tflops:>8.3f}", flush=True)
-            results.append(dict(shape=name, H=H, I=I, E=E, K=K, threads=threads, isa=lk_moe.isa(), M=M,
+            results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads, isa=lk_moe.isa(), M=M,
                                 engine_ms=eng * 1e3, eff_gbs=eff, read_gbs=read_bw, bw_ratio=eff / read_bw,
                                 torch_ms=base * 1e3, speedup=base / eng, tflops=tflops, reps=len(times)))
         del layers, pool
@@ -148,6 +174,7 @@ def main():
     p.add_argument("--rotate-bytes", type=float, default=4 * 2**30,
                    help="decode rotates over packed copies until this many bytes (defeats the LLC)")
     p.add_argument("--max-copies", type=int, default=4)
+    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block"])
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

@@ -60,3 +60,31 @@ def random_routing(M: int, E: int, K: int, generator=None):
     w, ids = torch.topk(scores, K, dim=1)
     w = w / w.sum(dim=1, keepdim=True)
     return ids.to(torch.int32).contiguous(), w.float().contiguous()
+
+
+def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """[E, R, C] float8_e4m3fn and [E, ceil(R/bn), ceil(C/bk)] fp32 scales -> fp32 [E, R, C]."""
+    E, R, C = q.shape
+    bn, bk = -(-R // scale_inv.shape[1]), -(-C // scale_inv.shape[2])
+    s = scale_inv.repeat_interleave(bn, dim=1)[:, :R].repeat_interleave(bk, dim=2)[:, :, :C]
+    return q.float() * s
+
+
+def moe_torch_baseline_fp8(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch for fp8_block experts: dequantize each routed expert to the
+    activations' dtype, then the bf16 baseline's GEMMs."""
+    q13, q2 = tensors["w13_weight"], tensors["w2_weight"]
+    s13, s2 = tensors["w13_weight_scale_inv"], tensors["w2_weight_scale_inv"]
+    M, H = x.shape
+    I = q2.shape[2]
+    out = torch.zeros(M, H, dtype=torch.float32)
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+        w13 = dequantize_fp8_block(q13[e:e + 1], s13[e:e + 1])[0].to(x.dtype)
+        w2 = dequantize_fp8_block(q2[e:e + 1], s2[e:e + 1])[0].to(x.dtype)
+        h = F.linear(x[tok], w13)
+        act = F.silu(h[:, :I]) * h[:, I:]
+        out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
+    return out.to(x.dtype)
