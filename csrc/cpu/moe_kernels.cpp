@@ -187,6 +187,29 @@ inline void axpy_16(float w, const float* c, float* o) {
   _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(c), _mm512_loadu_ps(o)));
 }
 
+// 32 fp8 e4m3fn codes -> 32 bf16 (exact; see fp8_to_bf16_1).
+inline __m512i fp8x32_to_bf16(__m256i bytes) {
+  const __m512i lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                       0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0x0000);
+  const __m512i v = _mm512_cvtepu8_epi16(bytes);
+  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
+  __m512i r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
+  r = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), r, _mm512_permutexvar_epi16(mag, lut));
+  r = _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F)), r, _mm512_set1_epi16(0x7FC0));
+  return _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8));
+}
+
+// One packed pair-row (16 outputs x 2 inputs) of a block as bf16: 64 bytes of bf16 weights, or
+// 32 bytes of fp8 converted in registers (FP8 decode streams 1 byte per weight this way).
+template <bool FP8>
+inline __m512i load_pair_row(const void* block, int p) {
+  if constexpr (FP8) {
+    return fp8x32_to_bf16(_mm256_loadu_si256((const __m256i*)(static_cast<const uint8_t*>(block) + p * 32)));
+  } else {
+    return _mm512_loadu_si512((const void*)(static_cast<const uint16_t*>(block) + p * 32));
+  }
+}
+
 inline __m512i bcast_pair(const uint16_t* a) {
   int32_t v;
   memcpy(&v, a, 4);
@@ -194,8 +217,9 @@ inline __m512i bcast_pair(const uint16_t* a) {
 }
 
 // C[r][j*16 + n] (ld 32) = sum_k A_r[k] * B_j[n][k]
-template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf) {
+template <int MR, int NB, bool FP8 = false>
+inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf) {
+  constexpr int kRowBytes = FP8 ? 32 : 64;  // bytes of one pair-row of a block
   __m512 acc[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -216,8 +240,8 @@ inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp,
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
       // The first row tile streams the block from DRAM: prefetch ahead (past the block end is harmless).
-      _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
-      w[j] = _mm512_loadu_si512((const void*)(b[j] + p * 32));
+      _mm_prefetch(static_cast<const char*>(b[j]) + (p + kPrefetchPairs) * kRowBytes, _MM_HINT_T0);
+      w[j] = load_pair_row<FP8>(b[j], p);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -233,8 +257,8 @@ inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp,
     __m512 we[NB], wo[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
-      _mm_prefetch((const char*)(b[j] + (p + kPrefetchPairs) * 32), _MM_HINT_T0);
-      __m512i w = _mm512_loadu_si512((const void*)(b[j] + p * 32));
+      _mm_prefetch(static_cast<const char*>(b[j]) + (p + kPrefetchPairs) * kRowBytes, _MM_HINT_T0);
+      __m512i w = load_pair_row<FP8>(b[j], p);
       we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
     }
@@ -312,7 +336,8 @@ inline void axpy_16(float w, const float* c, float* o) {
 }
 
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf) {
+inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf) {
+  const uint16_t* const* b = reinterpret_cast<const uint16_t* const*>(bv);
   __m256 acc[MR][NB][2];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
@@ -362,7 +387,8 @@ inline void axpy_16(float w, const float* c, float* o) {
 }
 
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf) {
+inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf) {
+  const uint16_t* const* b = reinterpret_cast<const uint16_t* const*>(bv);
   float acc[MR][NB * 16];
   for (int r = 0; r < MR; ++r)
     for (int n = 0; n < NB * 16; ++n) acc[r][n] = 0.0f;
@@ -432,7 +458,7 @@ inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
 
 // Runtime row count -> compile-time tile.
 template <int NB>
-void dot_rows(int mr, const uint16_t* const* a, const uint16_t* const* b, int kp, float* c, Prefetch pf = {}) {
+void dot_rows(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf = {}) {
   switch (mr) {
     case 1: dot_tile<1, NB>(a, b, kp, c, pf); break;
 #if defined(LK_V512)
@@ -452,6 +478,24 @@ void dot_rows(int mr, const uint16_t* const* a, const uint16_t* const* b, int kp
 #endif
   }
 }
+
+#if defined(LK_V512)
+// FP8 blocks converted in registers (decode: few rows, so each weight byte is used MR times).
+constexpr int kFusedFp8Rows = 4;
+template <int NB>
+void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c) {
+  switch (mr) {
+    case 1: dot_tile<1, NB, true>(a, b, kp, c, {}); break;
+    case 2: dot_tile<2, NB, true>(a, b, kp, c, {}); break;
+    case 3: dot_tile<3, NB, true>(a, b, kp, c, {}); break;
+    default: dot_tile<4, NB, true>(a, b, kp, c, {}); break;
+  }
+}
+#else
+constexpr int kFusedFp8Rows = 0;
+template <int NB>
+void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*) {}
+#endif
 
 // The share of `bytes` at `next` that row tile `tile` of `tiles` should prefetch.
 inline Prefetch tile_share(const void* next, size_t bytes, int tile, int tiles) {
@@ -474,8 +518,8 @@ void gate_up_vec(const GateUpTask& t) {
   const size_t block = size_t(t.kp) * kBlockN;
   const int tiles = (t.m + kMaxRows - 1) / kMaxRows;
   for (int j = 0; j < t.nblk; ++j) {
-    const uint16_t* b[2] = {t.w13 + size_t(j) * 2 * block, t.w13 + size_t(j) * 2 * block + block};
-    const uint16_t* next = j + 1 < t.nblk ? b[0] + 2 * block : nullptr;
+    const void* b[2] = {t.w13 + size_t(j) * 2 * block, t.w13 + size_t(j) * 2 * block + block};
+    const uint16_t* next = j + 1 < t.nblk ? t.w13 + size_t(j + 1) * 2 * block : nullptr;
     for (int r0 = 0, tile = 0; r0 < t.m; r0 += kMaxRows, ++tile) {
       const int mr = tmin(kMaxRows, t.m - r0);
       dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c, tile_share(next, 2 * block * 2, tile, tiles));
@@ -493,7 +537,7 @@ void down_vec(const DownTask& t) {
   const int tiles = (t.m + kMaxRows - 1) / kMaxRows;
   for (int j = 0; j < t.nblk; j += 2) {
     const int nb = tmin(2, t.nblk - j);
-    const uint16_t* b[2] = {t.w2 + size_t(j) * block, t.w2 + size_t(j + nb - 1) * block};
+    const void* b[2] = {t.w2 + size_t(j) * block, t.w2 + size_t(j + nb - 1) * block};
     const uint16_t* next = j + 2 < t.nblk ? t.w2 + size_t(j + 2) * block : nullptr;
     const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block * 2;
     for (int r0 = 0, tile = 0; r0 < t.m; r0 += kMaxRows, ++tile) {
@@ -516,12 +560,12 @@ void down_vec(const DownTask& t) {
 void gate_up_fp8(const GateUpTask& t) {
   const int seg = t.fp8.seg, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const bool fused = t.m <= kFusedFp8Rows;  // few rows: convert in registers, no dequant pass
   uint16_t* dg = t.scratch->deq;
   uint16_t* du = dg + seg * kBlockN;
   float* tot = t.scratch->acc;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
-  const uint16_t* b[2] = {dg, du};
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = t.fp8.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -529,12 +573,20 @@ void gate_up_fp8(const GateUpTask& t) {
     const float* su = sg + nseg;
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int s = 0; s < nseg; ++s) {
-      fp8_to_bf16(bg + size_t(s) * seg * kBlockN, dg, seg * kBlockN);
-      fp8_to_bf16(bu + size_t(s) * seg * kBlockN, du, seg * kBlockN);
+      const size_t off = size_t(s) * seg * kBlockN;
+      const void* b[2] = {dg, du};
+      if (fused) {
+        b[0] = bg + off;
+        b[1] = bu + off;
+      } else {
+        fp8_to_bf16(bg + off, dg, seg * kBlockN);
+        fp8_to_bf16(bu + off, du, seg * kBlockN);
+      }
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + size_t(s) * seg;
-        dot_rows<2>(mr, rows, b, seg, c);
+        if (fused) dot_rows_fp8<2>(mr, rows, b, seg, c);
+        else dot_rows<2>(mr, rows, b, seg, c);
         for (int r = 0; r < mr; ++r) {
           axpy_16(sg[s], c + r * 32, tot + size_t(r0 + r) * 32);
           axpy_16(su[s], c + r * 32 + 16, tot + size_t(r0 + r) * 32 + 16);
@@ -549,19 +601,23 @@ void gate_up_fp8(const GateUpTask& t) {
 void down_fp8(const DownTask& t) {
   const int seg = t.fp8.seg, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const bool fused = t.m <= kFusedFp8Rows;
   uint16_t* d = t.scratch->deq;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
-  const uint16_t* b[2] = {d, d};
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = t.fp8.w + size_t(j) * block_bytes;
     const float* sc = t.fp8.scale + size_t(j) * nseg;
     for (int s = 0; s < nseg; ++s) {
-      fp8_to_bf16(src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
+      const size_t off = size_t(s) * seg * kBlockN;
+      const void* b[2] = {d, d};
+      if (fused) b[0] = b[1] = src + off;
+      else fp8_to_bf16(src + off, d, seg * kBlockN);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + size_t(s) * seg;
-        dot_rows<1>(mr, rows, b, seg, c);
+        if (fused) dot_rows_fp8<1>(mr, rows, b, seg, c);
+        else dot_rows<1>(mr, rows, b, seg, c);
         for (int r = 0; r < mr; ++r)
           axpy_16(t.row_weight[r0 + r] * sc[s], c + r * 32,
                   t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
