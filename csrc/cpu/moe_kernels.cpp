@@ -418,19 +418,9 @@ constexpr int kMaxRows = 4;
 inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
   int i = 0;
 #if defined(LK_V512)
-  const __m512i lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                       0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0x0000);
   for (; i + 32 <= n; i += 32) {
     _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + i)));
-    const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
-    __m512i r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
-    r = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), r,
-                                _mm512_permutexvar_epi16(mag, lut));
-    r = _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F)), r,
-                                _mm512_set1_epi16(0x7FC0));
-    r = _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8));
-    _mm512_storeu_si512((void*)(dst + i), r);
+    _mm512_storeu_si512((void*)(dst + i), fp8x32_to_bf16(_mm256_loadu_si256((const __m256i*)(src + i))));
   }
 #elif defined(__AVX2__)
   // pshufb table: low bytes of the subnormal bf16 values in 0..7, high bytes in 8..15.
