@@ -217,15 +217,19 @@ inline __m512i bcast_pair(const uint16_t* a) {
 }
 
 // C[r][j*16 + n] (ld 32) = sum_k A_r[k] * B_j[n][k]
+// FP8: `b` points at fp8 blocks, converted in registers; with `scale` (per block, one fp32 per
+// `seg` inputs) each segment's partial sums are scaled into the result in fp32.
 template <int MR, int NB, bool FP8 = false>
-inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf) {
+inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf,
+                     int seg = 0, const float* const* scale = nullptr) {
   constexpr int kRowBytes = FP8 ? 32 : 64;  // bytes of one pair-row of a block
-  __m512 acc[MR][NB];
+  __m512 acc[MR][NB], tot[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NB; ++j) acc[r][j] = tot[r][j] = _mm512_setzero_ps();
   const int npairs = kp / 2;
+  const int seg_pairs = (FP8 && scale) ? seg / 2 : npairs;
   const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
   int countdown = every, next_line = 0;
 #define LK_TRICKLE_PREFETCH()                                                       \
@@ -233,8 +237,9 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
     countdown = every;                                                              \
     if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);  \
   }
+  for (int p0 = 0, sidx = 0; p0 < npairs; p0 += seg_pairs, ++sidx) {
 #if defined(LK_VBF16)
-  for (int p = 0; p < npairs; ++p) {
+  for (int p = p0; p < p0 + seg_pairs; ++p) {
     LK_TRICKLE_PREFETCH()
     __m512i w[NB];
 #pragma GCC unroll 2
@@ -252,7 +257,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
   }
 #else
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
-  for (int p = 0; p < npairs; ++p) {
+  for (int p = p0; p < p0 + seg_pairs; ++p) {
     LK_TRICKLE_PREFETCH()
     __m512 we[NB], wo[NB];
 #pragma GCC unroll 2
@@ -275,11 +280,24 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
     }
   }
 #endif
+    if constexpr (FP8) {
+      if (scale) {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            tot[r][j] = _mm512_fmadd_ps(acc[r][j], _mm512_set1_ps(scale[j][sidx]), tot[r][j]);
+            acc[r][j] = _mm512_setzero_ps();
+          }
+      }
+    }
+  }
 #undef LK_TRICKLE_PREFETCH
+  const bool scaled = FP8 && scale;
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, acc[r][j]);
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, scaled ? tot[r][j] : acc[r][j]);
 }
 constexpr int kMaxRows = 8;
 
@@ -336,7 +354,8 @@ inline void axpy_16(float w, const float* c, float* o) {
 }
 
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf) {
+inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf,
+                     int = 0, const float* const* = nullptr) {
   const uint16_t* const* b = reinterpret_cast<const uint16_t* const*>(bv);
   __m256 acc[MR][NB][2];
   for (int r = 0; r < MR; ++r)
@@ -387,7 +406,8 @@ inline void axpy_16(float w, const float* c, float* o) {
 }
 
 template <int MR, int NB>
-inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf) {
+inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf,
+                     int = 0, const float* const* = nullptr) {
   const uint16_t* const* b = reinterpret_cast<const uint16_t* const*>(bv);
   float acc[MR][NB * 16];
   for (int r = 0; r < MR; ++r)
@@ -470,21 +490,22 @@ void dot_rows(int mr, const uint16_t* const* a, const void* const* b, int kp, fl
 }
 
 #if defined(LK_V512)
-// FP8 blocks converted in registers (decode: few rows, so each weight byte is used MR times).
+// FP8 blocks converted in registers, whole block with its segment scales (decode: few rows).
 constexpr int kFusedFp8Rows = 4;
 template <int NB>
-void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c) {
+void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
+                  const float* const* scale) {
   switch (mr) {
-    case 1: dot_tile<1, NB, true>(a, b, kp, c, {}); break;
-    case 2: dot_tile<2, NB, true>(a, b, kp, c, {}); break;
-    case 3: dot_tile<3, NB, true>(a, b, kp, c, {}); break;
-    default: dot_tile<4, NB, true>(a, b, kp, c, {}); break;
+    case 1: dot_tile<1, NB, true>(a, b, kp, c, {}, seg, scale); break;
+    case 2: dot_tile<2, NB, true>(a, b, kp, c, {}, seg, scale); break;
+    case 3: dot_tile<3, NB, true>(a, b, kp, c, {}, seg, scale); break;
+    default: dot_tile<4, NB, true>(a, b, kp, c, {}, seg, scale); break;
   }
 }
 #else
 constexpr int kFusedFp8Rows = 0;
 template <int NB>
-void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*) {}
+void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, int, const float* const*) {}
 #endif
 
 // The share of `bytes` at `next` that row tile `tile` of `tiles` should prefetch.
@@ -550,7 +571,6 @@ void down_vec(const DownTask& t) {
 void gate_up_fp8(const GateUpTask& t) {
   const int seg = t.fp8.seg, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  const bool fused = t.m <= kFusedFp8Rows;  // few rows: convert in registers, no dequant pass
   uint16_t* dg = t.scratch->deq;
   uint16_t* du = dg + seg * kBlockN;
   float* tot = t.scratch->acc;
@@ -561,22 +581,24 @@ void gate_up_fp8(const GateUpTask& t) {
     const uint8_t* bu = bg + block_bytes;
     const float* sg = t.fp8.scale + size_t(j) * 2 * nseg;
     const float* su = sg + nseg;
+    if (t.m <= kFusedFp8Rows) {  // few rows: fp8 converted in registers, scales applied in the tile
+      const void* b[2] = {bg, bu};
+      const float* sc[2] = {sg, su};
+      dot_rows_fp8<2>(t.m, t.x_rows, b, t.kp, c, seg, sc);
+      for (int r = 0; r < t.m; ++r)
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      continue;
+    }
     memset(tot, 0, size_t(t.m) * 32 * 4);
-    for (int s = 0; s < nseg; ++s) {
+    for (int s = 0; s < nseg; ++s) {  // many rows: dequantize each segment once, reuse it per row tile
       const size_t off = size_t(s) * seg * kBlockN;
       const void* b[2] = {dg, du};
-      if (fused) {
-        b[0] = bg + off;
-        b[1] = bu + off;
-      } else {
-        fp8_to_bf16(bg + off, dg, seg * kBlockN);
-        fp8_to_bf16(bu + off, du, seg * kBlockN);
-      }
+      fp8_to_bf16(bg + off, dg, seg * kBlockN);
+      fp8_to_bf16(bu + off, du, seg * kBlockN);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + size_t(s) * seg;
-        if (fused) dot_rows_fp8<2>(mr, rows, b, seg, c);
-        else dot_rows<2>(mr, rows, b, seg, c);
+        dot_rows<2>(mr, rows, b, seg, c);
         for (int r = 0; r < mr; ++r) {
           axpy_16(sg[s], c + r * 32, tot + size_t(r0 + r) * 32);
           axpy_16(su[s], c + r * 32 + 16, tot + size_t(r0 + r) * 32 + 16);
@@ -591,23 +613,28 @@ void gate_up_fp8(const GateUpTask& t) {
 void down_fp8(const DownTask& t) {
   const int seg = t.fp8.seg, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  const bool fused = t.m <= kFusedFp8Rows;
   uint16_t* d = t.scratch->deq;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = t.fp8.w + size_t(j) * block_bytes;
     const float* sc = t.fp8.scale + size_t(j) * nseg;
+    if (t.m <= kFusedFp8Rows) {
+      const void* b[2] = {src, src};
+      const float* scs[2] = {sc, sc};
+      for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
+      dot_rows_fp8<1>(t.m, rows, b, t.kp, c, seg, scs);
+      for (int r = 0; r < t.m; ++r)
+        axpy_16(t.row_weight[r], c + r * 32, t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN);
+      continue;
+    }
     for (int s = 0; s < nseg; ++s) {
-      const size_t off = size_t(s) * seg * kBlockN;
       const void* b[2] = {d, d};
-      if (fused) b[0] = b[1] = src + off;
-      else fp8_to_bf16(src + off, d, seg * kBlockN);
+      fp8_to_bf16(src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + size_t(s) * seg;
-        if (fused) dot_rows_fp8<1>(mr, rows, b, seg, c);
-        else dot_rows<1>(mr, rows, b, seg, c);
+        dot_rows<1>(mr, rows, b, seg, c);
         for (int r = 0; r < mr; ++r)
           axpy_16(t.row_weight[r0 + r] * sc[s], c + r * 32,
                   t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
