@@ -1,6 +1,7 @@
 #include "cpu/moe_layer.h"
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -208,14 +209,27 @@ void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const K
   layer_ = layer;
   a_ = args;
   kt_ = kernels;
+  start_ns_.store(INT64_MAX, std::memory_order_relaxed);
+  end_ns_.store(0, std::memory_order_relaxed);
   const MoEShape& sh = layer->shape();
   copy_x_ = args.x_type != DType::kBF16 || sh.kp1 != sh.hidden;
   const size_t per_token = size_t(args.top_k) * (sh.kp2 * 2 + 8) + (copy_x_ ? size_t(sh.kp1) * 2 : 0);
   chunk_tokens_ = int(std::max<int64_t>(1, std::min<int64_t>(args.tokens, int64_t(kChunkBudget / per_token))));
 }
 
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 void ForwardJob::run(WorkerCtx& ctx) {
-  const auto start = std::chrono::steady_clock::now();
+  // Timed from the first worker in to the last worker out, without an extra barrier.
+  const int64_t start = now_ns();
+  for (int64_t v = start_ns_.load(std::memory_order_relaxed); start < v &&
+       !start_ns_.compare_exchange_weak(v, start, std::memory_order_relaxed);) {
+  }
   for (int64_t t0 = 0; t0 < a_.tokens; t0 += chunk_tokens_) {
     const int tc = int(std::min<int64_t>(chunk_tokens_, a_.tokens - t0));
     if (ctx.tid == 0) plan_chunk(ctx, t0, tc);
@@ -229,10 +243,10 @@ void ForwardJob::run(WorkerCtx& ctx) {
     phase_down(ctx, t0, tc);
     if (t0 + tc < a_.tokens) ctx.barrier();  // the next plan overwrites this chunk's scratch
   }
-  ctx.barrier();  // so worker 0 can time the whole forward (benchmarks split overheads with it)
-  if (ctx.tid == 0)
-    compute_us_.store(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),
-                      std::memory_order_relaxed);
+  const int64_t end = now_ns();
+  for (int64_t v = end_ns_.load(std::memory_order_relaxed); end > v &&
+       !end_ns_.compare_exchange_weak(v, end, std::memory_order_relaxed);) {
+  }
 }
 
 // Group the chunk's (token, k) slots by expert (counting sort keeps tokens ascending
