@@ -154,6 +154,46 @@ struct Layer {
     return l;
   }
 
+  // fp8_channel / int8_channel: compressed-tensors channel quantization (vLLM CT W8A8 int8, CT FP8
+  // channel): w13_weight / w2_weight fp8 or int8, w13_weight_scale [E, 2I, 1], w2_weight_scale [E, H, 1].
+  static Layer per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                           const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
+                           const std::string& format) {
+    if (activation != "silu")
+      throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
+    const bool int8 = format == "int8_channel";
+    const auto want = int8 ? at::kChar : at::kFloat8_e4m3fn;
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
+      if (t->scalar_type() != want)
+        throw py::type_error(std::string(name) + " must be " + (int8 ? "int8" : "float8_e4m3fn") + " for " + format +
+                             ", got " + dtype_name(*t));
+    for (auto [t, name] : {std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
+      if (t->scalar_type() != at::kFloat) throw py::type_error(std::string(name) + " must be float32, got " + dtype_name(*t));
+    if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
+    const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
+    const std::string want2 = "[" + std::to_string(E) + ", " + std::to_string(H) + ", " + std::to_string(I) + "]";
+    require_shape(w2, "w2_weight", {E, H, I}, want2.c_str());
+    auto rows_ok = [](const at::Tensor& t, int64_t e, int64_t r) {
+      return (t.dim() == 3 && t.size(0) == e && t.size(1) == r && t.size(2) == 1) ||
+             (t.dim() == 2 && t.size(0) == e && t.size(1) == r);
+    };
+    if (!rows_ok(s13, E, 2 * I)) throw py::value_error("w13_weight_scale must be [E, 2I, 1], got " + shape_str(s13));
+    if (!rows_ok(s2, E, H)) throw py::value_error("w2_weight_scale must be [E, H, 1], got " + shape_str(s2));
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
+                           std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
+      require_cpu_contiguous(*t, name);
+    lk::WeightSource src;
+    src.type = int8 ? lk::DType::kINT8 : lk::DType::kFP8E4M3;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
+    src.s13 = s13.data_ptr<float>();
+    src.s2 = s2.data_ptr<float>();
+    Layer l;
+    py::gil_scoped_release nogil;
+    l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
+    return l;
+  }
+
   Layer() = default;
 
   Handle submit(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& out) {
@@ -351,7 +391,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("fp8_block", &Layer::fp8_block, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale_inv"), py::arg("w2_weight_scale_inv"), py::arg("activation") = "silu",
                   py::arg("block_n") = 0, py::arg("block_k") = 0)
-      .def_property_readonly("format", [](const Layer& l) { return l.impl->shape().fp8 ? "fp8_block" : "bf16"; })
+      .def_static("per_channel", &Layer::per_channel, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
+                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"))
+      .def_property_readonly("format", [](const Layer& l) {
+        const auto& sh = l.impl->shape();
+        if (!sh.byte_weights) return "bf16";
+        if (sh.per_row) return sh.int8 ? "int8_channel" : "fp8_channel";
+        return "fp8_block";
+      })
       .def("submit", &Layer::submit, py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("out"))
       .def_property_readonly("nbytes", [](const Layer& l) { return l.impl->nbytes(); })
       .def_property_readonly("num_experts", [](const Layer& l) { return l.impl->shape().experts; })
@@ -364,7 +411,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
-             if (sh.fp8) throw py::value_error("GPU streaming of fp8_block experts is not supported yet");
+             if (sh.byte_weights) throw py::value_error("GPU streaming of fp8_block experts is not supported yet");
              py::list out;
              auto keep = l.impl;
              auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);

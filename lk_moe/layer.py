@@ -48,6 +48,8 @@ class MoELayer:
         # format id -> vLLM parameter names it needs (as the MoE method holds them after loading)
         "bf16": ("w13_weight", "w2_weight"),
         "fp8_block": ("w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"),
+        "fp8_channel": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
+        "int8_channel": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
     }
 
     @classmethod
@@ -69,9 +71,13 @@ class MoELayer:
             return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool)
         self = cls.__new__(cls)
         self._pool = pool if pool is not None else default_pool()
-        bn, bk = block_size if block_size is not None else (0, 0)
-        self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
-                                        block_n=int(bn), block_k=int(bk))
+        if format == "fp8_block":
+            bn, bk = block_size if block_size is not None else (0, 0)
+            self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
+                                            block_n=int(bn), block_k=int(bk))
+        else:
+            self._impl = _C.Layer.per_channel(self._pool, *(tensors[n] for n in names), activation=activation,
+                                              format=format)
         self.activation = activation
         self._source_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in names)
         return self

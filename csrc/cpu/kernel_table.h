@@ -21,7 +21,7 @@ namespace lk {
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
-enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3 };
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4 };
 enum class Activation : int { kSiLU = 0 };
 
 // Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
@@ -38,10 +38,15 @@ constexpr int kMaxRowsPerTask = 128;    // rows of one gate/up task (the engine'
 // Block-quantized FP8 (e4m3fn) weights, as DeepSeek-V3 / Qwen3-FP8 checkpoints ship them: the
 // same block layout with one byte per element, and one fp32 scale per `seg` inputs of each
 // 16-row block (the checkpoint's 128x128 scale blocks, repeated per 16 rows). Null `w`: bf16.
+//
+// per_row (compressed-tensors channel quantization, fp8 or int8): one scale per output row
+// instead, stored as 16 floats per block; `seg` is then only the dequantization chunk.
 struct Fp8Weights {
   const uint8_t* w = nullptr;
   const float* scale = nullptr;
   int seg = 0;
+  bool per_row = false;
+  bool int8 = false;  // codes are int8 (exact in bf16) instead of fp8 e4m3fn
 };
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
@@ -56,7 +61,7 @@ struct GateUpTask {
   size_t act_ld;
   Activation act_fn;
   KernelScratch* scratch;
-  Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg]
+  Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
 };
 
 // Phase 2: out_acc[out_row[r], j*16 + n] += row_weight[r] * (w2_j[n] . act_r)
@@ -73,7 +78,7 @@ struct DownTask {
   float* out_acc;
   size_t out_ld;
   KernelScratch* scratch;
-  Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg]
+  Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
 };
 
 struct KernelTable {

@@ -466,6 +466,31 @@ inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
   for (; i < n; ++i) dst[i] = fp8_to_bf16_1(src[i]);
 }
 
+// n int8 values -> bf16 (exact: |v| <= 128 has at most 8 significant bits).
+inline void int8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
+  int i = 0;
+#if defined(LK_V512)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + i))));
+    _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_bf16(float(int8_t(src[i])));
+}
+
+inline void dequant_bf16(const Fp8Weights& q, const uint8_t* src, uint16_t* dst, int n) {
+  if (q.int8) int8_to_bf16(src, dst, n);
+  else fp8_to_bf16(src, dst, n);
+}
+
+// o[n] += w * c[n] * v[n] (per-row scales), and c[n] *= v[n].
+inline void axpy_vec_16(float w, const float* c, const float* v, float* o) {
+  for (int n = 0; n < 16; ++n) o[n] += w * c[n] * v[n];
+}
+inline void mul_16(float* c, const float* v) {
+  for (int n = 0; n < 16; ++n) c[n] *= v[n];
+}
+
 // Runtime row count -> compile-time tile.
 template <int NB>
 void dot_rows(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf = {}) {
@@ -569,7 +594,9 @@ void down_vec(const DownTask& t) {
 // L1, run the bf16 dot tile on it, and add scale x partial into fp32 sums. Same arithmetic as
 // the bf16 path (the scales are applied in fp32), at ~3% extra per segment.
 void gate_up_fp8(const GateUpTask& t) {
-  const int seg = t.fp8.seg, nseg = t.kp / seg;
+  const Fp8Weights& q = t.fp8;
+  const int seg = q.seg, nseg = t.kp / seg;
+  const int per = q.per_row ? kBlockN : nseg;  // scales per block
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   uint16_t* dg = t.scratch->deq;
   uint16_t* du = dg + seg * kBlockN;
@@ -577,31 +604,42 @@ void gate_up_fp8(const GateUpTask& t) {
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
   for (int j = 0; j < t.nblk; ++j) {
-    const uint8_t* bg = t.fp8.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
-    const float* sg = t.fp8.scale + size_t(j) * 2 * nseg;
-    const float* su = sg + nseg;
-    if (t.m <= kFusedFp8Rows) {  // few rows: fp8 converted in registers, scales applied in the tile
+    const float* sg = q.scale + size_t(j) * 2 * per;
+    const float* su = sg + per;
+    if (!q.int8 && t.m <= kFusedFp8Rows) {  // few rows: fp8 converted in registers, scales in the tile
       const void* b[2] = {bg, bu};
       const float* sc[2] = {sg, su};
-      dot_rows_fp8<2>(t.m, t.x_rows, b, t.kp, c, seg, sc);
-      for (int r = 0; r < t.m; ++r)
+      dot_rows_fp8<2>(t.m, t.x_rows, b, t.kp, c, seg, q.per_row ? nullptr : sc);
+      for (int r = 0; r < t.m; ++r) {
+        if (q.per_row) {
+          mul_16(c + r * 32, sg);
+          mul_16(c + r * 32 + 16, su);
+        }
         silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      }
       continue;
     }
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int s = 0; s < nseg; ++s) {  // many rows: dequantize each segment once, reuse it per row tile
       const size_t off = size_t(s) * seg * kBlockN;
       const void* b[2] = {dg, du};
-      fp8_to_bf16(bg + off, dg, seg * kBlockN);
-      fp8_to_bf16(bu + off, du, seg * kBlockN);
+      dequant_bf16(q, bg + off, dg, seg * kBlockN);
+      dequant_bf16(q, bu + off, du, seg * kBlockN);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + size_t(s) * seg;
         dot_rows<2>(mr, rows, b, seg, c);
         for (int r = 0; r < mr; ++r) {
-          axpy_16(sg[s], c + r * 32, tot + size_t(r0 + r) * 32);
-          axpy_16(su[s], c + r * 32 + 16, tot + size_t(r0 + r) * 32 + 16);
+          float* o = tot + size_t(r0 + r) * 32;
+          if (q.per_row) {
+            axpy_vec_16(1.0f, c + r * 32, sg, o);
+            axpy_vec_16(1.0f, c + r * 32 + 16, su, o + 16);
+          } else {
+            axpy_16(sg[s], c + r * 32, o);
+            axpy_16(su[s], c + r * 32 + 16, o + 16);
+          }
         }
       }
     }
@@ -611,33 +649,40 @@ void gate_up_fp8(const GateUpTask& t) {
 }
 
 void down_fp8(const DownTask& t) {
-  const int seg = t.fp8.seg, nseg = t.kp / seg;
+  const Fp8Weights& q = t.fp8;
+  const int seg = q.seg, nseg = t.kp / seg;
+  const int per = q.per_row ? kBlockN : nseg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   uint16_t* d = t.scratch->deq;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
   for (int j = 0; j < t.nblk; ++j) {
-    const uint8_t* src = t.fp8.w + size_t(j) * block_bytes;
-    const float* sc = t.fp8.scale + size_t(j) * nseg;
-    if (t.m <= kFusedFp8Rows) {
+    const uint8_t* src = q.w + size_t(j) * block_bytes;
+    const float* sc = q.scale + size_t(j) * per;
+    if (!q.int8 && t.m <= kFusedFp8Rows) {
       const void* b[2] = {src, src};
       const float* scs[2] = {sc, sc};
       for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
-      dot_rows_fp8<1>(t.m, rows, b, t.kp, c, seg, scs);
-      for (int r = 0; r < t.m; ++r)
-        axpy_16(t.row_weight[r], c + r * 32, t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN);
+      dot_rows_fp8<1>(t.m, rows, b, t.kp, c, seg, q.per_row ? nullptr : scs);
+      for (int r = 0; r < t.m; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+        if (q.per_row) axpy_vec_16(t.row_weight[r], c + r * 32, sc, o);
+        else axpy_16(t.row_weight[r], c + r * 32, o);
+      }
       continue;
     }
     for (int s = 0; s < nseg; ++s) {
       const void* b[2] = {d, d};
-      fp8_to_bf16(src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
+      dequant_bf16(q, src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + size_t(s) * seg;
         dot_rows<1>(mr, rows, b, seg, c);
-        for (int r = 0; r < mr; ++r)
-          axpy_16(t.row_weight[r0 + r] * sc[s], c + r * 32,
-                  t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
+        for (int r = 0; r < mr; ++r) {
+          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+          if (q.per_row) axpy_vec_16(t.row_weight[r0 + r], c + r * 32, sc, o);
+          else axpy_16(t.row_weight[r0 + r] * sc[s], c + r * 32, o);
+        }
       }
     }
   }

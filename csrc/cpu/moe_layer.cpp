@@ -50,7 +50,7 @@ class RepackJob : public Job {
     NodeSlice& sl = slices_[ctx.node];
     const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
     const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
-    const size_t esz = sh_.fp8 ? 1 : 2;
+    const size_t esz = sh_.byte_weights ? 1 : 2;
     char* row = static_cast<char*>(ctx.buffer(kRepackRow, size_t(16) * std::max(sh_.kp1, sh_.kp2) * 2));
     const int I = sh_.intermediate, H = sh_.hidden;
     const char* w13 = static_cast<const char*>(src_.w13);
@@ -64,41 +64,66 @@ class RepackJob : public Job {
         const int r0 = (sl.ib0 + lb) * kBlockN;
         pack(base, r0, I, H, sh_.kp1, row, dst);                                              // gate
         pack(base + size_t(I) * H * esz, r0, I, H, sh_.kp1, row, dst + size_t(sh_.kp1) * kBlockN * esz);  // up
-        if (sh_.fp8) {
-          const int nseg = sh_.kp1 / sh_.seg, srows = (2 * I + src_.bn - 1) / src_.bn;
-          float* sd = sl.s13.as<float>() + blk * nseg;
-          const float* ss = src_.s13 + size_t(e) * srows * nseg;
-          for (int q = 0; q < nseg; ++q) {
-            sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
-            sd[nseg + q] = ss[size_t((I + r0) / src_.bn) * nseg + q];
-          }
-        }
+        if (sh_.byte_weights) copy_scales13(e, blk, r0, sl);
       } else {
         u -= int64_t(sh_.experts) * nbi;
         const int e = int(u / nbh), lb = int(u % nbh);
         const size_t blk = size_t(e) * nbh + lb;
         const int r0 = (sl.hb0 + lb) * kBlockN;
         pack(w2 + size_t(e) * H * I * esz, r0, H, I, sh_.kp2, row, sl.w2.as<char>() + blk * sh_.kp2 * kBlockN * esz);
-        if (sh_.fp8) {
-          const int nseg = sh_.kp2 / sh_.seg, srows = (H + src_.bn - 1) / src_.bn;
-          float* sd = sl.s2.as<float>() + blk * nseg;
-          const float* ss = src_.s2 + size_t(e) * srows * nseg;
-          for (int q = 0; q < nseg; ++q) sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
-        }
+        if (sh_.byte_weights) copy_scales2(e, blk, r0, sl);
       }
     }
   }
 
  private:
+  // Scales of the gate and up blocks whose first row is r0 (row of the gate half of w13).
+  void copy_scales13(int e, size_t blk, int r0, NodeSlice& sl) {
+    const int I = sh_.intermediate;
+    if (sh_.per_row) {
+      float* sd = sl.s13.as<float>() + blk * kBlockN;
+      const float* ss = src_.s13 + size_t(e) * 2 * I;
+      for (int n = 0; n < kBlockN; ++n) {
+        sd[n] = r0 + n < I ? ss[r0 + n] : 0.0f;
+        sd[kBlockN + n] = r0 + n < I ? ss[I + r0 + n] : 0.0f;
+      }
+      return;
+    }
+    const int nseg = sh_.kp1 / sh_.seg, srows = (2 * I + src_.bn - 1) / src_.bn;
+    float* sd = sl.s13.as<float>() + blk * nseg;
+    const float* ss = src_.s13 + size_t(e) * srows * nseg;
+    for (int q = 0; q < nseg; ++q) {
+      sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
+      sd[nseg + q] = ss[size_t((I + r0) / src_.bn) * nseg + q];
+    }
+  }
+
+  void copy_scales2(int e, size_t blk, int r0, NodeSlice& sl) {
+    const int H = sh_.hidden;
+    if (sh_.per_row) {
+      float* sd = sl.s2.as<float>() + blk * kBlockN;
+      for (int n = 0; n < kBlockN; ++n) sd[n] = r0 + n < H ? src_.s2[size_t(e) * H + r0 + n] : 0.0f;
+      return;
+    }
+    const int nseg = sh_.kp2 / sh_.seg, srows = (H + src_.bn - 1) / src_.bn;
+    float* sd = sl.s2.as<float>() + blk * nseg;
+    const float* ss = src_.s2 + size_t(e) * srows * nseg;
+    for (int q = 0; q < nseg; ++q) sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
+  }
+
   // 16 rows [r0, r0+16) of a [rows, k] matrix -> one block; rows past `rows` and k past `k` are
   // zero. Element (n, k) goes to (k/2)*32 + 2n + (k&1): a 16 x kp/2 transpose of element pairs.
   void pack(const char* src, int r0, int rows, int k, int kp, char* tmp, char* dst) {
     const int pairs = kp / 2;
-    if (sh_.fp8) {
+    if (sh_.byte_weights) {
       for (int n = 0; n < kBlockN; ++n) {
         char* t = tmp + size_t(n) * kp;
-        if (r0 + n < rows) memcpy(t, src + size_t(r0 + n) * k, k);
-        else memset(t, 0, kp);
+        if (r0 + n < rows) {
+          memcpy(t, src + size_t(r0 + n) * k, k);
+          memset(t + k, 0, kp - k);  // padding inputs: zero codes (zero weights)
+        } else {
+          memset(t, 0, kp);
+        }
       }
       const uint16_t* t16 = reinterpret_cast<const uint16_t*>(tmp);
       uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
@@ -131,8 +156,10 @@ class RepackJob : public Job {
 MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, int experts, int intermediate,
                    int hidden, Activation act)
     : pool_(std::move(pool)), act_(act) {
-  shape_.fp8 = src.type == DType::kFP8E4M3;
-  if (shape_.fp8) {
+  shape_.byte_weights = src.type == DType::kFP8E4M3 || src.type == DType::kINT8;
+  shape_.int8 = src.type == DType::kINT8;
+  shape_.per_row = shape_.byte_weights && src.bn == 0 && src.bk == 0;
+  if (shape_.byte_weights && !shape_.per_row) {
     // The segment loop needs whole scale blocks that are whole AMX/pair rows.
     if (src.bk % kPadK || src.bk > kMaxSeg || hidden % src.bk || intermediate % src.bk || src.bn % kBlockN)
       throw std::invalid_argument("fp8 block size " + std::to_string(src.bn) + "x" + std::to_string(src.bk) +
@@ -148,6 +175,10 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   shape_.kp2 = round_up(intermediate, kPadK);
   shape_.i_blocks = shape_.kp2 / kBlockN;
   shape_.h_blocks = (hidden + kBlockN - 1) / kBlockN;
+  if (shape_.per_row) {  // dequantization chunk: the largest power of two <= 256 dividing both
+    shape_.seg = kMaxSeg;
+    while (shape_.kp1 % shape_.seg || shape_.kp2 % shape_.seg) shape_.seg /= 2;
+  }
   if (pool_->num_nodes() > 64) throw std::invalid_argument("more than 64 NUMA nodes with threads are not supported");
 
   const std::vector<int> ib = split_blocks(shape_.i_blocks, *pool_);
@@ -160,12 +191,14 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
     sl.hb0 = hb[s];
     sl.hb1 = hb[s + 1];
     const int node = pool_->numa_placement() ? pool_->node_id(s) : -1;
-    const size_t esz = shape_.fp8 ? 1 : 2;
+    const size_t esz = shape_.byte_weights ? 1 : 2;
     sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * esz, node);
     sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * esz, node);
-    if (shape_.fp8) {
-      sl.s13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * (shape_.kp1 / shape_.seg) * 4, node);
-      sl.s2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * (shape_.kp2 / shape_.seg) * 4, node);
+    if (shape_.byte_weights) {
+      const int per13 = shape_.per_row ? kBlockN : shape_.kp1 / shape_.seg;
+      const int per2 = shape_.per_row ? kBlockN : shape_.kp2 / shape_.seg;
+      sl.s13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * per13 * 4, node);
+      sl.s2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * per2 * 4, node);
     }
   }
   RepackJob repack(shape_, slices_, src, active_kernels());
@@ -345,8 +378,8 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   KernelScratch ks;
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
-  ks.deq = sh.fp8 ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kMaxSeg * 2)) : nullptr;
-  ks.acc = sh.fp8 ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
+  ks.deq = sh.byte_weights ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kMaxSeg * 2)) : nullptr;
+  ks.acc = sh.byte_weights ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
   return ks;
 }
 
@@ -361,7 +394,7 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(kPieceRows + 32) * sh.kp1 * 2));
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
   const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
-  const int nseg1 = sh.fp8 ? sh.kp1 / sh.seg : 0;
+  const int nseg1 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp1 / sh.seg) : 0;
   for (int u; (u = next1_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
     const int32_t* pc = pieces_ + 3 * (u / ngroups);
     const int g = u % ngroups;
@@ -378,11 +411,13 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
     t.act_ld = sh.kp2;
     t.act_fn = layer_->activation();
     t.scratch = &ks;
-    if (sh.fp8) {
+    if (sh.byte_weights) {
       t.w13 = nullptr;
       t.fp8.w = sl.w13.as<uint8_t>() + (size_t(e) * nbi + lb0) * w13_block;
       t.fp8.scale = sl.s13.as<float>() + (size_t(e) * nbi + lb0) * 2 * nseg1;
       t.fp8.seg = sh.seg;
+      t.fp8.per_row = sh.per_row;
+      t.fp8.int8 = sh.int8;
     }
     kt_->gate_up(t);
   }
@@ -398,7 +433,7 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
   const int range = (tc + token_ranges_ - 1) / token_ranges_;
   const size_t out_ld = size_t(group2_) * kBlockN;
   KernelScratch ks = scratch(ctx, sh);
-  const int nseg2 = sh.fp8 ? sh.kp2 / sh.seg : 0;
+  const int nseg2 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp2 / sh.seg) : 0;
   float* acc = static_cast<float*>(ctx.buffer(kOutAcc, size_t(range) * out_ld * 4));
   const size_t w2_block = size_t(sh.kp2) * kBlockN;
   const size_t osz = elem_size(a_.out_type);
@@ -428,11 +463,13 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
       t.out_acc = acc - size_t(tr0) * out_ld;  // ... so shift the accumulator's origin by tr0 rows
       t.out_ld = out_ld;
       t.scratch = &ks;
-      if (sh.fp8) {
+      if (sh.byte_weights) {
         t.w2 = nullptr;
         t.fp8.w = sl.w2.as<uint8_t>() + (size_t(active_expert_[a]) * nbh + lb0) * w2_block;
         t.fp8.scale = sl.s2.as<float>() + (size_t(active_expert_[a]) * nbh + lb0) * nseg2;
         t.fp8.seg = sh.seg;
+        t.fp8.per_row = sh.per_row;
+        t.fp8.int8 = sh.int8;
       }
       kt_->down(t);
     }

@@ -34,18 +34,20 @@ struct MoEShape {
   int kp2 = 0;           // I padded to kPadK (phase-2 reduction length, act row length)
   int i_blocks = 0;      // kp2 / 16: I-blocks (blocks past I hold zero weights)
   int h_blocks = 0;      // ceil(H / 16)
-  bool fp8 = false;      // weights stored as block-quantized fp8 (1 byte each) + fp32 scales
-  int seg = 0;           // fp8: inputs per scale (the checkpoint's block width)
+  bool byte_weights = false;  // one byte per weight (fp8 or int8) + fp32 scales
+  bool int8 = false;          // byte weights are int8 (else fp8 e4m3fn)
+  bool per_row = false;       // one scale per output row (else per seg x block rows)
+  int seg = 0;           // byte weights: inputs per segment (block mode: per scale)
 };
 
 // Expert weights as the checkpoint holds them (vLLM layouts).
 struct WeightSource {
-  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 with scales
+  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales
   const void* w13 = nullptr;  // [E, 2I, H]
   const void* w2 = nullptr;   // [E, H, I]
-  const float* s13 = nullptr; // fp8: [E, ceil(2I/bn), H/bk] (vLLM's w13_weight_scale_inv)
-  const float* s2 = nullptr;  // fp8: [E, ceil(H/bn), I/bk]
-  int bn = 0, bk = 0;         // fp8: scale block rows x cols
+  const float* s13 = nullptr; // block: [E, ceil(2I/bn), H/bk] (w13_weight_scale_inv); per row: [E, 2I]
+  const float* s2 = nullptr;  // block: [E, ceil(H/bn), I/bk]; per row: [E, H]
+  int bn = 0, bk = 0;         // block: scale block rows x cols; 0 x 0: one scale per row
 };
 
 struct NodeSlice {

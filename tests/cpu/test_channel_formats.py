@@ -1,0 +1,64 @@
+"""fp8_channel and int8_channel experts (compressed-tensors channel quantization as vLLM holds it:
+weights [E, 2I, H] / [E, H, I], fp32 scales [E, 2I, 1] / [E, H, 1]) against the fp32 reference on
+the dequantized weights, on every ISA tier this CPU has."""
+import pytest
+import torch
+
+import lk_moe
+from lk_moe.reference import random_routing
+
+from .conftest import assert_matches_reference
+
+
+def quantize_rows(w: torch.Tensor, fmt: str):
+    """[E, R, C] float -> (codes, scale [E, R, 1], dequantized fp32)."""
+    amax = w.abs().amax(dim=2, keepdim=True).clamp_min(1e-12)
+    if fmt == "int8_channel":
+        scale = amax / 127.0
+        q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
+    else:
+        scale = amax / 448.0
+        q = (w / scale).to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.float().contiguous(), q.float() * scale
+
+
+def make_channel_experts(fmt, E, H, I, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q13, s13, d13 = quantize_rows(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, fmt)
+    q2, s2, d2 = quantize_rows(torch.randn(E, H, I, generator=g) / I ** 0.5, fmt)
+    return dict(w13_weight=q13, w2_weight=q2, w13_weight_scale=s13, w2_weight_scale=s2), d13, d2
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "int8_channel"])
+@pytest.mark.parametrize("H,I", [(2048, 768), (2880, 720), (200, 72)])
+def test_channel_formats_every_tier(tier, fmt, H, I):
+    E, K = 6, 4
+    tensors, d13, d2 = make_channel_experts(fmt, E, H, I, seed=H)
+    layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors)
+    assert layer.format == fmt
+    assert layer.nbytes <= 1.02 * layer.expert_bytes + 4 * 2 * 1024 * 1024  # small shapes: page rounding
+    for M in (1, 3, 16, 70):
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+def test_channel_scales_may_be_2d():
+    tensors, d13, d2 = make_channel_experts("int8_channel", 4, 256, 128)
+    tensors = dict(tensors, w13_weight_scale=tensors["w13_weight_scale"][..., 0].contiguous(),
+                   w2_weight_scale=tensors["w2_weight_scale"][..., 0].contiguous())
+    layer = lk_moe.MoELayer.from_checkpoint("int8_channel", tensors)
+    x = torch.randn(5, 256).bfloat16()
+    ids, w = random_routing(5, 4, 2)
+    assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+def test_channel_bad_tensors_are_named():
+    tensors, _, _ = make_channel_experts("int8_channel", 2, 256, 128)
+    with pytest.raises(TypeError, match="w13_weight must be float8_e4m3fn for fp8_channel"):
+        lk_moe.MoELayer.from_checkpoint("fp8_channel", tensors)
+    bad = dict(tensors, w2_weight_scale=torch.ones(2, 128, 1))
+    with pytest.raises(ValueError, match="w2_weight_scale must be \\[E, H, 1\\]"):
+        lk_moe.MoELayer.from_checkpoint("int8_channel", bad)
+    with pytest.raises(ValueError, match="needs tensor\\(s\\) w13_weight_scale"):
+        lk_moe.MoELayer.from_checkpoint("int8_channel", {k: v for k, v in tensors.items() if k != "w13_weight_scale"})
