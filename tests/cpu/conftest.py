@@ -42,8 +42,9 @@ def assert_matches_reference(out, x, w13, w2, ids, weights):
     also stay <= 2^-8 (random-signed roundings: measured 0.20-0.25% for a correct layer).
     A wrong expert, weight, slot or block breaks both by orders of magnitude.
     """
-    if x.dtype == torch.float16:
-        x, w13, w2 = x.bfloat16(), w13.bfloat16(), w2.bfloat16()
+    x = x.bfloat16() if x.dtype == torch.float16 else x
+    w13 = w13.bfloat16() if w13.dtype == torch.float16 else w13
+    w2 = w2.bfloat16() if w2.dtype == torch.float16 else w2
     ref, mag = moe_reference(x, w13, w2, ids, weights, return_magnitude=True)
     assert out.shape == ref.shape
     out = out.float()

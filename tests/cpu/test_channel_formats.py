@@ -62,3 +62,25 @@ def test_channel_bad_tensors_are_named():
         lk_moe.MoELayer.from_checkpoint("int8_channel", bad)
     with pytest.raises(ValueError, match="needs tensor\\(s\\) w13_weight_scale"):
         lk_moe.MoELayer.from_checkpoint("int8_channel", {k: v for k, v in tensors.items() if k != "w13_weight_scale"})
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_channel", "int8_channel"])
+def test_byte_formats_split_across_numa_slices(tmp_path, fmt):
+    """Scales follow their rows into each node's slice (synthetic 3-node machine)."""
+    from .fake_sysfs import make_sysfs
+    from .test_fp8_block import make_fp8_experts
+    root = make_sysfs(tmp_path, {0: [0, 1], 1: [2, 3], 2: [4, 5]})
+    pool = lk_moe.make_pool(threads=3, binding="NONE", sysfs_root=root, allowed=list(range(6)))
+    E, H, I, K = 4, 512, 384, 2
+    if fmt == "fp8_block":
+        tensors, d13, d2 = make_fp8_experts(E, H, I)
+    else:
+        tensors, d13, d2 = make_channel_experts(fmt, E, H, I)
+    layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, pool=pool)
+    assert layer.num_slices == 3
+    for M in (1, 40):
+        x = torch.randn(M, H).half()  # fp16 activations too
+        ids, w = random_routing(M, E, K)
+        out = layer.forward(x, ids, w)
+        assert out.dtype == torch.float16
+        assert_matches_reference(out, x, d13, d2, ids, w)
