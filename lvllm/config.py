@@ -1,0 +1,85 @@
+"""The integration switches, parsed once into a typed object (names compatible with Lvllm).
+
+LVLLM_MOE_NUMA_ENABLED            master switch: 0 (default) = stock vLLM, nothing of ours runs
+LVLLM_GPU_PREFILL_MIN_BATCH_SIZE  smallest batch (tokens) whose routed experts run on the GPU by
+                                  streaming them there; 0 (default) = prefill on the CPU too
+LVLLM_GPU_PREFETCH_WINDOW         layers whose experts may be copied ahead (0..8, default 1)
+LVLLM_GPU_RESIDENT_MOE_LAYERS     MoE layers kept on the GPU, e.g. "0-3,40" (default: none)
+
+A bad value raises LvllmConfigError (a ValueError) naming the variable and what it accepts.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import FrozenSet, Mapping, Optional
+
+
+class LvllmConfigError(ValueError):
+    """An LVLLM_* variable has a value lvllm cannot use."""
+
+
+@dataclass(frozen=True)
+class LvllmConfig:
+    enabled: bool = False
+    gpu_prefill_min_batch: int = 0
+    prefetch_window: int = 1
+    resident_layers: FrozenSet[int] = field(default_factory=frozenset)
+
+    def is_resident(self, layer_index: int) -> bool:
+        return layer_index in self.resident_layers
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise LvllmConfigError(f"{name}={env[name]!r} is not a boolean (use 1/0, true/false)")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise LvllmConfigError(f"{name}={raw!r} is not an integer (expected {lo}..{hi})") from None
+    if not lo <= value <= hi:
+        raise LvllmConfigError(f"{name}={value} is out of range (expected {lo}..{hi})")
+    return value
+
+
+def parse_layer_set(text: str, name: str = "LVLLM_GPU_RESIDENT_MOE_LAYERS") -> FrozenSet[int]:
+    """ "0-3,40" -> {0, 1, 2, 3, 40}; empty -> {}."""
+    layers = set()
+    for part in text.replace(" ", "").split(","):
+        if part == "":
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo, 10)
+            b = int(hi, 10) if sep else a
+        except ValueError:
+            raise LvllmConfigError(f"{name}: {part!r} is not a layer index or range like 0-3 "
+                                   f"(full value {text!r})") from None
+        if a < 0 or b < a or b > 10_000:
+            raise LvllmConfigError(f"{name}: range {part!r} must be ascending, non-negative layer indices")
+        layers.update(range(a, b + 1))
+    return frozenset(layers)
+
+
+def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
+    env = os.environ if env is None else env
+    return LvllmConfig(
+        enabled=_bool(env, "LVLLM_MOE_NUMA_ENABLED"),
+        gpu_prefill_min_batch=_int(env, "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE", 0, 0, 1 << 24),
+        prefetch_window=_int(env, "LVLLM_GPU_PREFETCH_WINDOW", 1, 0, 8),
+        resident_layers=parse_layer_set(env.get("LVLLM_GPU_RESIDENT_MOE_LAYERS", "")),
+    )
