@@ -201,10 +201,25 @@ inline __m512i fp8x32_to_bf16(__m256i bytes) {
 
 // One packed pair-row (16 outputs x 2 inputs) of a block as bf16: 64 bytes of bf16 weights, or
 // 32 bytes of fp8 converted in registers (FP8 decode streams 1 byte per weight this way).
-template <bool FP8>
+// 32 int8 -> 32 bf16 (exact), order kept.
+inline __m512i int8x32_to_bf16(__m256i bytes) {
+  const __m512i w = _mm512_cvtepi8_epi16(bytes);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(w, 1)));
+  const __m256i l16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16));
+  const __m256i h16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(l16), h16, 1);
+}
+
+// What a block holds: bf16 values, or one-byte codes converted in registers.
+enum Codes { kCodesBf16 = 0, kCodesFp8 = 1, kCodesInt8 = 2 };
+
+template <int CODES>
 inline __m512i load_pair_row(const void* block, int p) {
-  if constexpr (FP8) {
-    return fp8x32_to_bf16(_mm256_loadu_si256((const __m256i*)(static_cast<const uint8_t*>(block) + p * 32)));
+  if constexpr (CODES != kCodesBf16) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(static_cast<const uint8_t*>(block) + p * 32));
+    if constexpr (CODES == kCodesInt8) return int8x32_to_bf16(raw);
+    else return fp8x32_to_bf16(raw);
   } else {
     return _mm512_loadu_si512((const void*)(static_cast<const uint16_t*>(block) + p * 32));
   }
@@ -219,9 +234,10 @@ inline __m512i bcast_pair(const uint16_t* a) {
 // C[r][j*16 + n] (ld 32) = sum_k A_r[k] * B_j[n][k]
 // FP8: `b` points at fp8 blocks, converted in registers; with `scale` (per block, one fp32 per
 // `seg` inputs) each segment's partial sums are scaled into the result in fp32.
-template <int MR, int NB, bool FP8 = false>
+template <int MR, int NB, int CODES = kCodesBf16>
 inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf,
                      int seg = 0, const float* const* scale = nullptr) {
+  constexpr bool FP8 = CODES != kCodesBf16;   // one-byte codes (fp8 or int8)
   constexpr int kRowBytes = FP8 ? 32 : 64;  // bytes of one pair-row of a block
   __m512 acc[MR][NB], tot[MR][NB];
 #pragma GCC unroll 8
@@ -246,7 +262,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
     for (int j = 0; j < NB; ++j) {
       // The first row tile streams the block from DRAM: prefetch ahead (past the block end is harmless).
       _mm_prefetch(static_cast<const char*>(b[j]) + (p + kPrefetchPairs) * kRowBytes, _MM_HINT_T0);
-      w[j] = load_pair_row<FP8>(b[j], p);
+      w[j] = load_pair_row<CODES>(b[j], p);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -263,7 +279,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
       _mm_prefetch(static_cast<const char*>(b[j]) + (p + kPrefetchPairs) * kRowBytes, _MM_HINT_T0);
-      __m512i w = load_pair_row<FP8>(b[j], p);
+      __m512i w = load_pair_row<CODES>(b[j], p);
       we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
     }
@@ -517,20 +533,26 @@ void dot_rows(int mr, const uint16_t* const* a, const void* const* b, int kp, fl
 #if defined(LK_V512)
 // FP8 blocks converted in registers, whole block with its segment scales (decode: few rows).
 constexpr int kFusedFp8Rows = 4;
+template <int NB, int CODES>
+void dot_rows_codes(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
+                    const float* const* scale) {
+  switch (mr) {
+    case 1: dot_tile<1, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    case 2: dot_tile<2, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    case 3: dot_tile<3, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    default: dot_tile<4, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+  }
+}
 template <int NB>
 void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
-                  const float* const* scale) {
-  switch (mr) {
-    case 1: dot_tile<1, NB, true>(a, b, kp, c, {}, seg, scale); break;
-    case 2: dot_tile<2, NB, true>(a, b, kp, c, {}, seg, scale); break;
-    case 3: dot_tile<3, NB, true>(a, b, kp, c, {}, seg, scale); break;
-    default: dot_tile<4, NB, true>(a, b, kp, c, {}, seg, scale); break;
-  }
+                  const float* const* scale, bool int8_codes) {
+  if (int8_codes) dot_rows_codes<NB, kCodesInt8>(mr, a, b, kp, c, seg, scale);
+  else dot_rows_codes<NB, kCodesFp8>(mr, a, b, kp, c, seg, scale);
 }
 #else
 constexpr int kFusedFp8Rows = 0;
 template <int NB>
-void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, int, const float* const*) {}
+void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, int, const float* const*, bool) {}
 #endif
 
 // The share of `bytes` at `next` that row tile `tile` of `tiles` should prefetch.
@@ -608,10 +630,10 @@ void gate_up_fp8(const GateUpTask& t) {
     const uint8_t* bu = bg + block_bytes;
     const float* sg = q.scale + size_t(j) * 2 * per;
     const float* su = sg + per;
-    if (!q.int8 && t.m <= kFusedFp8Rows) {  // few rows: fp8 converted in registers, scales in the tile
+    if (t.m <= kFusedFp8Rows) {  // few rows: codes converted in registers, block scales in the tile
       const void* b[2] = {bg, bu};
       const float* sc[2] = {sg, su};
-      dot_rows_fp8<2>(t.m, t.x_rows, b, t.kp, c, seg, q.per_row ? nullptr : sc);
+      dot_rows_fp8<2>(t.m, t.x_rows, b, t.kp, c, seg, q.per_row ? nullptr : sc, q.int8);
       for (int r = 0; r < t.m; ++r) {
         if (q.per_row) {
           mul_16(c + r * 32, sg);
@@ -659,11 +681,11 @@ void down_fp8(const DownTask& t) {
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = q.w + size_t(j) * block_bytes;
     const float* sc = q.scale + size_t(j) * per;
-    if (!q.int8 && t.m <= kFusedFp8Rows) {
+    if (t.m <= kFusedFp8Rows) {
       const void* b[2] = {src, src};
       const float* scs[2] = {sc, sc};
       for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
-      dot_rows_fp8<1>(t.m, rows, b, t.kp, c, seg, q.per_row ? nullptr : scs);
+      dot_rows_fp8<1>(t.m, rows, b, t.kp, c, seg, q.per_row ? nullptr : scs, q.int8);
       for (int r = 0; r < t.m; ++r) {
         float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
         if (q.per_row) axpy_vec_16(t.row_weight[r], c + r * 32, sc, o);
