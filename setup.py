@@ -5,6 +5,7 @@ torch and handed to CMake, so the build does not depend on torch's CMake
 package (which probes for CUDA even for CPU-only code).
 """
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +45,15 @@ class CMakeBuild(build_ext):
             gen = ["-G", "Ninja"]
         except (OSError, subprocess.CalledProcessError):
             pass
-        if not (build_dir / "CMakeCache.txt").exists():
+        cache = build_dir / "CMakeCache.txt"
+        if cache.exists():
+            # A cache made by another environment (moved venv, other ninja) cannot be reused.
+            if subprocess.run(["cmake", str(ROOT), *args], cwd=build_dir).returncode != 0:
+                print("lk_moe: stale CMake cache, configuring from scratch", file=sys.stderr)
+                cache.unlink()
+                shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
+        if not cache.exists():
             subprocess.run(["cmake", str(ROOT), *gen, *args], cwd=build_dir, check=True)
-        else:
-            subprocess.run(["cmake", str(ROOT), *args], cwd=build_dir, check=True)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
         subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
 
