@@ -91,7 +91,9 @@ class HybridMoE:
         self.gpu_min_batch = gpu_min_batch
         self.cpu_path = CpuExpertPath(self.layer, max_tokens=max_tokens, top_k=top_k, dtype=dtype, signal=signal)
         self.next_layer: Optional[HybridMoE] = None
-        self._slices = self.layer._impl.packed_slices()
+        # The packed slices are needed only by the GPU paths (quantized layers: CPU path only, so far).
+        needs_gpu_copy = resident or gpu_min_batch > 0
+        self._slices = self.layer._impl.packed_slices() if needs_gpu_copy else []
         self.expert_bytes = sum(s[0][0].numel() + s[1][0].numel() for s in self._slices) * 2
         self.resident = resident
         self._resident_w = None
