@@ -411,7 +411,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
-             if (sh.byte_weights) throw py::value_error("GPU streaming of fp8_block experts is not supported yet");
+             if (sh.byte_weights)
+               throw py::value_error("GPU streaming and GPU-resident layers take bf16/fp16 experts only so far; this "
+                                     "layer is quantized (use the CPU path: gpu_min_batch=0, resident=False)");
              py::list out;
              auto keep = l.impl;
              auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);

@@ -84,3 +84,10 @@ def test_byte_formats_split_across_numa_slices(tmp_path, fmt):
         out = layer.forward(x, ids, w)
         assert out.dtype == torch.float16
         assert_matches_reference(out, x, d13, d2, ids, w)
+
+
+def test_quantized_layers_refuse_gpu_copies_clearly():
+    tensors, _, _ = make_channel_experts("int8_channel", 2, 256, 128)
+    layer = lk_moe.MoELayer.from_checkpoint("int8_channel", tensors)
+    with pytest.raises(ValueError, match="take bf16/fp16 experts only so far"):
+        layer._impl.packed_slices()
