@@ -2,6 +2,7 @@
 // so a wrong tensor is a TypeError/ValueError naming it, never a crash.
 #include <torch/extension.h>
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,11 @@ lk::Binding parse_binding(const std::string& s) {
   throw py::value_error("thread binding must be CPU_CORE, NUMA_NODE or NONE, got '" + s + "'");
 }
 
+void require_silu(const std::string& activation) {
+  if (activation != "silu")
+    throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
+}
+
 // A forward in flight: keeps its tensors (and the layer) alive until waited.
 struct Handle {
   std::shared_ptr<lk::MoELayer> layer;
@@ -78,8 +84,7 @@ struct Layer {
 
   Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
         const std::string& activation) {
-    if (activation != "silu")
-      throw py::value_error("activation '" + activation + "' is not supported by the BF16 engine (supported: silu)");
+    require_silu(activation);
     const DType t13 = half_type(w13, "w13"), t2 = half_type(w2, "w2");
     if (t13 != t2) throw py::type_error("w13 and w2 must have the same dtype, got " + dtype_name(w13) + " and " + dtype_name(w2));
     if (w13.dim() != 3) throw py::value_error("w13 must have shape [E, 2*I, H], got " + shape_str(w13));
@@ -96,26 +101,51 @@ struct Layer {
     src.type = t13;
     src.w13 = w13.data_ptr();
     src.w2 = w2.data_ptr();
-    py::gil_scoped_release nogil;
-    impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
+    impl = build(std::move(pool), src, E, I, H).impl;
   }
 
-  // fp8_block: vLLM Fp8MoEMethod after loading (block quant): w13_weight / w2_weight float8_e4m3fn,
-  // w13_weight_scale_inv / w2_weight_scale_inv fp32 per (bn x bk) block. Names in errors are vLLM's.
-  static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
-                         const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                         int64_t block_n, int64_t block_k) {
-    if (activation != "silu")
-      throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
+  // Checks shared by the byte-quantized formats: weights of `code` dtype shaped [E, 2I, H] and
+  // [E, H, I], fp32 scales, everything CPU-contiguous. Returns {E, I, H}. Names in errors are vLLM's.
+  static std::array<int64_t, 3> check_byte_weights(const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& s13,
+                                                   const at::Tensor& s2, at::ScalarType code,
+                                                   const std::string& code_what, const char* s13_name,
+                                                   const char* s2_name) {
     for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
-      if (t->scalar_type() != at::kFloat8_e4m3fn)
-        throw py::type_error(std::string(name) + " must be float8_e4m3fn, got " + dtype_name(*t));
-    for (auto [t, name] : {std::pair{&s13, "w13_weight_scale_inv"}, std::pair{&s2, "w2_weight_scale_inv"}})
+      if (t->scalar_type() != code)
+        throw py::type_error(std::string(name) + " must be " + code_what + ", got " + dtype_name(*t));
+    for (auto [t, name] : {std::pair{&s13, s13_name}, std::pair{&s2, s2_name}})
       if (t->scalar_type() != at::kFloat) throw py::type_error(std::string(name) + " must be float32, got " + dtype_name(*t));
     if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
     const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
     const std::string want2 = "[" + std::to_string(E) + ", " + std::to_string(H) + ", " + std::to_string(I) + "]";
     require_shape(w2, "w2_weight", {E, H, I}, want2.c_str());
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}, std::pair{&s13, s13_name},
+                           std::pair{&s2, s2_name}})
+      require_cpu_contiguous(*t, name);
+    return {E, I, H};
+  }
+
+  // Builds the engine layer without the GIL; a shape the engine cannot take is a ValueError.
+  static Layer build(std::shared_ptr<lk::ThreadPool> pool, const lk::WeightSource& src, int64_t E, int64_t I,
+                     int64_t H) {
+    Layer l;
+    try {
+      py::gil_scoped_release nogil;
+      l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+    return l;
+  }
+
+  // fp8_block: vLLM Fp8MoEMethod after loading (block quant): w13_weight / w2_weight float8_e4m3fn,
+  // w13_weight_scale_inv / w2_weight_scale_inv fp32 per (bn x bk) block.
+  static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                         const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
+                         int64_t block_n, int64_t block_k) {
+    require_silu(activation);
+    const auto [E, I, H] = check_byte_weights(w13, w2, s13, s2, at::kFloat8_e4m3fn, "float8_e4m3fn",
+                                              "w13_weight_scale_inv", "w2_weight_scale_inv");
     if (s13.dim() != 3 || s13.size(0) != E || s2.dim() != 3 || s2.size(0) != E)
       throw py::value_error("w13_weight_scale_inv / w2_weight_scale_inv must be [E, row blocks, col blocks], got " +
                             shape_str(s13) + " and " + shape_str(s2));
@@ -133,9 +163,6 @@ struct Layer {
         s2.size(2) != (I + bk - 1) / bk)
       throw py::value_error("scale shapes " + shape_str(s13) + " / " + shape_str(s2) + " do not match block size " +
                             std::to_string(bn) + "x" + std::to_string(bk) + " for w13 [E, 2I, H] = " + shape_str(w13));
-    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
-                           std::pair{&s13, "w13_weight_scale_inv"}, std::pair{&s2, "w2_weight_scale_inv"}})
-      require_cpu_contiguous(*t, name);
     lk::WeightSource src;
     src.type = lk::DType::kFP8E4M3;
     src.w13 = w13.data_ptr();
@@ -144,14 +171,7 @@ struct Layer {
     src.s2 = s2.data_ptr<float>();
     src.bn = int(bn);
     src.bk = int(bk);
-    Layer l;
-    try {
-      py::gil_scoped_release nogil;
-      l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
-    return l;
+    return build(std::move(pool), src, E, I, H);
   }
 
   // fp8_channel / int8_channel: compressed-tensors channel quantization (vLLM CT W8A8 int8, CT FP8
@@ -159,39 +179,25 @@ struct Layer {
   static Layer per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                            const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                            const std::string& format) {
-    if (activation != "silu")
-      throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
+    require_silu(activation);
     const bool int8 = format == "int8_channel";
-    const auto want = int8 ? at::kChar : at::kFloat8_e4m3fn;
-    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
-      if (t->scalar_type() != want)
-        throw py::type_error(std::string(name) + " must be " + (int8 ? "int8" : "float8_e4m3fn") + " for " + format +
-                             ", got " + dtype_name(*t));
-    for (auto [t, name] : {std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
-      if (t->scalar_type() != at::kFloat) throw py::type_error(std::string(name) + " must be float32, got " + dtype_name(*t));
-    if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
-    const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
-    const std::string want2 = "[" + std::to_string(E) + ", " + std::to_string(H) + ", " + std::to_string(I) + "]";
-    require_shape(w2, "w2_weight", {E, H, I}, want2.c_str());
+    const auto [E, I, H] =
+        check_byte_weights(w13, w2, s13, s2, int8 ? at::kChar : at::kFloat8_e4m3fn,
+                           std::string(int8 ? "int8" : "float8_e4m3fn") + " for " + format, "w13_weight_scale",
+                           "w2_weight_scale");
     auto rows_ok = [](const at::Tensor& t, int64_t e, int64_t r) {
       return (t.dim() == 3 && t.size(0) == e && t.size(1) == r && t.size(2) == 1) ||
              (t.dim() == 2 && t.size(0) == e && t.size(1) == r);
     };
     if (!rows_ok(s13, E, 2 * I)) throw py::value_error("w13_weight_scale must be [E, 2I, 1], got " + shape_str(s13));
     if (!rows_ok(s2, E, H)) throw py::value_error("w2_weight_scale must be [E, H, 1], got " + shape_str(s2));
-    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
-                           std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
-      require_cpu_contiguous(*t, name);
     lk::WeightSource src;
     src.type = int8 ? lk::DType::kINT8 : lk::DType::kFP8E4M3;
     src.w13 = w13.data_ptr();
     src.w2 = w2.data_ptr();
     src.s13 = s13.data_ptr<float>();
     src.s2 = s2.data_ptr<float>();
-    Layer l;
-    py::gil_scoped_release nogil;
-    l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
-    return l;
+    return build(std::move(pool), src, E, I, H);
   }
 
   Layer() = default;
