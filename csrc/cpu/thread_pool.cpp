@@ -202,11 +202,15 @@ std::vector<double> ThreadPool::round_trip_us(int iters, int idle_us, int prewak
   return out;
 }
 
-void ThreadPool::barrier_wait() {
+void ThreadPool::barrier_wait(bool end_of_job) {
   const uint32_t n = uint32_t(ctx_.size());
   const uint32_t gen = bar_gen_.load(std::memory_order_acquire);
   if (bar_count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
     bar_count_.store(0, std::memory_order_relaxed);
+    if (end_of_job) {  // the last worker out publishes completion; the job may be freed from here on
+      completed_.fetch_add(1, std::memory_order_seq_cst);
+      if (submit_waiters_.load(std::memory_order_seq_cst)) futex_wake_all(completed_);
+    }
     bar_gen_.fetch_add(1, std::memory_order_seq_cst);
     if (bar_sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(bar_gen_);
     return;
@@ -241,20 +245,7 @@ void ThreadPool::worker_main(int tid) {
     if (stop_.load(std::memory_order_acquire)) return;
     Job* job = ring_[seq % kRing];
     job->run(ctx);
-    // End of job: the last worker to arrive publishes completion.
-    const uint32_t n = uint32_t(ctx_.size());
-    const uint32_t gen = bar_gen_.load(std::memory_order_acquire);
-    if (bar_count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-      bar_count_.store(0, std::memory_order_relaxed);
-      completed_.fetch_add(1, std::memory_order_seq_cst);  // `job` may be freed from here on
-      if (submit_waiters_.load(std::memory_order_seq_cst)) futex_wake_all(completed_);
-      bar_gen_.fetch_add(1, std::memory_order_seq_cst);
-      if (bar_sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(bar_gen_);
-    } else if (!spin_until_changed(bar_gen_, gen, barrier_spin_us())) {
-      bar_sleepers_.fetch_add(1, std::memory_order_seq_cst);
-      while (bar_gen_.load(std::memory_order_seq_cst) == gen) futex_wait(bar_gen_, gen);
-      bar_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-    }
+    barrier_wait(/*end_of_job=*/true);
     ++seq;
   }
 }

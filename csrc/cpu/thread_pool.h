@@ -53,7 +53,6 @@ class Job {
   // does not touch a job after the last worker finished it (the owner may free it).
   bool done() const;
   void wait();  // parks the caller until the job finished; no-op if never submitted
-  uint32_t seq() const { return seq_; }  // position in the pool's submission order
  private:
   friend class ThreadPool;
   ThreadPool* pool_ = nullptr;
@@ -108,7 +107,7 @@ class ThreadPool {
   // process or the GPU-driving threads share the core): then waiting in the kernel hands that
   // CPU back to it, where spinning for the whole LK_SPIN_US would hold the job up.
   int barrier_spin_us() const { return cfg_.spin_us < 50 ? cfg_.spin_us : 50; }
-  void barrier_wait();
+  void barrier_wait(bool end_of_job = false);
   bool spin_until_changed(const std::atomic<uint32_t>& word, uint32_t old, int spin_us) const;
 
   PoolConfig cfg_;
