@@ -3,15 +3,13 @@
 #include <dlfcn.h>
 #include <time.h>
 
-#include <thread>
-#include <vector>
-
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <mutex>
-#include <string>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace lk {
 namespace {
@@ -26,6 +24,8 @@ using GetErrorString = const char* (*)(cudaError_t);
 using HostRegister = cudaError_t (*)(void*, size_t, unsigned);
 using HostUnregister = cudaError_t (*)(void*);
 using GetLastError = cudaError_t (*)();
+using HostAlloc = cudaError_t (*)(void**, size_t, unsigned);
+using HostGetDevicePointer = cudaError_t (*)(void**, void*, unsigned);
 
 struct CudaRuntime {
   LaunchHostFunc launch_host_func = nullptr;
@@ -33,6 +33,8 @@ struct CudaRuntime {
   HostRegister host_register = nullptr;
   HostUnregister host_unregister = nullptr;
   GetLastError get_last_error = nullptr;
+  HostAlloc host_alloc = nullptr;
+  HostGetDevicePointer host_device_pointer = nullptr;
   std::string why;
 };
 
@@ -58,6 +60,8 @@ const CudaRuntime& runtime() {
     r.host_register = reinterpret_cast<HostRegister>(dlsym(lib, "cudaHostRegister"));
     r.host_unregister = reinterpret_cast<HostUnregister>(dlsym(lib, "cudaHostUnregister"));
     r.get_last_error = reinterpret_cast<GetLastError>(dlsym(lib, "cudaGetLastError"));
+    r.host_alloc = reinterpret_cast<HostAlloc>(dlsym(lib, "cudaHostAlloc"));
+    r.host_device_pointer = reinterpret_cast<HostGetDevicePointer>(dlsym(lib, "cudaHostGetDevicePointer"));
     if (!r.launch_host_func || !r.error_string) r.why = "libcudart lacks cudaLaunchHostFunc";
     return r;
   }();
@@ -76,8 +80,6 @@ using CUresult = int;
 using CUdeviceptr = unsigned long long;
 using WriteValue32 = CUresult (*)(void*, CUdeviceptr, uint32_t, unsigned);
 using WaitValue32 = CUresult (*)(void*, CUdeviceptr, uint32_t, unsigned);
-using HostAlloc = cudaError_t (*)(void**, size_t, unsigned);
-using HostGetDevicePointer = cudaError_t (*)(void**, void*, unsigned);
 constexpr unsigned kWaitEq = 0x1;
 constexpr uint32_t kMaxCalls = 8192;
 
@@ -97,32 +99,28 @@ void poll_forever(Mailbox* mb);
 Mailbox& mailbox() {
   static Mailbox* mb = [] {
     auto* m = new Mailbox;  // lives for the process: the poller thread reads it until exit
+    const CudaRuntime& rt = runtime();
     void* drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (!drv) drv = dlopen("libcuda.so.1", RTLD_NOW);
-    void* rt = nullptr;
-    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
-      if (!rt) rt = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
-    if (!drv || !rt) {
+    if (!drv || !rt.host_alloc || !rt.host_device_pointer) {
       m->why = "CUDA driver or runtime not loaded";
       return m;
     }
     m->write = reinterpret_cast<WriteValue32>(dlsym(drv, "cuStreamWriteValue32_v2"));
     m->wait = reinterpret_cast<WaitValue32>(dlsym(drv, "cuStreamWaitValue32_v2"));
-    auto host_alloc = reinterpret_cast<HostAlloc>(dlsym(rt, "cudaHostAlloc"));
-    auto dev_ptr = reinterpret_cast<HostGetDevicePointer>(dlsym(rt, "cudaHostGetDevicePointer"));
-    if (!m->write || !m->wait || !host_alloc || !dev_ptr) {
+    if (!m->write || !m->wait) {
       m->why = "stream memory operations not found in the CUDA driver";
       return m;
     }
     void* page = nullptr;
     constexpr unsigned kPortableMapped = 0x1 | 0x2;
-    if (host_alloc(&page, 64 + kMaxCalls * 4, kPortableMapped) != 0) {
+    if (rt.host_alloc(&page, 64 + kMaxCalls * 4, kPortableMapped) != 0) {
       m->why = "cudaHostAlloc(mapped) failed";
       return m;
     }
     memset(page, 0, 64 + kMaxCalls * 4);
     void* dev = nullptr;
-    if (dev_ptr(&dev, page, 0) != 0) {
+    if (rt.host_device_pointer(&dev, page, 0) != 0) {
       m->why = "cudaHostGetDevicePointer failed";
       return m;
     }
