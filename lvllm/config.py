@@ -43,6 +43,8 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     raise LvllmConfigError(f"{name}={env[name]!r} is not a boolean (use 1/0, true/false)")
 
 
+# Parsed here rather than with lk_moe.config's twin: with the master switch off, nothing of
+# lk_moe may be imported (it loads torch and the engine).
 def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = env.get(name, "").strip()
     if raw == "":
