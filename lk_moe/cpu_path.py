@@ -14,14 +14,35 @@ from . import _C
 from .layer import MoELayer
 
 
+class PinnedIO:
+    """The pinned staging buffers of the CPU path: x, routing and output for up to `max_tokens`.
+
+    Layers of one model run one after another on one stream, so they can share a single set
+    (a model with 48 MoE layers and 8K-token batches would otherwise pin gigabytes)."""
+
+    def __init__(self, max_tokens: int, hidden: int, top_k: int, dtype=torch.bfloat16):
+        if max_tokens < 1 or top_k < 1 or hidden < 1:
+            raise ValueError("max_tokens, hidden and top_k must be >= 1")
+        self.max_tokens, self.hidden, self.top_k, self.dtype = max_tokens, hidden, top_k, dtype
+        self.x = torch.empty(max_tokens, hidden, dtype=dtype, pin_memory=True)
+        self.ids = torch.zeros(max_tokens, top_k, dtype=torch.int32, pin_memory=True)
+        self.w = torch.zeros(max_tokens, top_k, dtype=torch.float32, pin_memory=True)
+        self.out = torch.empty(max_tokens, hidden, dtype=dtype, pin_memory=True)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.x, self.ids, self.w, self.out))
+
+
 class CpuExpertPath:
     SIGNALS = ("hostfn", "mailbox")
 
     def __init__(self, layer: MoELayer, max_tokens: int, top_k: int, dtype=torch.bfloat16,
-                 signal: str = "hostfn"):
+                 signal: str = "hostfn", io: PinnedIO | None = None):
         """signal: how the stream hands the call to the CPU. "hostfn": a host-function node
         (cudaLaunchHostFunc); "mailbox": stream memory operations on mapped pinned memory served
-        by a polling thread (experimental, being measured against hostfn)."""
+        by a polling thread (experimental, being measured against hostfn).
+        io: pinned buffers shared with other layers that run on the same stream (made if omitted)."""
         if signal not in self.SIGNALS:
             raise ValueError(f"signal must be one of {self.SIGNALS}, got {signal!r}")
         self.signal = signal
@@ -35,10 +56,13 @@ class CpuExpertPath:
         self.layer = layer
         self.max_tokens, self.top_k, self.dtype = max_tokens, top_k, dtype
         H = layer.hidden_size
-        self._x = torch.empty(max_tokens, H, dtype=dtype, pin_memory=True)
-        self._ids = torch.zeros(max_tokens, top_k, dtype=torch.int32, pin_memory=True)
-        self._w = torch.zeros(max_tokens, top_k, dtype=torch.float32, pin_memory=True)
-        self._out = torch.empty(max_tokens, H, dtype=dtype, pin_memory=True)
+        if io is None:
+            io = PinnedIO(max_tokens, H, top_k, dtype)
+        elif (io.hidden, io.top_k, io.dtype) != (H, top_k, dtype) or io.max_tokens < max_tokens:
+            raise ValueError(f"shared pinned buffers are [{io.max_tokens}, {io.hidden}] top_k={io.top_k} {io.dtype}; "
+                             f"this layer needs [{max_tokens}, {H}] top_k={top_k} {dtype}")
+        self.io = io
+        self._x, self._ids, self._w, self._out = io.x, io.ids, io.w, io.out
         self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
 
     def _call(self, tokens: int):

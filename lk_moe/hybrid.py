@@ -20,7 +20,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from .cpu_path import CpuExpertPath
+from .cpu_path import CpuExpertPath, PinnedIO
 from .gpu_experts import RoutedBatch, experts_forward
 from .gpu_layout import unpack_w13, unpack_w2
 from .layer import MoELayer
@@ -75,10 +75,12 @@ class ExpertStreamer:
 class HybridMoE:
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor, *, max_tokens: int, top_k: int,
                  gpu_min_batch: int = 0, resident: bool = False, streamer: Optional[ExpertStreamer] = None,
-                 dtype=torch.bfloat16, pool=None, signal: str = "hostfn", layer: Optional[MoELayer] = None):
+                 dtype=torch.bfloat16, pool=None, signal: str = "hostfn", layer: Optional[MoELayer] = None,
+                 io: Optional[PinnedIO] = None):
         """w13 [E, 2I, H], w2 [E, H, I] on the CPU (vLLM layouts), or an existing `layer`.
         gpu_min_batch: smallest M that takes the streamed GPU path (0: never, CPU-only prefill).
-        streamer: the shared staging ring (made to fit this layer if omitted)."""
+        streamer: the shared staging ring (made to fit this layer if omitted).
+        io: the CPU path's pinned buffers, shared by the layers of one model (made if omitted)."""
         if not torch.cuda.is_available():
             raise RuntimeError("HybridMoE needs a CUDA device; use lk_moe.MoELayer for CPU-only work")
         if gpu_min_batch < 0:
@@ -89,7 +91,7 @@ class HybridMoE:
         self.hidden = self.layer.hidden_size
         self.kp1, self.kp2, self.h_pad = self.layer._impl.padded_dims
         self.gpu_min_batch = gpu_min_batch
-        self.cpu_path = CpuExpertPath(self.layer, max_tokens=max_tokens, top_k=top_k, dtype=dtype, signal=signal)
+        self.cpu_path = CpuExpertPath(self.layer, max_tokens=max_tokens, top_k=top_k, dtype=dtype, signal=signal, io=io)
         self.next_layer: Optional[HybridMoE] = None
         # The packed slices are needed only by the GPU paths (quantized layers: CPU path only, so far).
         needs_gpu_copy = resident or gpu_min_batch > 0

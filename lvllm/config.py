@@ -3,7 +3,8 @@
 LVLLM_MOE_NUMA_ENABLED            master switch: 0 (default) = stock vLLM, nothing of ours runs
 LVLLM_GPU_PREFILL_MIN_BATCH_SIZE  smallest batch (tokens) whose routed experts run on the GPU by
                                   streaming them there; 0 (default) = prefill on the CPU too
-LVLLM_GPU_PREFETCH_WINDOW         layers whose experts may be copied ahead (0..8, default 1)
+LVLLM_GPU_PREFETCH_WINDOW         layers whose experts are copied ahead during GPU prefill (0 or 1,
+                                  default 1; the staging ring holds at most 2 layers)
 LVLLM_GPU_RESIDENT_MOE_LAYERS     MoE layers kept on the GPU, e.g. "0-3,40" (default: none)
 
 A bad value raises LvllmConfigError (a ValueError) naming the variable and what it accepts.
@@ -82,6 +83,6 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
     return LvllmConfig(
         enabled=_bool(env, "LVLLM_MOE_NUMA_ENABLED"),
         gpu_prefill_min_batch=_int(env, "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE", 0, 0, 1 << 24),
-        prefetch_window=_int(env, "LVLLM_GPU_PREFETCH_WINDOW", 1, 0, 8),
+        prefetch_window=_int(env, "LVLLM_GPU_PREFETCH_WINDOW", 1, 0, 1),
         resident_layers=parse_layer_set(env.get("LVLLM_GPU_RESIDENT_MOE_LAYERS", "")),
     )

@@ -26,7 +26,13 @@ if [ "${LVLLM_USE_SYSTEM_PYTHON:-0}" != "1" ]; then
   _lk_py="$_lk_venv/bin/python"
 fi
 export LVLLM_PYTHON="$_lk_py"
-export PYTHONPATH="$_lk_root${PYTHONPATH:+:$PYTHONPATH}"
+# vLLM finds plugins through installed package metadata: give the source tree an entry point
+# (what `pip install` of the wheel registers), so vLLM loads lvllm.plugin from here.
+_lk_meta="$_lk_root/build/dev-metadata"
+mkdir -p "$_lk_meta/lvllm-0.0.0.dev0.dist-info"
+printf 'Metadata-Version: 2.1\nName: lvllm\nVersion: 0.0.0.dev0\n' > "$_lk_meta/lvllm-0.0.0.dev0.dist-info/METADATA"
+printf '[vllm.general_plugins]\nlvllm = lvllm.plugin:register\n' > "$_lk_meta/lvllm-0.0.0.dev0.dist-info/entry_points.txt"
+export PYTHONPATH="$_lk_root:$_lk_meta${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "[setup] building lk_moe._C ($("$_lk_py" -c 'import torch; print("torch", torch.__version__)'))" >&2
 (cd "$_lk_root" && MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$_lk_py" setup.py -q build_ext --inplace >&2)

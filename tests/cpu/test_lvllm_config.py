@@ -28,7 +28,7 @@ def test_layer_sets():
     ({"LVLLM_MOE_NUMA_ENABLED": "maybe"}, "LVLLM_MOE_NUMA_ENABLED='maybe' is not a boolean"),
     ({"LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "-1"}, "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=-1 is out of range"),
     ({"LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "1k"}, "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE='1k' is not an integer"),
-    ({"LVLLM_GPU_PREFETCH_WINDOW": "9"}, "LVLLM_GPU_PREFETCH_WINDOW=9 is out of range"),
+    ({"LVLLM_GPU_PREFETCH_WINDOW": "2"}, "LVLLM_GPU_PREFETCH_WINDOW=2 is out of range"),
     ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "3-1"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS: range '3-1' must be ascending"),
     ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "a,b"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS: 'a' is not a layer index"),
 ])

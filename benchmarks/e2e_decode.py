@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""End-to-end decode speed and TTFT through vLLM 0.26.0, Qwen3-30B-A3B shape, dummy bf16 weights.
+
+Modes (each its own vLLM process, as a user would run it):
+  hybrid   LVLLM_MOE_NUMA_ENABLED=1: routed experts in host RAM on lk_moe, GPU prefill from
+           --gpu-prefill tokens
+  stock    stock vLLM, everything on the GPU (the upper reference)
+  offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
+
+Reports per mode: decode tokens/s at 1 and 4 concurrent requests (128 generated tokens after the
+first, median of --reps), TTFT of 1K and 8K-token prompts (fresh prompts: no prefix-cache hits).
+In the same run: the host read bandwidth (lk_moe's probe, engine threads) and the bound it sets on
+hybrid decode = bandwidth / routed-expert bytes per token; the hybrid's fraction of that bound.
+
+    python benchmarks/e2e_decode.py --modes hybrid,stock,offload
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _worker(a) -> None:
+    """One mode in this process: load, warm up, measure, print one JSON line."""
+    import random
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = dict(model=a.model, dtype="bfloat16", load_format="dummy", max_model_len=a.max_model_len,
+                  max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_util, seed=0,
+                  enable_prefix_caching=False)
+    if a.mode == "offload":
+        kwargs["cpu_offload_gb"] = a.offload_gb
+    t0 = time.time()
+    llm = LLM(**kwargs)
+    startup = time.time() - t0
+    rng = random.Random(0)
+
+    def prompt(n):
+        return TokensPrompt(prompt_token_ids=[rng.randrange(10, 30000) for _ in range(n)])
+
+    def gen(prompts, max_tokens):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        t = time.perf_counter()
+        llm.generate(prompts, sp, use_tqdm=False)
+        return time.perf_counter() - t
+
+    gen([prompt(32)], 8)  # warm-up
+    res = {"mode": a.mode, "startup_s": round(startup, 1)}
+    for conc in (1, 4):
+        rates = []
+        for _ in range(a.reps):
+            ps = [prompt(32) for _ in range(conc)]
+            t_first = gen(ps, 1)
+            ps = [prompt(32) for _ in range(conc)]
+            t_all = gen(ps, a.decode_tokens + 1)
+            rates.append(conc * a.decode_tokens / max(t_all - t_first, 1e-9))
+        res[f"decode_tok_s_{conc}"] = statistics.median(rates)
+        res[f"decode_tok_s_{conc}_all"] = [round(r, 2) for r in rates]
+    for n in (1024, 8192):
+        ts = [gen([prompt(n)], 1) for _ in range(a.reps)]
+        res[f"ttft_{n}_s"] = statistics.median(ts)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def _read_bandwidth() -> float:
+    import lk_moe
+    from lvllm.threads import plan_threads
+    plan = plan_threads(0, 1, None)
+    pool = lk_moe.make_pool(threads=plan.threads, allowed=list(plan.cpus))
+    return statistics.median(pool.measure_read_bandwidth(4 << 30, 7))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="hybrid")
+    ap.add_argument("--model", default="", help="checkpoint dir (default: a generated Qwen3-30B-A3B config)")
+    ap.add_argument("--gpu-prefill", type=int, default=1024)
+    ap.add_argument("--offload-gb", type=float, default=58)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=9216)
+    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--gpu-util", type=float, default=0.85)
+    ap.add_argument("--timeout", type=int, default=1500)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.mode:
+        _worker(a)
+        return 0
+    if not a.model:
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        from make_tiny_checkpoint import make_checkpoint
+        a.model = make_checkpoint("qwen3_moe", os.path.join(tempfile.gettempdir(), "lvllm-qwen3-30b-a3b"), "big")
+    with open(os.path.join(a.model, "config.json")) as f:
+        cfg = json.load(f)
+    H, I, K, L = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
+    bytes_per_token = L * K * 3 * H * I * 2
+    bw = _read_bandwidth()
+    bound = bw * 1e9 / bytes_per_token
+    print(f"host read bandwidth {bw:.1f} GB/s; routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB "
+          f"-> hybrid decode bound {bound:.1f} tok/s", flush=True)
+    results = {}
+    for mode in a.modes.split(","):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        if mode == "hybrid":
+            env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill))
+        cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
+               "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
+               "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+               "--gpu-util", str(a.gpu_util)]
+        t = time.time()
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode != 0 or not lines:
+            print(f"[{mode}] failed (rc {p.returncode}) after {time.time() - t:.0f}s:\n{(p.stdout + p.stderr)[-4000:]}")
+            continue
+        r = json.loads(lines[-1][7:])
+        results[mode] = r
+        summary = [ln for ln in (p.stdout + p.stderr).splitlines() if "lk_moe:" in ln or "KV cache size" in ln
+                   or "Model loading took" in ln]
+        print(f"[{mode}] " + json.dumps(r), flush=True)
+        for ln in summary[-4:]:
+            print(f"    {ln.strip()[:400]}")
+    print(f"\n{'mode':>8} {'tok/s@1':>8} {'tok/s@4':>8} {'TTFT 1K':>8} {'TTFT 8K':>8}")
+    for m, r in results.items():
+        print(f"{m:>8} {r['decode_tok_s_1']:8.2f} {r['decode_tok_s_4']:8.2f} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f}")
+    if "hybrid" in results:
+        h = results["hybrid"]
+        print(f"hybrid decode @1 = {h['decode_tok_s_1'] / bound:.2f} of the bandwidth bound ({bound:.1f} tok/s)")
+        if "offload" in results:
+            o = results["offload"]
+            print(f"hybrid vs offload: decode @1 {h['decode_tok_s_1'] / o['decode_tok_s_1']:.1f}x, "
+                  f"TTFT 8K {o['ttft_8192_s'] / h['ttft_8192_s']:.1f}x better")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""The hybrid MoE quant method: vLLM's own method for the layer, re-classed so that its experts
+live in host RAM and run on lk_moe.
+
+`hybrid_class_for(cls)` builds `type(cls.__name__, (HybridMoEMixin, cls), ...)`: the class name
+stays (vLLM's loaders branch on it), isinstance stays true, and every attribute the in-tree
+constructor set is kept, so weight creation and loading are vLLM's own code. The mixin changes
+where the weights are created (CPU), replaces the post-load step (hand the tensors to the engine,
+never the in-tree GPU conversion) and `apply` (the engine through `lk_moe.HybridMoE`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .policy import LayerPlan
+
+
+class HybridMoEMixin:
+    lk_keep_on_host = True  # read by the device_loading_context hook: no GPU round trip at load
+
+    def lk_setup(self, layer, plan: LayerPlan, cfg) -> None:
+        self._lk_plan = plan
+        self._lk_cfg = cfg
+        self._lk_hybrid = None
+        self._lk_runtime = None
+
+    # -- what vLLM's runner and loaders ask the method (forced: no kernel of vLLM's own here)
+    @property
+    def is_monolithic(self) -> bool:
+        return False
+
+    @property
+    def supports_eplb(self) -> bool:
+        return False
+
+    @property
+    def supports_internal_mk(self) -> bool:
+        return False
+
+    @property
+    def mk_can_overlap_shared_experts(self) -> bool:
+        return False  # shared experts then run on vLLM's aux stream, overlapping the CPU work
+
+    @property
+    def topk_indices_dtype(self):
+        return torch.int32
+
+    @property
+    def skip_forward_padding(self) -> bool:
+        return False
+
+    @property
+    def has_unpadded_output(self) -> bool:
+        return False
+
+    def maybe_make_prepare_finalize(self, routing_tables=None):
+        # vLLM 0.26 calls this for every MoE layer when TP >= 2; the in-tree methods raise.
+        return None
+
+    def get_fused_moe_quant_config(self, layer):
+        return None
+
+    def create_weights(self, layer, *args, **kwargs):
+        # The innermost device context wins over the loader's `with torch.device("cuda")`.
+        with torch.device("cpu"):
+            super().create_weights(layer, *args, **kwargs)
+
+    # -- after loading: the tensors go to the engine; vLLM's copies are released
+    def process_weights_after_loading(self, layer) -> None:
+        import lk_moe
+        from lk_moe.hybrid import HybridMoE
+
+        from .runtime import get_runtime
+
+        plan, cfg = self._lk_plan, self._lk_cfg
+        rt = get_runtime(cfg)
+        params = dict(layer.named_parameters(recurse=False))
+        needed = lk_moe.MoELayer.FORMATS[plan.format]
+        tensors = {}
+        for name in needed:
+            p = params.get(name)
+            if p is None:
+                raise ValueError(f"{plan.prefix}: vLLM's {type(self).__name__} holds no {name}; "
+                                 f"cannot build the lk_moe {plan.format} layer")
+            if p.device.type != "cpu":
+                raise RuntimeError(f"{plan.prefix}: {name} is on {p.device}, expected host memory "
+                                   "(the lvllm loading hook is not active)")
+            tensors[name] = p.data
+        moe = layer.moe_config
+        engine_layer = lk_moe.MoELayer.from_checkpoint(plan.format, tensors, pool=rt.pool,
+                                                       block_size=plan.block_size)
+        # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
+        for name in needed:
+            params[name].data = torch.empty(0, dtype=params[name].dtype)
+        gpu_min = cfg.gpu_prefill_min_batch
+        max_tokens = int(moe.max_num_tokens)
+        if gpu_min > 0:
+            # Batches >= gpu_min stream to the GPU, except inside captured graphs (CPU path).
+            max_tokens = min(max_tokens, max(gpu_min - 1, int(getattr(moe, "max_capture_size", 0) or 0), 1))
+        dtype = moe.in_dtype
+        top_k = int(layer.top_k)
+        streamer = None
+        if gpu_min > 0:
+            expert_bytes = engine_layer.expert_bytes // engine_layer.num_experts
+            streamer = rt.staging_for(expert_bytes, engine_layer.num_experts)
+        self._lk_hybrid = HybridMoE(None, None, layer=engine_layer, max_tokens=max_tokens, top_k=top_k,
+                                    gpu_min_batch=gpu_min, streamer=streamer, dtype=dtype,
+                                    io=rt.io(max_tokens, engine_layer.hidden_size, top_k, dtype))
+        self._lk_runtime = rt
+        rt.add_layer(plan, self._lk_hybrid)
+
+    # -- forward
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        hybrid = self._lk_hybrid
+        if hybrid is None:
+            raise RuntimeError(f"{self._lk_plan.prefix}: lk_moe layer used before its weights were loaded")
+        self._lk_runtime.log_summary_once()
+        if topk_ids.dtype != torch.int32:
+            topk_ids = topk_ids.to(torch.int32)
+        if topk_weights.dtype != torch.float32:
+            topk_weights = topk_weights.float()
+        if torch.cuda.is_current_stream_capturing():
+            # A captured graph replays exactly what was recorded: only the CPU path (copies and a
+            # host-function node) is capturable; the streamed GPU path syncs to plan its copies.
+            return hybrid.cpu_path(x, topk_ids, topk_weights)
+        return hybrid.forward(x, topk_ids, topk_weights)
+
+
+@functools.lru_cache(maxsize=None)
+def hybrid_class_for(base: type) -> type:
+    return type(base.__name__, (HybridMoEMixin, base),
+                {"__module__": base.__module__, "__qualname__": base.__qualname__})
+
+
+def make_hybrid(method, layer, plan: LayerPlan, cfg) -> None:
+    """Re-class vLLM's method object in place (keeps its state) and attach the plan."""
+    method.__class__ = hybrid_class_for(type(method))
+    method.lk_setup(layer, plan, cfg)

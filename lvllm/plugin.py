@@ -1,0 +1,132 @@
+"""The `vllm.general_plugins` entry point: vLLM runs `register()` once in every process.
+
+Switch off (LVLLM_MOE_NUMA_ENABLED unset/0): return at once; nothing of vLLM's internals or of
+lk_moe is imported, vLLM runs exactly as shipped. Switch on: parse every LVLLM_* switch (a bad
+value stops startup naming the variable), check that this is the vLLM the hooks were written
+for, then install two hooks, each once per process:
+
+H1  RoutedExperts._get_quant_method: after vLLM picked the layer's method, ask the layer policy;
+    hybrid layers get their method re-classed into the hybrid method (lvllm.hybrid_method).
+H2  model_loader.utils.device_loading_context: for hybrid layers, post-processing runs on the
+    host tensors; vLLM 0.26 would otherwise copy every expert to the GPU and back.
+
+Any check that fails raises PluginError naming the vLLM function and version: never a
+half-installed plugin, never a silent fallback to stock vLLM.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+
+from .config import LvllmConfig, LvllmConfigError, from_env
+
+logger = logging.getLogger("vllm.lvllm")
+
+SUPPORTED_VLLM = "0.26.0"
+_installed = False
+
+
+class PluginError(RuntimeError):
+    """lvllm cannot hook into this vLLM; startup stops instead of running without lk_moe."""
+
+
+def _switch_is_on() -> bool:
+    raw = os.environ.get("LVLLM_MOE_NUMA_ENABLED", "").strip().lower()
+    return raw not in ("", "0", "false", "no", "off")
+
+
+def _params(fn) -> tuple:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def _check_surface():
+    """Import the hook targets and check they look like vLLM 0.26.0's; return them."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise PluginError(f"LVLLM_MOE_NUMA_ENABLED=1 but vLLM cannot be imported: {e}") from None
+    version = getattr(vllm, "__version__", "?")
+    if version != SUPPORTED_VLLM:
+        raise PluginError(f"lvllm supports vLLM {SUPPORTED_VLLM} only; this is vLLM {version}. "
+                          f"Install vllm=={SUPPORTED_VLLM} or set LVLLM_MOE_NUMA_ENABLED=0")
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    where = f"vLLM {version}"
+    expect = {
+        "RoutedExperts._get_quant_method": (RoutedExperts._get_quant_method,
+                                            ("self", "prefix", "quant_config", "moe_config")),
+        "FusedMoEMethodBase.apply": (FusedMoEMethodBase.apply,
+                                     ("self", "layer", "x", "topk_weights", "topk_ids", "shared_experts",
+                                      "shared_experts_input")),
+        "model_loader.utils.device_loading_context": (getattr(loader_utils, "device_loading_context", None),
+                                                      ("module", "target_device")),
+    }
+    for name, (fn, params) in expect.items():
+        if fn is None or not callable(fn):
+            raise PluginError(f"{where} has no {name}; lvllm cannot install its hooks")
+        got = _params(getattr(fn, "__wrapped__", fn))
+        if got != params:
+            raise PluginError(f"{where}: {name}{got} differs from the expected {params}; "
+                              "lvllm cannot install its hooks")
+    return RoutedExperts, loader_utils
+
+
+def _install(cfg: LvllmConfig) -> None:
+    RoutedExperts, loader_utils = _check_surface()
+    from .hybrid_method import make_hybrid
+    from .policy import plan_for
+
+    original_get_quant_method = RoutedExperts._get_quant_method
+
+    def _get_quant_method(self, prefix, quant_config, moe_config):
+        method = original_get_quant_method(self, prefix, quant_config, moe_config)
+        plan = plan_for(prefix, method, self, moe_config, cfg)
+        if plan.kind == "hybrid":
+            make_hybrid(method, self, plan, cfg)
+        else:
+            from .runtime import get_runtime
+            get_runtime(cfg).add_resident(plan)
+        logger.debug("lk_moe: %s -> %s%s", prefix, plan.kind, f" ({plan.format})" if plan.format else "")
+        return method
+
+    _get_quant_method.__wrapped__ = original_get_quant_method
+    original_loading_context = loader_utils.device_loading_context
+
+    @contextlib.contextmanager
+    def device_loading_context(module, target_device):
+        if getattr(getattr(module, "quant_method", None), "lk_keep_on_host", False):
+            yield module
+            return
+        with original_loading_context(module, target_device) as m:
+            yield m
+
+    device_loading_context.__wrapped__ = original_loading_context
+    RoutedExperts._get_quant_method = _get_quant_method
+    loader_utils.device_loading_context = device_loading_context
+
+
+def register() -> None:
+    """Entry point (vllm.general_plugins). Idempotent within a process."""
+    global _installed
+    if not _switch_is_on() or _installed:
+        return
+    try:
+        cfg = from_env()
+    except LvllmConfigError as e:
+        raise PluginError(f"lvllm: {e}") from None
+    _install(cfg)
+    _installed = True
+    prefill = (f"GPU prefill from {cfg.gpu_prefill_min_batch} tokens" if cfg.gpu_prefill_min_batch
+               else "prefill on the CPU")
+    logger.info("lvllm %s: lk_moe hybrid MoE enabled (pid %d): %s, prefetch window %d, "
+                "GPU-resident MoE layers %s", _version(), os.getpid(), prefill, cfg.prefetch_window,
+                sorted(cfg.resident_layers) or "none")
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__

@@ -1,0 +1,127 @@
+"""Which MoE layers go to lk_moe, and in which engine format.
+
+Decided once per layer, when vLLM builds the layer's quant method: a layer listed in
+LVLLM_GPU_RESIDENT_MOE_LAYERS keeps vLLM's own method (weights on the GPU, vLLM's kernels);
+every other layer becomes hybrid (routed experts in host RAM on the lk_moe engine). A layer
+whose method or features the engine cannot run stops startup with the reason; it is never
+quietly left to stock vLLM, which would put its experts on the GPU and likely run out of memory.
+
+Pure Python over duck-typed vLLM objects (class names, attributes), so it is unit-tested
+without vLLM.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from .config import LvllmConfig
+
+
+class UnsupportedMoELayer(ValueError):
+    """A MoE layer uses a method or feature the lk_moe engine does not run (yet)."""
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    prefix: str
+    layer_index: Optional[int]
+    kind: str  # "hybrid" | "gpu_resident"
+    format: Optional[str] = None  # engine format id for hybrid layers
+    block_size: Optional[tuple] = None  # fp8_block: (rows, cols) of a scale block
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def layer_index_of(prefix: str) -> Optional[int]:
+    """The decoder-layer index in a module prefix ("model.layers.7.mlp.experts" -> 7)."""
+    m = _LAYER_INDEX.search(prefix)
+    return int(m.group(1)) if m else None
+
+
+def _enum_value(x) -> str:
+    return str(getattr(x, "value", x)).lower()
+
+
+def _strategy(method, attr: str) -> str:
+    q = getattr(method, attr, None)
+    return _enum_value(getattr(q, "strategy", "")) if q is not None else ""
+
+
+def engine_format(method) -> tuple:
+    """(format id, block_size) of the engine format that reads this vLLM MoE method's tensors."""
+    name = type(method).__name__
+    if name == "UnquantizedFusedMoEMethod":
+        return "bf16", None
+    if name == "Fp8MoEMethod":
+        if getattr(method, "block_quant", False):
+            block = getattr(method, "weight_block_size", None)
+            return "fp8_block", (tuple(int(v) for v in block) if block else None)
+        raise UnsupportedMoELayer(
+            "Fp8MoEMethod with per-tensor weight scales is not supported by lk_moe yet "
+            "(block-quantized FP8, as in DeepSeek-V3/Qwen3-FP8 checkpoints, is)")
+    if name == "CompressedTensorsW8A8Fp8MoEMethod":
+        if _strategy(method, "weight_quant") == "channel":
+            return "fp8_channel", None
+        raise UnsupportedMoELayer(
+            f"{name} with weight strategy {_strategy(method, 'weight_quant')!r} is not supported by "
+            "lk_moe yet (per-channel is)")
+    if name == "CompressedTensorsW8A8Int8MoEMethod":
+        if _strategy(method, "weight_quant") == "channel":
+            return "int8_channel", None
+        raise UnsupportedMoELayer(f"{name} with weight strategy {_strategy(method, 'weight_quant')!r} "
+                                  "is not supported by lk_moe yet (per-channel is)")
+    raise UnsupportedMoELayer(
+        f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
+        "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel. "
+        "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
+        "LVLLM_GPU_RESIDENT_MOE_LAYERS")
+
+
+def _check_features(layer, moe_config, prefix: str) -> None:
+    """Refuse what the engine or the hybrid method does not do, with the way out."""
+    par = getattr(moe_config, "moe_parallel_config", None)
+    problems = []
+    activation = _enum_value(getattr(moe_config, "activation", "silu"))
+    if activation != "silu":
+        problems.append(f"activation {activation!r} (the engine runs SwiGLU 'silu')")
+    if getattr(moe_config, "has_bias", False):
+        problems.append("expert biases")
+    if not getattr(moe_config, "is_act_and_mul", True):
+        problems.append("non-gated experts")
+    if getattr(layer, "apply_router_weight_on_input", False):
+        problems.append("apply_router_weight_on_input (router weights on the input)")
+    if getattr(moe_config, "is_lora_enabled", False):
+        problems.append("LoRA on MoE layers")
+    if par is not None:
+        if getattr(par, "use_ep", False):
+            problems.append("expert parallelism (--enable-expert-parallel); use tensor parallelism")
+        if getattr(par, "dp_size", 1) > 1:
+            problems.append("data parallelism (--data-parallel-size > 1)")
+        if getattr(par, "enable_eplb", False):
+            problems.append("EPLB (--enable-eplb)")
+        if getattr(par, "use_all2all_kernels", False):
+            problems.append("all2all MoE backends")
+        if getattr(par, "pcp_size", 1) > 1:
+            problems.append("prefill context parallelism")
+        if getattr(par, "is_sequence_parallel", False):
+            problems.append("sequence-parallel MoE")
+    if problems:
+        raise UnsupportedMoELayer(f"{prefix}: lk_moe cannot run this MoE layer: {'; '.join(problems)}")
+
+
+def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig) -> LayerPlan:
+    idx = layer_index_of(prefix)
+    if idx is not None and cfg.is_resident(idx):
+        return LayerPlan(prefix, idx, "gpu_resident")
+    _check_features(layer, moe_config, prefix)
+    try:
+        fmt, block = engine_format(method)
+    except UnsupportedMoELayer as e:
+        raise UnsupportedMoELayer(f"{prefix}: {e}") from None
+    if fmt != "bf16" and cfg.gpu_prefill_min_batch > 0:
+        raise UnsupportedMoELayer(
+            f"{prefix}: streamed GPU prefill of {fmt} experts is not supported yet; set "
+            "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0 (prefill on the CPU) or keep such layers resident")
+    return LayerPlan(prefix, idx, "hybrid", fmt, block)

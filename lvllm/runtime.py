@@ -1,0 +1,123 @@
+"""Per-worker state shared by the hybrid MoE layers of one model: the engine's thread pool, the
+pinned I/O buffers of the CPU path, the GPU staging ring, the layer chain for prefetch, and the
+startup summary."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import List, Optional
+
+from .config import LvllmConfig, from_env
+from .threads import ThreadPlan, plan_threads
+
+logger = logging.getLogger("vllm.lvllm")
+
+
+def _ranges(indices) -> str:
+    out, run = [], []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out) or "none"
+
+
+def _local_rank_and_world():
+    import torch
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+        g = get_world_group()
+        world, local_rank = g.world_size, g.local_rank
+    except (ImportError, AssertionError, AttributeError):
+        world, local_rank = 1, 0
+    local_world = max(1, min(world, torch.cuda.device_count() or 1))
+    return local_rank % local_world, local_world
+
+
+class WorkerRuntime:
+    def __init__(self, cfg: LvllmConfig):
+        import lk_moe
+        from lk_moe import engine as lk_engine
+
+        self.cfg = cfg
+        eng = lk_engine.config()  # parses and validates LK_* (raises naming the variable)
+        local_rank, local_world = _local_rank_and_world()
+        self.threads: ThreadPlan = plan_threads(local_rank, local_world, eng.threads or None)
+        self.local_rank, self.local_world = local_rank, local_world
+        self.pool = lk_moe.make_pool(threads=self.threads.threads, binding=eng.binding, spin_us=eng.spin_us,
+                                     allowed=list(self.threads.cpus))
+        self.isa = lk_moe.isa()
+        self._io = {}
+        self.streamer = None
+        self.hybrid_layers: List[int] = []
+        self.resident_layers: List[int] = []
+        self.host_bytes = 0
+        self.gpu_bytes_saved = 0
+        self._last = None  # the hybrid layer built last: the next one is linked to it for prefetch
+        self._summary_logged = False
+
+    def io(self, max_tokens: int, hidden: int, top_k: int, dtype):
+        from lk_moe.cpu_path import PinnedIO
+        key = (hidden, top_k, dtype)
+        io = self._io.get(key)
+        if io is None or io.max_tokens < max_tokens:
+            io = PinnedIO(max_tokens, hidden, top_k, dtype)
+            self._io[key] = io
+        return io
+
+    def staging_for(self, expert_bytes: int, num_experts: int):
+        """The GPU staging ring, made on first use and shared by all streamed layers. Slots of up to
+        256 MiB; when a slot holds a whole layer, two slots (this layer + the next, prefetched)."""
+        from lk_moe.hybrid import ExpertStreamer
+        per_slot = max(1, min(num_experts, (256 << 20) // expert_bytes))
+        slot_bytes = per_slot * expert_bytes
+        if self.streamer is None or self.streamer.slot_bytes < expert_bytes:
+            slots = 2 if per_slot == num_experts else 4
+            self.streamer = ExpertStreamer(slot_bytes, slots=slots)
+        return self.streamer
+
+    def add_layer(self, plan, hybrid) -> None:
+        if self._last is not None and self.cfg.prefetch_window > 0 and hybrid.streamer is not None:
+            self._last.link_next(hybrid)
+        self._last = hybrid
+        if plan.layer_index is not None:
+            self.hybrid_layers.append(plan.layer_index)
+        self.host_bytes += hybrid.layer.nbytes
+        self.gpu_bytes_saved += hybrid.layer.expert_bytes
+
+    def add_resident(self, plan) -> None:
+        if plan.layer_index is not None:
+            self.resident_layers.append(plan.layer_index)
+
+    def summary(self) -> str:
+        pinned = sum(io.nbytes for io in self._io.values())
+        staging = self.streamer.nbytes if self.streamer is not None else 0
+        gib = 1 << 30
+        return (f"lk_moe: hybrid MoE layers [{_ranges(self.hybrid_layers)}], GPU-resident [{_ranges(self.resident_layers)}]; "
+                f"rank {self.local_rank}/{self.local_world}: {self.threads.threads} engine threads on CPUs "
+                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}; "
+                f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
+                f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
+                f"GPU prefill from {self.cfg.gpu_prefill_min_batch or 'never (CPU prefill)'} tokens")
+
+    def log_summary_once(self) -> None:
+        if not self._summary_logged:
+            self._summary_logged = True
+            logger.info("%s", self.summary())
+
+
+_lock = threading.Lock()
+_runtime: Optional[WorkerRuntime] = None
+
+
+def get_runtime(cfg: Optional[LvllmConfig] = None) -> WorkerRuntime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = WorkerRuntime(cfg if cfg is not None else from_env())
+        return _runtime

@@ -1,0 +1,102 @@
+"""lvllm's layer policy and format mapping, over stand-ins that carry vLLM's class names and the
+attributes the policy reads (the real classes are exercised in tests/e2e on the GPU machine)."""
+import enum
+from types import SimpleNamespace
+
+import pytest
+
+from lvllm.config import from_env
+from lvllm.policy import UnsupportedMoELayer, engine_format, layer_index_of, plan_for
+
+
+def method(cls_name, **attrs):
+    return type(cls_name, (), {})() if not attrs else type(cls_name, (), dict(attrs))()
+
+
+class Strategy(enum.Enum):
+    CHANNEL = "channel"
+    BLOCK = "block"
+    TENSOR = "tensor"
+
+
+class Act(enum.Enum):
+    SILU = "silu"
+    SWIGLUOAI = "swigluoai"
+
+
+def moe_config(**over):
+    par = SimpleNamespace(use_ep=False, dp_size=1, enable_eplb=False, use_all2all_kernels=False, pcp_size=1,
+                          is_sequence_parallel=False)
+    base = dict(activation=Act.SILU, has_bias=False, is_act_and_mul=True, is_lora_enabled=False,
+                moe_parallel_config=par)
+    for k, v in over.items():
+        if hasattr(par, k):
+            setattr(par, k, v)
+        else:
+            base[k] = v
+    return SimpleNamespace(**base)
+
+
+LAYER = SimpleNamespace(apply_router_weight_on_input=False)
+ON = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_RESIDENT_MOE_LAYERS": "0-1,5"})
+
+
+def test_layer_index():
+    assert layer_index_of("model.layers.7.mlp.experts") == 7
+    assert layer_index_of("language_model.model.layers.12.mlp.experts") == 12
+    assert layer_index_of("layers.3.block_sparse_moe.experts") == 3
+    assert layer_index_of("model.mtp.experts") is None
+
+
+def test_format_mapping():
+    assert engine_format(method("UnquantizedFusedMoEMethod")) == ("bf16", None)
+    assert engine_format(method("Fp8MoEMethod", block_quant=True, weight_block_size=[128, 128])) == \
+        ("fp8_block", (128, 128))
+    ct = SimpleNamespace(strategy=Strategy.CHANNEL)
+    assert engine_format(method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=ct)) == ("fp8_channel", None)
+    assert engine_format(method("CompressedTensorsW8A8Int8MoEMethod", weight_quant=ct)) == ("int8_channel", None)
+
+
+@pytest.mark.parametrize("m,words", [
+    (method("Fp8MoEMethod", block_quant=False), "per-tensor weight scales"),
+    (method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=SimpleNamespace(strategy=Strategy.TENSOR)),
+     "weight strategy 'tensor'"),
+    (method("GptOssMxfp4MoEMethod"), "GptOssMxfp4MoEMethod is not supported by lk_moe yet"),
+    (method("CompressedTensorsWNA16MarlinMoEMethod"), "CompressedTensorsWNA16MarlinMoEMethod"),
+])
+def test_unsupported_methods_are_named(m, words):
+    with pytest.raises(UnsupportedMoELayer) as ei:
+        engine_format(m)
+    assert words in str(ei.value)
+
+
+def test_resident_layers_keep_vllms_method():
+    unq = method("UnquantizedFusedMoEMethod")
+    p = plan_for("model.layers.5.mlp.experts", unq, LAYER, moe_config(), ON)
+    assert p.kind == "gpu_resident" and p.layer_index == 5
+    p = plan_for("model.layers.2.mlp.experts", unq, LAYER, moe_config(), ON)
+    assert p.kind == "hybrid" and p.format == "bf16" and p.layer_index == 2
+    # A resident layer may use a method the engine does not run: vLLM runs it.
+    assert plan_for("model.layers.0.mlp.experts", method("GptOssMxfp4MoEMethod"), LAYER,
+                    moe_config(activation=Act.SWIGLUOAI, has_bias=True), ON).kind == "gpu_resident"
+
+
+@pytest.mark.parametrize("over,words", [
+    (dict(activation=Act.SWIGLUOAI), "activation 'swigluoai'"),
+    (dict(has_bias=True), "expert biases"),
+    (dict(use_ep=True), "expert parallelism"),
+    (dict(dp_size=2), "data parallelism"),
+    (dict(enable_eplb=True), "EPLB"),
+    (dict(is_lora_enabled=True), "LoRA"),
+])
+def test_unsupported_features_stop_with_the_layer_named(over, words):
+    with pytest.raises(UnsupportedMoELayer) as ei:
+        plan_for("model.layers.3.mlp.experts", method("UnquantizedFusedMoEMethod"), LAYER, moe_config(**over), ON)
+    assert "model.layers.3.mlp.experts" in str(ei.value) and words in str(ei.value)
+
+
+def test_quantized_layers_refuse_gpu_prefill_for_now():
+    cfg = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "1024"})
+    m = method("Fp8MoEMethod", block_quant=True, weight_block_size=[128, 128])
+    with pytest.raises(UnsupportedMoELayer, match="LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0"):
+        plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), cfg)

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""One vLLM run for the e2e tests: greedy generation with top-5 logprobs, written as JSON.
+
+The switch settings come from the environment (the test sets LVLLM_* per run), so each run is
+its own process, exactly as a user would start vLLM. Prompts are token ids (seeded), long enough
+that routing reaches every expert; run twice over the same prompts to exercise prefix caching,
+with several requests in flight (batched decode) and a small token budget (chunked prefill).
+
+    python tests/e2e/generate.py --model DIR --out run.json [--tp 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+
+
+def prompts(vocab: int, lengths, seed: int = 0):
+    import random
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def gpu_memory_used_mib():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return [int(x) for x in out.split()]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--lengths", default="300,700,45,500")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    a = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    with open(os.path.join(a.model, "tokenizer.json")) as f:
+        vocab = len(json.load(f)["model"]["vocab"])
+    t0 = time.time()
+    llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,
+              max_num_seqs=4, max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=True,
+              gpu_memory_utilization=0.30, seed=0)
+    startup_s = time.time() - t0
+    mem = gpu_memory_used_mib()
+    sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=5, ignore_eos=True)
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(vocab, [int(x) for x in a.lengths.split(",")])]
+    runs = []
+    for _ in range(2):  # the second pass hits the prefix cache
+        outs = llm.generate(ps, sp, use_tqdm=False)
+        runs.append([{
+            "tokens": list(o.outputs[0].token_ids),
+            "logprobs": [{str(t): lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs],
+        } for o in outs])
+    cache = llm.llm_engine.vllm_config.cache_config
+    result = {
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("LVLLM_", "LK_", "VLLM_PLUGINS"))},
+        "startup_s": startup_s,
+        "gpu_memory_used_mib": mem,
+        "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
+        "block_size": getattr(cache, "block_size", None),
+        "runs": runs,
+    }
+    with open(a.out, "w") as f:
+        json.dump(result, f)
+    print(f"[generate] {a.model}: startup {startup_s:.1f}s, gpu blocks {result['num_gpu_blocks']}, "
+          f"GPU memory used {mem} MiB, first tokens {runs[0][0]['tokens'][:8]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
