@@ -116,6 +116,8 @@ class HybridMoEMixin:
         if hybrid is None:
             raise RuntimeError(f"{self._lk_plan.prefix}: lk_moe layer used before its weights were loaded")
         self._lk_runtime.log_summary_once()
+        if x.shape[0] == 0:
+            return torch.empty_like(x)
         if topk_ids.dtype != torch.int32:
             topk_ids = topk_ids.to(torch.int32)
         if topk_weights.dtype != torch.float32:
