@@ -1,9 +1,9 @@
 """The hybrid MoE quant method: vLLM's own method for the layer, re-classed so that its experts
 live in host RAM and run on lk_moe.
 
-`hybrid_class_for(cls)` builds `type(cls.__name__, (HybridMoEMixin, cls), ...)`: the class name
-stays (vLLM's loaders branch on it), isinstance stays true, and every attribute the in-tree
-constructor set is kept, so weight creation and loading are vLLM's own code. The mixin changes
+`hybrid_class_for(cls)` builds a direct subclass `type(cls.__name__, (cls,), <HybridMoEMixin's
+members>)`: the class name stays (vLLM's loaders branch on it), isinstance stays true, and every
+attribute the in-tree constructor set is kept, so weight creation and loading are vLLM's own code. The mixin changes
 where the weights are created (CPU), replaces the post-load step (hand the tensors to the engine,
 never the in-tree GPU conversion) and `apply` (the engine through `lk_moe.HybridMoE`).
 """
@@ -17,6 +17,9 @@ from .policy import LayerPlan
 
 
 class HybridMoEMixin:
+    """Members copied into each hybrid class. Not a base class: CPython refuses `__class__`
+    assignment to a class with a second base, even a slot-less one (measured, torch modules)."""
+
     lk_keep_on_host = True  # read by the device_loading_context hook: no GPU round trip at load
 
     def lk_setup(self, layer, plan: LayerPlan, cfg) -> None:
@@ -64,7 +67,7 @@ class HybridMoEMixin:
     def create_weights(self, layer, *args, **kwargs):
         # The innermost device context wins over the loader's `with torch.device("cuda")`.
         with torch.device("cpu"):
-            super().create_weights(layer, *args, **kwargs)
+            self._lk_base.create_weights(self, layer, *args, **kwargs)
 
     # -- after loading: the tensors go to the engine; vLLM's copies are released
     def process_weights_after_loading(self, layer) -> None:
@@ -102,7 +105,9 @@ class HybridMoEMixin:
         top_k = int(layer.top_k)
         streamer = None
         if gpu_min > 0:
-            expert_bytes = engine_layer.expert_bytes // engine_layer.num_experts
+            # Bytes of one expert as it travels: the engine's packed (block-padded) copy.
+            packed = engine_layer._impl.packed_slices()
+            expert_bytes = sum(s[0][0].numel() + s[1][0].numel() for s in packed) * 2
             streamer = rt.staging_for(expert_bytes, engine_layer.num_experts)
         self._lk_hybrid = HybridMoE(None, None, layer=engine_layer, max_tokens=max_tokens, top_k=top_k,
                                     gpu_min_batch=gpu_min, streamer=streamer, dtype=dtype,
@@ -129,10 +134,13 @@ class HybridMoEMixin:
         return hybrid.forward(x, topk_ids, topk_weights)
 
 
+_MEMBERS = {k: v for k, v in vars(HybridMoEMixin).items() if not (k.startswith("__") and k.endswith("__"))}
+
+
 @functools.lru_cache(maxsize=None)
 def hybrid_class_for(base: type) -> type:
-    return type(base.__name__, (HybridMoEMixin, base),
-                {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    return type(base.__name__, (base,), dict(_MEMBERS, _lk_base=base, __module__=base.__module__,
+                                             __qualname__=base.__qualname__))
 
 
 def make_hybrid(method, layer, plan: LayerPlan, cfg) -> None:

@@ -16,6 +16,9 @@ set +e
 rc=${PIPESTATUS[0]}
 # vLLM run logs and results of the e2e tests (the checkpoints stay behind)
 if [ -d /root/e2e-tmp ]; then
-  find /root/e2e-tmp \( -name '*.log' -o -name '*.json' \) -size -8M -exec cp --parents {} "$out" \; 2>/dev/null
+  mkdir -p "$out/e2e"
+  find /root/e2e-tmp \( -name '*.log' -o -name '*.json' \) -size -8M | while read -r f; do
+    cp "$f" "$out/e2e/$(basename "$(dirname "$f")")-$(basename "$f")"
+  done
 fi
 exit $rc

@@ -40,6 +40,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--lengths", default="300,700,45,500")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--gpu-util", type=float, default=0.30)
+    ap.add_argument("--kv-bytes", type=int, default=0,
+                    help="fixed KV-cache bytes (skips vLLM's memory sizing: for runs that share the GPU)")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -48,9 +51,10 @@ def main() -> int:
     with open(os.path.join(a.model, "tokenizer.json")) as f:
         vocab = len(json.load(f)["model"]["vocab"])
     t0 = time.time()
+    mem_args = {"kv_cache_memory_bytes": a.kv_bytes} if a.kv_bytes else {"gpu_memory_utilization": a.gpu_util}
     llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,
               max_num_seqs=4, max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=True,
-              gpu_memory_utilization=0.30, seed=0)
+              seed=0, **mem_args)
     startup_s = time.time() - t0
     mem = gpu_memory_used_mib()
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=5, ignore_eos=True)

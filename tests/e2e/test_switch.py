@@ -2,6 +2,9 @@
 
 Each vLLM run is its own process (tests/e2e/generate.py), CUDA graphs on (vLLM's default
 FULL_AND_PIECEWISE), prefix caching, chunked prefill (512-token budget), 4 requests in flight.
+The comparison runs share the GPU and start together (a fixed KV-cache size each, so vLLM's
+memory sizing is not confused by its neighbours); the KV-cache growth check runs its two
+processes alone, with vLLM's own sizing.
 
 Tolerance: TOL = 0.15 nats on logprobs. The switch-off run computes the experts with vLLM's Triton
 fused-MoE kernel (bf16 intermediates), the switch-on run with the CPU engine (fp32 accumulation,
@@ -54,14 +57,6 @@ def _gpu_env(arch):
             "LVLLM_GPU_RESIDENT_MOE_LAYERS": str(ARCHS[arch])}
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("e2e")
-
-
-_cache = {}
-
-
 def _checkpoint(workdir, arch):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from make_tiny_checkpoint import make_checkpoint
@@ -71,30 +66,56 @@ def _checkpoint(workdir, arch):
     return path
 
 
-def run(workdir, arch, name, env_extra, tp=1):
-    key = (arch, name, tp)
-    if key in _cache:
-        return _cache[key]
+def _launch(workdir, arch, name, env_extra, args=()):
     model = _checkpoint(workdir, arch)
-    out = str(workdir / f"{arch}-{name}-tp{tp}.json")
+    tag = f"{arch}-{name}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
+    # Concurrent runs: own compile caches (no races), engine threads unpinned and few.
+    env.update(VLLM_USE_FLASHINFER_SAMPLER="0", VLLM_CACHE_ROOT=str(workdir / f"cache-{tag}"),
+               LK_THREADS=env.get("LK_THREADS", "2"), LK_THREAD_BINDING="NONE", LK_SPIN_US="50")
     env.update(env_extra)
-    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    log = str(workdir / f"{arch}-{name}-tp{tp}.log")
-    with open(log, "w") as f:
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "e2e", "generate.py"), "--model", model,
-                            "--out", out, "--tp", str(tp)], env=env, stdout=f, stderr=subprocess.STDOUT,
-                           timeout=900)
-    if p.returncode != 0:
-        with open(log) as f:
-            tail = f.read()[-6000:]
-        pytest.fail(f"vLLM run {arch}/{name} failed (rc {p.returncode}); log tail:\n{tail}")
-    with open(out) as f:
-        res = json.load(f)
-    with open(log) as f:
-        res["log"] = f.read()
-    _cache[key] = res
-    return res
+    log = open(workdir / f"{tag}.log", "w")
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "generate.py"), "--model", model,
+           "--out", str(workdir / f"{tag}.json"), *args]
+    return tag, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _collect(workdir, procs, timeout=900):
+    results = {}
+    for tag, p in procs:
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = "timeout"
+        log = (workdir / f"{tag}.log").read_text()
+        if rc != 0:
+            results[tag] = {"error": f"vLLM run {tag} failed (rc {rc}); log tail:\n{log[-6000:]}"}
+            continue
+        with open(workdir / f"{tag}.json") as f:
+            results[tag] = json.load(f)
+        results[tag]["log"] = log
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """All comparison runs, started together; {tag: result}."""
+    workdir = tmp_path_factory.mktemp("e2e")
+    kv = ["--kv-bytes", str(2 << 30)]
+    procs = [_launch(workdir, "qwen3_moe", "stock", STOCK, kv)]
+    for arch in ARCHS:
+        procs.append(_launch(workdir, arch, "off", OFF, kv))
+        procs.append(_launch(workdir, arch, "cpu", CPU, kv))
+        procs.append(_launch(workdir, arch, "gpu", _gpu_env(arch), kv))
+    return _collect(workdir, procs)
+
+
+def _get(runs, tag):
+    r = runs[tag]
+    if "error" in r:
+        pytest.fail(r["error"])
+    return r
 
 
 def _check(ref, test, label):
@@ -106,32 +127,37 @@ def _check(ref, test, label):
     return c
 
 
-def test_switch_off_is_stock_vllm(workdir):
-    stock = run(workdir, "qwen3_moe", "stock", STOCK)
-    off = run(workdir, "qwen3_moe", "off", OFF)
+def test_kv_cache_gets_the_experts_memory(tmp_path):
+    """Alone on the GPU, vLLM sizes the KV cache: with the experts in host RAM it is larger."""
+    off = _collect(tmp_path, [_launch(tmp_path, "qwen3_moe", "off", OFF)])["qwen3_moe-off"]
+    on = _collect(tmp_path, [_launch(tmp_path, "qwen3_moe", "cpu", CPU)])["qwen3_moe-cpu"]
+    for r in (off, on):
+        if "error" in r:
+            pytest.fail(r["error"])
+    loaded = [next((ln for ln in r["log"].splitlines() if "Model loading took" in ln), "") for r in (off, on)]
+    print(f"[e2e] KV blocks off {off['num_gpu_blocks']} on {on['num_gpu_blocks']}; nvidia-smi MiB off "
+          f"{off['gpu_memory_used_mib']} on {on['gpu_memory_used_mib']}\n  off: {loaded[0][-90:]}\n  on:  {loaded[1][-90:]}")
+    assert on["num_gpu_blocks"] > off["num_gpu_blocks"]
+
+
+def test_switch_off_is_stock_vllm(runs):
+    stock, off = _get(runs, "qwen3_moe-stock"), _get(runs, "qwen3_moe-off")
     assert "lk_moe" not in off["log"]
     for a, b in zip(stock["runs"], off["runs"]):
         for x, y in zip(a, b):
             assert x["tokens"] == y["tokens"]
             assert x["logprobs"] == y["logprobs"]
-    assert stock["num_gpu_blocks"] == off["num_gpu_blocks"]
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_cpu_experts_match_stock(workdir, arch):
-    off = run(workdir, arch, "off", OFF)
-    on = run(workdir, arch, "cpu", CPU)
+def test_cpu_experts_match_switch_off(runs, arch):
+    off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
     _check(off, on, f"{arch} cpu-prefill")
-    # The experts live in host RAM: the KV cache gets the GPU memory they would have used.
-    print(f"[e2e] {arch}: KV blocks off {off['num_gpu_blocks']} on {on['num_gpu_blocks']}; GPU MiB used "
-          f"off {off['gpu_memory_used_mib']} on {on['gpu_memory_used_mib']}")
-    assert on["num_gpu_blocks"] > off["num_gpu_blocks"]
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_gpu_prefill_and_resident_match_stock(workdir, arch):
-    off = run(workdir, arch, "off", OFF)
-    on = run(workdir, arch, "gpu", _gpu_env(arch))
+def test_gpu_prefill_and_resident_match_switch_off(runs, arch):
+    off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
     assert f"GPU-resident [{ARCHS[arch]}]" in on["log"]
     _check(off, on, f"{arch} gpu-prefill+resident")
