@@ -84,6 +84,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="hybrid")
     ap.add_argument("--model", default="", help="checkpoint dir (default: a generated Qwen3-30B-A3B config)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="generated model: fewer layers than the real 48 (faster start; the bound scales with it)")
+    ap.add_argument("--log-dir", default="", help="write each mode's full vLLM log here")
     ap.add_argument("--gpu-prefill", type=int, default=1024)
     ap.add_argument("--offload-gb", type=float, default=58)
     ap.add_argument("--reps", type=int, default=3)
@@ -100,7 +103,8 @@ def main() -> int:
     if not a.model:
         sys.path.insert(0, os.path.join(ROOT, "tools"))
         from make_tiny_checkpoint import make_checkpoint
-        a.model = make_checkpoint("qwen3_moe", os.path.join(tempfile.gettempdir(), "lvllm-qwen3-30b-a3b"), "big")
+        a.model = make_checkpoint("qwen3_moe", os.path.join(tempfile.gettempdir(), f"lvllm-qwen3-30b-a3b-L{a.layers or 48}"),
+                                  "big", layers=a.layers)
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = json.load(f)
     H, I, K, L = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
@@ -120,18 +124,31 @@ def main() -> int:
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--gpu-util", str(a.gpu_util)]
         t = time.time()
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode != 0 or not lines:
-            print(f"[{mode}] failed (rc {p.returncode}) after {time.time() - t:.0f}s:\n{(p.stdout + p.stderr)[-4000:]}")
+        log_path = os.path.join(a.log_dir or tempfile.gettempdir(), f"e2e_decode-{mode}.log")
+        if a.log_dir:
+            os.makedirs(a.log_dir, exist_ok=True)
+        # The child's log streams to a file, and its milestones to our stdout as they happen.
+        milestones = ("Loading weights took", "Model loading took", "lk_moe:", "torch.compile took",
+                      "KV cache size", "init engine", "Graph capturing finished", "RESULT", "Error", "error")
+        rc, lines = None, []
+        with open(log_path, "w") as log:
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                for ln in p.stdout:
+                    log.write(ln)
+                    if any(m in ln for m in milestones):
+                        print(f"  [{mode} +{time.time() - t:5.0f}s] {ln.strip()[:300]}", flush=True)
+                    if ln.startswith("RESULT "):
+                        lines.append(ln)
+                rc = p.wait(timeout=a.timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if rc != 0 or not lines:
+            print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
             continue
         r = json.loads(lines[-1][7:])
         results[mode] = r
-        summary = [ln for ln in (p.stdout + p.stderr).splitlines() if "lk_moe:" in ln or "KV cache size" in ln
-                   or "Model loading took" in ln]
         print(f"[{mode}] " + json.dumps(r), flush=True)
-        for ln in summary[-4:]:
-            print(f"    {ln.strip()[:400]}")
     print(f"\n{'mode':>8} {'tok/s@1':>8} {'tok/s@4':>8} {'TTFT 1K':>8} {'TTFT 8K':>8}")
     for m, r in results.items():
         print(f"{m:>8} {r['decode_tok_s_1']:8.2f} {r['decode_tok_s_4']:8.2f} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f}")

@@ -32,29 +32,29 @@ CHAT_TEMPLATE = (
 SHAPES = {
     "qwen3_moe": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048),
-        "big": dict(H=2048, L=48, nh=32, nkv=4, hd=128, E=128, K=8, I=768, dense_I=6144, V=151936),
+        "big": dict(H=2048, L=48, nh=32, nkv=4, hd=128, E=128, K=8, I=768, dense_I=6144, V=151936, ctx=40960),
     },
     "deepseek_v3": {
         "tiny": dict(H=512, L=4, nh=16, E=16, K=4, I=256, dense_I=1024, V=2048, q_lora=256, kv_lora=512,
                      nope=128, rope=64, v=128, groups=4, topk_groups=2, shared=1, dense=1),
         "big": dict(H=7168, L=61, nh=128, E=256, K=8, I=2048, dense_I=18432, V=129280, q_lora=1536,
-                    kv_lora=512, nope=128, rope=64, v=128, groups=8, topk_groups=4, shared=1, dense=3),
+                    kv_lora=512, nope=128, rope=64, v=128, groups=8, topk_groups=4, shared=1, dense=3, ctx=163840),
     },
     "glm4_moe": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048, shared=1, dense=1),
         "big": dict(H=5120, L=92, nh=96, nkv=8, hd=128, E=160, K=8, I=1536, dense_I=12288, V=151552,
-                    shared=1, dense=3),
+                    shared=1, dense=3, ctx=131072),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
-        "big": dict(H=6144, L=56, nh=48, nkv=8, hd=128, E=8, K=2, I=16384, V=32768),
+        "big": dict(H=6144, L=56, nh=48, nkv=8, hd=128, E=8, K=2, I=16384, V=32768, ctx=65536),
     },
 }
 
 
 def _config(arch: str, s: dict, vocab: int) -> dict:
     common = dict(vocab_size=vocab, hidden_size=s["H"], num_hidden_layers=s["L"],
-                  num_attention_heads=s["nh"], hidden_act="silu", max_position_embeddings=4096,
+                  num_attention_heads=s["nh"], hidden_act="silu", max_position_embeddings=s.get("ctx", 4096),
                   rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16",
                   bos_token_id=0, eos_token_id=0, initializer_range=0.02)
     if arch == "qwen3_moe":
@@ -179,12 +179,15 @@ def write_tokenizer(out: str, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0) -> str:
+def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0) -> str:
+    """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in ("tiny", "big"):
         raise ValueError("size must be tiny or big")
-    s = SHAPES[arch][size]
+    s = dict(SHAPES[arch][size])
+    if layers:
+        s["L"] = layers
     os.makedirs(out, exist_ok=True)
     n_tok = write_tokenizer(out, min(s["V"], 2048))
     vocab = max(s["V"], n_tok)
@@ -208,8 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--size", default="tiny", choices=("tiny", "big"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     a = ap.parse_args(argv)
-    make_checkpoint(a.arch, a.out, a.size, a.seed)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
     return 0

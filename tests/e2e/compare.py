@@ -1,38 +1,86 @@
 """The switch-on vs switch-off criterion of the e2e tests, on the JSON written by generate.py.
 
-Per prompt, walking the generated positions while both runs have produced the same tokens:
-- every token in both top-5 lists has logprobs within `tol` of each other;
-- the greedy tokens are equal, unless the reference's top-1/top-2 margin is at most `tol` (a
-  near-tie that bf16 CPU vs GPU arithmetic may flip); after such an allowed flip the contexts
-  differ, so the rest of that prompt is not compared.
-A flip where the margin exceeds `tol`, or a logprob outside `tol`, is a failure.
-`min_coverage` guards against a vacuous pass (everything diverging at once).
+Per prompt, positions are compared while both runs have generated the same tokens; at each
+position the difference is the largest |logprob| gap over the tokens in both top-5 lists.
+
+What the numbers look like (measured on the H200, 2026-11-30, tiny checkpoints with random
+weights, logits of std ~3 computed in bf16): two runs of *stock* vLLM, or two passes over the same
+prompts in one vLLM process, already differ: median 0.00-0.03, 90th percentile ~0.06, and 0-4% of
+positions differ by 0.2-0.8 nats, where a near-tie among a router's top-k scores flips one expert
+choice for that token. Greedy tokens flip only where the top-1/top-2 margin was <= 0.375.
+The logits are bf16 (steps of 1/16 at magnitudes 8-16), so one step is ~0.06 nats.
+
+Criterion (TOL = 0.15 = two bf16 logit steps plus rounding):
+- typical positions: the 90th percentile of the differences is <= TOL;
+- router near-ties: at most MAX_OUTLIERS (8%, twice the stock-vs-stock rate) of the positions
+  differ by more than TOL;
+- greedy flips only where the reference margin is <= FLIP_MARGIN (0.5; stock vs stock flipped at
+  0.375); after a flip the contexts differ and the rest of that prompt is not compared;
+- at least MIN_COVERAGE of the generated positions were compared (no vacuous pass).
+A real fault (wrong expert, weight, scale, lost row, stale graph input) moves most positions by
+O(1) nats and fails the first rule; one wrong layer in four is enough.
 """
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, field
 from typing import List
+
+TOL = 0.15
+MAX_OUTLIERS = 0.08
+FLIP_MARGIN = 0.5
+MIN_COVERAGE = 0.35
 
 
 @dataclass
 class Comparison:
-    positions: int = 0  # positions compared
+    diffs: List[float] = field(default_factory=list)  # one per compared position
     total: int = 0  # positions generated
-    max_logprob_diff: float = 0.0
     allowed_flips: int = 0
     failures: List[str] = field(default_factory=list)
+
+    @property
+    def positions(self) -> int:
+        return len(self.diffs)
 
     @property
     def coverage(self) -> float:
         return self.positions / self.total if self.total else 0.0
 
-    def ok(self, min_coverage: float) -> bool:
-        return not self.failures and self.coverage >= min_coverage
+    def quantile(self, q: float) -> float:
+        if not self.diffs:
+            return 0.0
+        s = sorted(self.diffs)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+    @property
+    def max_logprob_diff(self) -> float:
+        return max(self.diffs, default=0.0)
+
+    def outlier_fraction(self, tol: float = TOL) -> float:
+        return sum(d > tol for d in self.diffs) / len(self.diffs) if self.diffs else 0.0
+
+    def problems(self, tol: float = TOL, max_outliers: float = MAX_OUTLIERS,
+                 min_coverage: float = MIN_COVERAGE) -> List[str]:
+        out = list(self.failures)
+        if self.quantile(0.9) > tol:
+            out.append(f"90th percentile {self.quantile(0.9):.3f} > {tol}")
+        if self.outlier_fraction(tol) > max_outliers:
+            out.append(f"{self.outlier_fraction(tol):.0%} of positions differ by more than {tol} (max {max_outliers:.0%})")
+        if self.coverage < min_coverage:
+            out.append(f"only {self.coverage:.0%} of positions compared (min {min_coverage:.0%})")
+        return out
+
+    def ok(self, **kw) -> bool:
+        return not self.problems(**kw)
 
     def summary(self) -> str:
-        return (f"compared {self.positions}/{self.total} positions ({self.coverage:.0%}), max |dlogprob| "
-                f"{self.max_logprob_diff:.4f}, near-tie flips {self.allowed_flips}, failures {len(self.failures)}"
-                + (": " + "; ".join(self.failures[:5]) if self.failures else ""))
+        p = self.problems()
+        return (f"compared {self.positions}/{self.total} positions ({self.coverage:.0%}); |dlogprob| median "
+                f"{self.quantile(0.5):.3f} p90 {self.quantile(0.9):.3f} max {self.max_logprob_diff:.3f}; "
+                f">{TOL}: {self.outlier_fraction():.0%}; near-tie flips {self.allowed_flips}"
+                + (f"; FAIL: {'; '.join(p[:5])}" if p else "; ok"))
 
 
 def _margin(top: dict) -> float:
@@ -40,7 +88,8 @@ def _margin(top: dict) -> float:
     return vals[0] - vals[1] if len(vals) > 1 else float("inf")
 
 
-def compare_outputs(ref: list, test: list, tol: float, label: str = "", into: Comparison = None) -> Comparison:
+def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, label: str = "",
+                    into: Comparison = None) -> Comparison:
     """ref/test: lists (one per prompt) of {"tokens": [...], "logprobs": [{token: logprob}, ...]}."""
     c = into if into is not None else Comparison()
     if len(ref) != len(test):
@@ -50,17 +99,41 @@ def compare_outputs(ref: list, test: list, tol: float, label: str = "", into: Co
         c.total += len(r["tokens"])
         for i, (rt, tt) in enumerate(zip(r["tokens"], t["tokens"])):
             R, T = r["logprobs"][i], t["logprobs"][i]
-            c.positions += 1
-            for tok in set(R) & set(T):
-                d = abs(R[tok] - T[tok])
-                c.max_logprob_diff = max(c.max_logprob_diff, d)
-                if d > tol:
-                    c.failures.append(f"{label} prompt {p} pos {i}: token {tok} logprob {R[tok]:.4f} vs {T[tok]:.4f}")
+            common = set(R) & set(T)
+            c.diffs.append(max((abs(R[k] - T[k]) for k in common), default=0.0))
             if rt != tt:
                 m = _margin(R)
-                if m > tol:
-                    c.failures.append(f"{label} prompt {p} pos {i}: greedy {rt} vs {tt} with reference margin {m:.4f}")
+                if m > flip_margin:
+                    c.failures.append(f"{label} prompt {p} pos {i}: greedy {rt} vs {tt} with reference margin {m:.3f}")
                 else:
                     c.allowed_flips += 1
                 break
     return c
+
+
+def compare_runs(ref_result: dict, test_result: dict, label: str = "") -> Comparison:
+    """Both passes of the test run (the second from the prefix cache) against the reference's first."""
+    c = Comparison()
+    for i, pass_ in enumerate(test_result["runs"]):
+        compare_outputs(ref_result["runs"][0], pass_, label=f"{label} pass {i}", into=c)
+    return c
+
+
+def main(argv) -> int:
+    """python -m tests.e2e.compare REF.json TEST.json [...]: re-evaluate saved runs."""
+    if len(argv) < 2:
+        print(main.__doc__)
+        return 2
+    with open(argv[0]) as f:
+        ref = json.load(f)
+    bad = 0
+    for path in argv[1:]:
+        with open(path) as f:
+            c = compare_runs(ref, json.load(f), path)
+        print(f"{path}: {c.summary()}")
+        bad += not c.ok()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,12 +6,10 @@ The comparison runs share the GPU and start together (a fixed KV-cache size each
 memory sizing is not confused by its neighbours); the KV-cache growth check runs its two
 processes alone, with vLLM's own sizing.
 
-Tolerance: TOL = 0.15 nats on logprobs. The switch-off run computes the experts with vLLM's Triton
-fused-MoE kernel (bf16 intermediates), the switch-on run with the CPU engine (fp32 accumulation,
-bf16 SwiGLU output) or our GPU path; each MoE output differs by bf16 rounding (2^-8 relative),
-which four residual layers and logits of std ~3 turn into logprob differences of a few 0.01 (the
-measured maximum is printed). A layer computed wrongly (wrong expert, weight, scale, or a lost
-row) moves logprobs by O(1).
+Criterion and tolerances: tests/e2e/compare.py (calibrated against stock vLLM's own run-to-run
+differences, which the switch-off vs stock test measures in the same session). The switch-off run
+computes the experts with vLLM's Triton fused-MoE kernel (bf16 intermediates), the switch-on run
+with the CPU engine (fp32 accumulation, bf16 SwiGLU output) or our GPU path.
 """
 from __future__ import annotations
 
@@ -22,11 +20,9 @@ import sys
 
 import pytest
 
-from .compare import Comparison, compare_outputs
+from .compare import compare_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOL = 0.15
-MIN_COVERAGE = 0.5
 
 
 def _have_gpu_and_vllm() -> str:
@@ -119,11 +115,9 @@ def _get(runs, tag):
 
 
 def _check(ref, test, label):
-    c = Comparison()
-    for i, pass_ in enumerate(test["runs"]):  # both passes (the second from the prefix cache)
-        compare_outputs(ref["runs"][0], pass_, TOL, f"{label} pass {i}", into=c)
+    c = compare_runs(ref, test, label)  # both passes (the second from the prefix cache)
     print(f"[e2e] {label}: {c.summary()}")
-    assert c.ok(MIN_COVERAGE), c.summary()
+    assert c.ok(), c.summary()
     return c
 
 
@@ -141,12 +135,13 @@ def test_kv_cache_gets_the_experts_memory(tmp_path):
 
 
 def test_switch_off_is_stock_vllm(runs):
+    """Switch off, the plugin returns before importing anything (tests/cpu/test_lvllm_plugin.py);
+    here: no trace of it in the run, and the outputs differ from stock vLLM (plugin not even
+    loaded) only as much as two stock runs do. That difference is the noise floor the switch-on
+    comparisons are held to."""
     stock, off = _get(runs, "qwen3_moe-stock"), _get(runs, "qwen3_moe-off")
-    assert "lk_moe" not in off["log"]
-    for a, b in zip(stock["runs"], off["runs"]):
-        for x, y in zip(a, b):
-            assert x["tokens"] == y["tokens"]
-            assert x["logprobs"] == y["logprobs"]
+    assert "lk_moe" not in off["log"] and "lvllm" not in off["log"]
+    _check(stock, off, "stock vs switch-off")
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
