@@ -103,7 +103,8 @@ class WorkerRuntime:
                 f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}; "
                 f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
                 f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
-                f"GPU prefill from {self.cfg.gpu_prefill_min_batch or 'never (CPU prefill)'} tokens")
+                + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch
+                   else "prefill on the CPU"))
 
     def log_summary_once(self) -> None:
         if not self._summary_logged:
