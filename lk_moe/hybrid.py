@@ -156,9 +156,13 @@ class HybridMoE:
         return [list(range(a, min(a + n, self.num_experts))) for a in range(0, self.num_experts, n)]
 
     # -- forward
+    def takes_gpu_path(self, tokens: int) -> bool:
+        """Whether `forward` of this many tokens runs on the GPU (resident or streamed)."""
+        return self._resident_w is not None or (self.gpu_min_batch > 0 and tokens >= self.gpu_min_batch)
+
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         M = x.shape[0]
-        if self._resident_w is None and (self.gpu_min_batch == 0 or M < self.gpu_min_batch):
+        if not self.takes_gpu_path(M):
             return self.cpu_path(x, topk_ids, topk_weights)
         if not x.is_cuda or x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"x must be a CUDA [M, {self.hidden}] {self.dtype} tensor")

@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from .padding import current_padding_rows, drop_padding
 from .policy import LayerPlan
 
 
@@ -127,9 +128,12 @@ class HybridMoEMixin:
             topk_ids = topk_ids.to(torch.int32)
         if topk_weights.dtype != torch.float32:
             topk_weights = topk_weights.float()
-        if torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing or not hybrid.takes_gpu_path(x.shape[0]):
             # A captured graph replays exactly what was recorded: only the CPU path (copies and a
             # host-function node) is capturable; the streamed GPU path syncs to plan its copies.
+            # Rows vLLM padded to a graph size cost no expert reads.
+            topk_ids = drop_padding(topk_ids, current_padding_rows(x.shape[0]))
             return hybrid.cpu_path(x, topk_ids, topk_weights)
         return hybrid.forward(x, topk_ids, topk_weights)
 

@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--lengths", default="300,700,45,500")
+    ap.add_argument("--lengths", default="300,700,45,500,120")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--gpu-util", type=float, default=0.30)
     ap.add_argument("--kv-bytes", type=int, default=0,
