@@ -156,3 +156,24 @@ def test_gpu_prefill_and_resident_match_switch_off(runs, arch):
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
     assert f"GPU-resident [{ARCHS[arch]}]" in on["log"]
     _check(off, on, f"{arch} gpu-prefill+resident")
+
+
+def _gpus() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="TP=2 needs two GPUs (nvidia-h200-x2)")
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_tensor_parallel_2_matches_tp1(tmp_path, arch):
+    """Each rank's engine holds its shard of every expert, on its own CPU share; vLLM all-reduces
+    the partial outputs. TP=2 against TP=1, both with the switch on (same criterion)."""
+    procs = [_launch(tmp_path, arch, "cpu-tp1", CPU, ["--kv-bytes", str(2 << 30)]),
+             _launch(tmp_path, arch, "cpu-tp2", CPU, ["--kv-bytes", str(2 << 30), "--tp", "2"])]
+    res = _collect(tmp_path, procs)
+    tp1, tp2 = _get(res, f"{arch}-cpu-tp1"), _get(res, f"{arch}-cpu-tp2")
+    assert "rank 1/2" in tp2["log"], "the second rank did not report its own CPU share"
+    _check(tp1, tp2, f"{arch} tp2 vs tp1")
