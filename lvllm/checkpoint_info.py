@@ -1,0 +1,110 @@
+"""What a checkpoint directory holds, without loading it: expert vs other bytes per dtype, read
+from the safetensors headers (8-byte length + JSON), or estimated from config.json when the
+directory has no weights (e.g. a config for `--load-format dummy`)."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "F8_E8M0": 1, "U32": 4}
+
+
+class CheckpointError(ValueError):
+    """The directory is not a checkpoint this tool can read."""
+
+
+@dataclass
+class CheckpointInfo:
+    path: str
+    architecture: str = "?"
+    model_type: str = "?"
+    quant_method: Optional[str] = None
+    num_layers: int = 0
+    moe_layers: int = 0
+    expert_bytes: int = 0  # routed experts (and their scales)
+    other_bytes: int = 0  # everything else: attention, dense/shared MLPs, embeddings, norms
+    expert_dtypes: Dict[str, int] = field(default_factory=dict)  # dtype -> bytes of expert tensors
+    estimated: bool = False  # from config.json arithmetic, not from weight files
+
+    @property
+    def expert_bytes_per_layer(self) -> int:
+        return self.expert_bytes // self.moe_layers if self.moe_layers else 0
+
+
+def _is_routed_expert(name: str) -> bool:
+    # "...mlp.experts.12.gate_proj.weight", "...block_sparse_moe.experts.3.w1.weight",
+    # fused "...mlp.experts.gate_up_proj"; shared experts are not routed.
+    return ".experts." in name and "shared_expert" not in name
+
+
+def _read_header(path: str) -> dict:
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise CheckpointError(f"{path}: not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100 << 20:
+            raise CheckpointError(f"{path}: safetensors header of {n} bytes is not plausible")
+        try:
+            return json.loads(f.read(n))
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+
+
+def _layer_counts(cfg: dict) -> tuple:
+    layers = int(cfg.get("num_hidden_layers", 0))
+    dense = int(cfg.get("first_k_dense_replace", 0) or 0)
+    only = set(cfg.get("mlp_only_layers", []) or [])
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    moe = sum(1 for i in range(layers) if i >= dense and i not in only and (i + 1) % step == 0)
+    return layers, moe
+
+
+def _estimate(info: CheckpointInfo, cfg: dict) -> None:
+    """Expert bytes from the config's shapes (bf16 unless the config says otherwise)."""
+    E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0
+    I = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
+    H = cfg.get("hidden_size", 0)
+    per_weight = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 0.53, "modelopt_fp4": 0.56}.get(
+        info.quant_method or "", 2.0)
+    info.expert_bytes = int(info.moe_layers * E * 3 * H * I * per_weight)
+    V = cfg.get("vocab_size", 0)
+    info.other_bytes = int(2 * V * H * 2 + info.num_layers * 4 * H * H * 2)  # embeddings + rough attention
+    info.expert_dtypes = {f"~{per_weight:g} B/weight": info.expert_bytes}
+    info.estimated = True
+
+
+def read_checkpoint(path: str) -> CheckpointInfo:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise CheckpointError(f"{path}: no config.json (is this a Hugging Face checkpoint directory?)")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    info = CheckpointInfo(path=path, architecture=(cfg.get("architectures") or ["?"])[0],
+                          model_type=cfg.get("model_type", "?"))
+    q = cfg.get("quantization_config") or {}
+    info.quant_method = q.get("quant_method") if isinstance(q, dict) else None
+    info.num_layers, info.moe_layers = _layer_counts(cfg)
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        _estimate(info, cfg)
+        return info
+    for fname in files:
+        for name, meta in _read_header(os.path.join(path, fname)).items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in meta["shape"]:
+                n *= d
+            size = n * _DTYPE_BYTES.get(meta["dtype"], 2)
+            if _is_routed_expert(name):
+                info.expert_bytes += size
+                info.expert_dtypes[meta["dtype"]] = info.expert_dtypes.get(meta["dtype"], 0) + size
+            else:
+                info.other_bytes += size
+    return info

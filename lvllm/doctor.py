@@ -1,0 +1,230 @@
+"""`lvllm doctor [--model DIR] [--tp N]`: what this machine offers lvllm, what will fail, and (with a
+checkpoint) a suggested configuration printed as the env lines to use.
+
+Each check prints one line: "ok", "warn" (works, but slower or fragile) or "FAIL" (startup or
+serving will fail), with what to do. Exit status 1 if anything FAILs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from typing import List, Optional
+
+PINS = {"vllm": "0.26.0", "torch": "2.11.0"}
+GiB = 1 << 30
+
+
+def _size(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+@dataclass
+class Line:
+    level: str  # ok | warn | FAIL | info
+    topic: str
+    text: str
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _meminfo() -> dict:
+    out = {}
+    for ln in _read("/proc/meminfo").splitlines():
+        k, _, v = ln.partition(":")
+        parts = v.split()
+        if parts:
+            out[k] = int(parts[0]) * 1024
+    return out
+
+
+def _cpu_model() -> str:
+    for ln in _read("/proc/cpuinfo").splitlines():
+        if ln.startswith("model name"):
+            return ln.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def _physical_cores(cpus) -> int:
+    from .threads import _physical_cores
+    return _physical_cores(sorted(cpus))
+
+
+def _numa_nodes() -> int:
+    base = "/sys/devices/system/node"
+    try:
+        return max(1, sum(1 for d in os.listdir(base) if d.startswith("node") and d[4:].isdigit()))
+    except OSError:
+        return 1
+
+
+def _version(pkg: str) -> Optional[str]:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return None
+
+
+def machine_checks() -> List[Line]:
+    lines = []
+    cpus = os.sched_getaffinity(0)
+    try:
+        import lk_moe
+        isa = f"ISA tier {lk_moe.isa()} (supported: {', '.join(lk_moe.supported_isas())})"
+    except Exception as e:  # the engine may not be built in this environment
+        isa = f"lk_moe engine not importable ({type(e).__name__}: {e})"
+    lines.append(Line("info", "cpu", f"{_cpu_model()}; {len(cpus)} logical CPUs usable, "
+                                     f"{_physical_cores(cpus)} physical cores, {_numa_nodes()} NUMA node(s); {isa}"))
+    mem = _meminfo()
+    lines.append(Line("info", "memory", f"{mem.get('MemTotal', 0) / GiB:.1f} GiB total, "
+                                        f"{mem.get('MemAvailable', 0) / GiB:.1f} GiB available"))
+    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    mode = thp[thp.find("[") + 1:thp.find("]")] if "[" in thp else (thp or "unknown")
+    lines.append(Line("ok" if mode in ("always", "madvise") else "warn", "hugepages",
+                      f"transparent hugepages: {mode}" + ("" if mode in ("always", "madvise") else
+                                                         " (expert reads are faster with 'madvise' or 'always')")))
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    lim = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft / (1 << 20):.0f} MiB"
+    # CUDA pins through the driver (cudaHostAlloc/Register), which as root or with the default
+    # device permissions is not bound by RLIMIT_MEMLOCK on most systems; containers may differ.
+    lines.append(Line("ok" if soft == resource.RLIM_INFINITY or soft >= 4 * GiB else "warn", "locked memory",
+                      f"ulimit -l: {lim}" + ("" if soft == resource.RLIM_INFINITY or soft >= 4 * GiB else
+                                             " (if pinning fails at startup: `ulimit -l unlimited`, or "
+                                             "--ulimit memlock=-1 for containers)")))
+    for pkg, want in PINS.items():
+        have = _version(pkg)
+        if have is None:
+            lines.append(Line("warn" if pkg == "vllm" else "FAIL", pkg,
+                              f"{pkg} not installed (lvllm needs {pkg}=={want}" +
+                              (" to serve; the CPU engine works without it)" if pkg == "vllm" else ")")))
+        else:
+            ok = have.split("+")[0] == want
+            lines.append(Line("ok" if ok else "FAIL", pkg, f"{pkg} {have}" + ("" if ok else f": lvllm needs {pkg}=={want}")))
+    lines += gpu_checks()
+    lines.append(plugin_check())
+    return lines
+
+
+def gpu_checks() -> List[Line]:
+    try:
+        import torch
+    except ImportError:
+        return [Line("FAIL", "gpu", "torch is not installed")]
+    if not torch.cuda.is_available():
+        return [Line("warn", "gpu", "no NVIDIA GPU visible: `vllm serve` needs one; the CPU engine demo runs without")]
+    out = [Line("info", "cuda", f"CUDA {torch.version.cuda} (torch build)")]
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        p = torch.cuda.get_device_properties(i)
+        out.append(Line("info", f"gpu{i}", f"{p.name}, sm_{p.major}{p.minor}, {free / GiB:.1f} of {total / GiB:.1f} GiB free"))
+    return out
+
+
+def plugin_check() -> Line:
+    eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.value.startswith("lvllm.")]
+    if not eps:
+        return Line("FAIL", "plugin", "lvllm's vllm.general_plugins entry point is not installed "
+                                      "(pip install the lvllm wheel into vLLM's environment)")
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and eps[0].name not in [p.strip() for p in allowed.split(",")]:
+        return Line("FAIL", "plugin", f"VLLM_PLUGINS={allowed!r} does not list {eps[0].name!r}: vLLM will not load lvllm")
+    try:
+        from .config import from_env
+        cfg = from_env()
+    except ValueError as e:
+        return Line("FAIL", "plugin", str(e))
+    state = "on" if cfg.enabled else "off (LVLLM_MOE_NUMA_ENABLED=0: stock vLLM)"
+    return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; switch {state}")
+
+
+def model_checks(path: str, tp: int) -> List[Line]:
+    from .checkpoint_info import CheckpointError, read_checkpoint
+    try:
+        info = read_checkpoint(path)
+    except CheckpointError as e:
+        return [Line("FAIL", "model", str(e))]
+    lines = []
+    how = "estimated from config.json" if info.estimated else "from the safetensors headers"
+    dtypes = ", ".join(f"{k} {_size(v)}" for k, v in sorted(info.expert_dtypes.items()))
+    lines.append(Line("info", "model", f"{info.architecture} ({info.model_type}), quantization "
+                                       f"{info.quant_method or 'none'}; {info.moe_layers} MoE of {info.num_layers} layers; "
+                                       f"routed experts {_size(info.expert_bytes)} ({dtypes}), other weights "
+                                       f"{_size(info.other_bytes)} ({how})"))
+    if info.moe_layers == 0:
+        lines.append(Line("FAIL", "model", "no MoE layers found: lvllm has nothing to offload"))
+        return lines
+    avail = _meminfo().get("MemAvailable", 0)
+    need = info.expert_bytes * 1.05 + 8 * GiB  # engine copy (<= 1.05x) + vLLM/torch processes
+    lines.append(Line("ok" if avail >= need else "FAIL", "host RAM",
+                      f"experts need ~{need / GiB:.0f} GiB of host RAM, {avail / GiB:.0f} GiB available" +
+                      ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
+    lines += suggest(info, tp)
+    return lines
+
+
+def suggest(info, tp: int) -> List[Line]:
+    cpus = os.sched_getaffinity(0)
+    threads = max(1, _physical_cores(cpus) // max(tp, 1) - 1)
+    env = ["LVLLM_MOE_NUMA_ENABLED=1", f"LK_THREADS={threads}"]
+    out = []
+    try:
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        free = min(torch.cuda.mem_get_info(i)[0] for i in range(gpus)) if gpus else 0
+    except ImportError:
+        gpus, free = 0, 0
+    if gpus:
+        per_rank_other = info.other_bytes / tp
+        # Of the VRAM left after the other weights, two thirds may hold resident layers; a third
+        # (and the 10% margin) stays for the KV cache, activations and CUDA graphs.
+        left = free * 0.9 - per_rank_other
+        if left <= 0:
+            out.append(Line("FAIL", "VRAM", f"the non-expert weights ({per_rank_other / GiB:.1f} GiB per GPU) do not fit "
+                                            f"in {free / GiB:.1f} GiB free: use more GPUs (--tensor-parallel-size)"))
+        per_layer = info.expert_bytes_per_layer / tp
+        resident = int(max(0.0, left * 2 / 3) // per_layer) if per_layer and left > 0 else 0
+        resident = min(resident, info.moe_layers)
+        out.append(Line("info", "VRAM", f"{_size(free)} free per GPU; non-expert weights {_size(per_rank_other)} "
+                                        f"per GPU; one layer's experts {_size(per_layer)} per GPU; room for "
+                                        f"{resident} resident MoE layer(s)"))
+        if resident:
+            first = info.num_layers - info.moe_layers  # MoE layers usually start after the dense ones
+            env.append(f"LVLLM_GPU_RESIDENT_MOE_LAYERS={first}-{first + resident - 1}")
+        env.append("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=" + ("1024" if info.quant_method in (None, "") else "0"))
+    else:
+        env.append("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0")
+    out.append(Line("info", "suggested", "environment for `vllm serve " + info.path +
+                    (f" --tensor-parallel-size {tp}" if tp > 1 else "") + "`:\n    " + "\n    ".join(env)))
+    return out
+
+
+def render(lines: List[Line]) -> str:
+    return "\n".join(f"{ln.level:>4}  {ln.topic:<13} {ln.text}" for ln in lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="lvllm doctor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="checkpoint directory (config.json + safetensors, or config only)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size you plan to serve with")
+    a = ap.parse_args(argv)
+    if a.tp < 1:
+        ap.error("--tp must be >= 1")
+    lines = machine_checks()
+    if a.model:
+        lines += model_checks(a.model, a.tp)
+    print(render(lines))
+    return 1 if any(ln.level == "FAIL" for ln in lines) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
