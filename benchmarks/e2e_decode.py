@@ -3,7 +3,9 @@
 
 Modes (each its own vLLM process, as a user would run it):
   hybrid   LVLLM_MOE_NUMA_ENABLED=1: routed experts in host RAM on lk_moe, GPU prefill from
-           --gpu-prefill tokens
+           --gpu-prefill tokens, CPU call captured in vLLM's CUDA graphs (default modes)
+  hybrid-mailbox   the same with LK_CPU_SIGNAL=mailbox
+  hybrid-eager     the same with --enforce-eager (no CUDA graphs: the MoE op runs eagerly)
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
@@ -40,6 +42,8 @@ def _worker(a) -> None:
                   enable_prefix_caching=False)
     if a.mode == "offload":
         kwargs["cpu_offload_gb"] = a.offload_gb
+    if a.mode == "hybrid-eager":
+        kwargs["enforce_eager"] = True
     t0 = time.time()
     llm = LLM(**kwargs)
     startup = time.time() - t0
@@ -87,6 +91,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=0,
                     help="generated model: fewer layers than the real 48 (faster start; the bound scales with it)")
     ap.add_argument("--log-dir", default="", help="write each mode's full vLLM log here")
+    ap.add_argument("--results", default="",
+                    help="JSON file that accumulates results across invocations (one mode per device run)")
     ap.add_argument("--gpu-prefill", type=int, default=1024)
     ap.add_argument("--offload-gb", type=float, default=58)
     ap.add_argument("--reps", type=int, default=3)
@@ -114,11 +120,16 @@ def main() -> int:
     print(f"host read bandwidth {bw:.1f} GB/s; routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB "
           f"-> hybrid decode bound {bound:.1f} tok/s", flush=True)
     results = {}
-    for mode in a.modes.split(","):
+    if a.results and os.path.exists(a.results):
+        with open(a.results) as f:
+            results = json.load(f)
+    for mode in [m for m in a.modes.split(",") if m]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        if mode == "hybrid":
+        if mode.startswith("hybrid"):
             env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill))
+        if mode == "hybrid-mailbox":
+            env["LK_CPU_SIGNAL"] = "mailbox"
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
@@ -147,14 +158,19 @@ def main() -> int:
             print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
             continue
         r = json.loads(lines[-1][7:])
+        r.update(read_bw_gbs=bw, bound_tok_s=bound)
         results[mode] = r
         print(f"[{mode}] " + json.dumps(r), flush=True)
+        if a.results:
+            with open(a.results, "w") as f:
+                json.dump(results, f, indent=1)
     print(f"\n{'mode':>8} {'tok/s@1':>8} {'tok/s@4':>8} {'TTFT 1K':>8} {'TTFT 8K':>8}")
     for m, r in results.items():
         print(f"{m:>8} {r['decode_tok_s_1']:8.2f} {r['decode_tok_s_4']:8.2f} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f}")
+    for m in [m for m in results if m.startswith("hybrid")]:
+        print(f"{m} decode @1 = {results[m]['decode_tok_s_1'] / bound:.2f} of the bandwidth bound ({bound:.1f} tok/s)")
     if "hybrid" in results:
         h = results["hybrid"]
-        print(f"hybrid decode @1 = {h['decode_tok_s_1'] / bound:.2f} of the bandwidth bound ({bound:.1f} tok/s)")
         if "offload" in results:
             o = results["offload"]
             print(f"hybrid vs offload: decode @1 {h['decode_tok_s_1'] / o['decode_tok_s_1']:.1f}x, "

@@ -4,6 +4,9 @@ LK_THREADS         worker threads (default: physical cores of the CPUs this proc
 LK_THREAD_BINDING  CPU_CORE (default) | NUMA_NODE | NONE
 LK_ISA             generic | avx2 | avx512 | avx512_bf16 | amx (default: best the CPU has)
 LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 1000)
+LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: hostfn (default, a host-function
+                   node) | mailbox (mapped-memory flags served by a polling thread; lower latency,
+                   one CPU core and one GPU thread spin while waiting)
 
 A bad value raises ConfigError (a ValueError) naming the variable.
 """
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 BINDINGS = ("CPU_CORE", "NUMA_NODE", "NONE")
+SIGNALS = ("hostfn", "mailbox")
 ISAS = ("generic", "avx2", "avx512", "avx512_bf16", "amx")
 
 
@@ -27,6 +31,7 @@ class EngineConfig:
     binding: str = "CPU_CORE"
     isa: Optional[str] = None  # None: best supported
     spin_us: int = 1000
+    cpu_signal: str = "hostfn"
 
 
 def _int_var(env: Mapping[str, str], name: str, lo: int, hi: int) -> Optional[int]:
@@ -62,6 +67,9 @@ def from_env(env: Optional[Mapping[str, str]] = None, logical_cpus: Optional[int
     if isa is not None and isa not in ISAS:
         raise ConfigError(f"LK_ISA={env.get('LK_ISA')!r} is not one of {', '.join(ISAS)}")
     spin = _int_var(env, "LK_SPIN_US", 0, 1_000_000)
+    signal = env.get("LK_CPU_SIGNAL", "").strip().lower() or "hostfn"
+    if signal not in SIGNALS:
+        raise ConfigError(f"LK_CPU_SIGNAL={env.get('LK_CPU_SIGNAL')!r} is not one of {', '.join(SIGNALS)}")
     return EngineConfig(
-        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin
+        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin, cpu_signal=signal
     )

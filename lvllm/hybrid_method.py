@@ -111,7 +111,7 @@ class HybridMoEMixin:
             expert_bytes = sum(s[0][0].numel() + s[1][0].numel() for s in packed) * 2
             streamer = rt.staging_for(expert_bytes, engine_layer.num_experts)
         self._lk_hybrid = HybridMoE(None, None, layer=engine_layer, max_tokens=max_tokens, top_k=top_k,
-                                    gpu_min_batch=gpu_min, streamer=streamer, dtype=dtype,
+                                    gpu_min_batch=gpu_min, streamer=streamer, dtype=dtype, signal=rt.cpu_signal,
                                     io=rt.io(max_tokens, engine_layer.hidden_size, top_k, dtype))
         self._lk_runtime = rt
         rt.add_layer(plan, self._lk_hybrid)

@@ -52,6 +52,7 @@ class WorkerRuntime:
         self.pool = lk_moe.make_pool(threads=self.threads.threads, binding=eng.binding, spin_us=eng.spin_us,
                                      allowed=list(self.threads.cpus))
         self.isa = lk_moe.isa()
+        self.cpu_signal = eng.cpu_signal
         self._io = {}
         self.streamer = None
         self.hybrid_layers: List[int] = []
@@ -100,7 +101,7 @@ class WorkerRuntime:
         gib = 1 << 30
         return (f"lk_moe: hybrid MoE layers [{_ranges(self.hybrid_layers)}], GPU-resident [{_ranges(self.resident_layers)}]; "
                 f"rank {self.local_rank}/{self.local_world}: {self.threads.threads} engine threads on CPUs "
-                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}; "
+                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}, {self.cpu_signal} signal; "
                 f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
                 f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
                 + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch

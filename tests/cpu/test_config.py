@@ -12,12 +12,14 @@ from lk_moe.config import ConfigError, from_env
 def test_defaults():
     cfg = from_env({}, logical_cpus=8)
     assert cfg.threads == 0 and cfg.binding == "CPU_CORE" and cfg.isa is None and cfg.spin_us == 1000
+    assert cfg.cpu_signal == "hostfn"
 
 
 def test_values():
     cfg = from_env({"LK_THREADS": "6", "LK_THREAD_BINDING": "numa_node", "LK_ISA": "AVX2", "LK_SPIN_US": "0"},
                    logical_cpus=8)
     assert (cfg.threads, cfg.binding, cfg.isa, cfg.spin_us) == (6, "NUMA_NODE", "avx2", 0)
+    assert from_env({"LK_CPU_SIGNAL": "Mailbox"}, logical_cpus=8).cpu_signal == "mailbox"
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,7 @@ def test_values():
         ({"LK_THREAD_BINDING": "socket"}, "LK_THREAD_BINDING='socket' is not one of CPU_CORE, NUMA_NODE, NONE"),
         ({"LK_ISA": "avx9"}, "LK_ISA='avx9' is not one of"),
         ({"LK_SPIN_US": "-5"}, "LK_SPIN_US=-5 is out of range"),
+        ({"LK_CPU_SIGNAL": "poll"}, "LK_CPU_SIGNAL='poll' is not one of hostfn, mailbox"),
     ],
 )
 def test_bad_values_name_the_variable(env, words):
