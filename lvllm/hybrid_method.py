@@ -17,6 +17,10 @@ from .padding import current_padding_rows, drop_padding
 from .policy import LayerPlan
 
 
+def _fixed(value):
+    return property(lambda self: value)
+
+
 class HybridMoEMixin:
     """Members copied into each hybrid class. Not a base class: CPython refuses `__class__`
     assignment to a class with a second base, even a slot-less one (measured, torch modules)."""
@@ -29,34 +33,12 @@ class HybridMoEMixin:
         self._lk_hybrid = None
         self._lk_runtime = None
 
-    # -- what vLLM's runner and loaders ask the method (forced: no kernel of vLLM's own here)
-    @property
-    def is_monolithic(self) -> bool:
-        return False
-
-    @property
-    def supports_eplb(self) -> bool:
-        return False
-
-    @property
-    def supports_internal_mk(self) -> bool:
-        return False
-
-    @property
-    def mk_can_overlap_shared_experts(self) -> bool:
-        return False  # shared experts then run on vLLM's aux stream, overlapping the CPU work
-
-    @property
-    def topk_indices_dtype(self):
-        return torch.int32
-
-    @property
-    def skip_forward_padding(self) -> bool:
-        return False
-
-    @property
-    def has_unpadded_output(self) -> bool:
-        return False
+    # -- what vLLM's runner and loaders ask the method (forced: no kernel of vLLM's own here).
+    # Not monolithic (the router runs first), no EPLB, no modular kernel; shared experts then
+    # run on vLLM's side stream while the CPU works; routing ids arrive as int32.
+    is_monolithic = supports_eplb = supports_internal_mk = mk_can_overlap_shared_experts = _fixed(False)
+    skip_forward_padding = has_unpadded_output = _fixed(False)
+    topk_indices_dtype = _fixed(torch.int32)
 
     def maybe_make_prepare_finalize(self, routing_tables=None):
         # vLLM 0.26 calls this for every MoE layer when TP >= 2; the in-tree methods raise.

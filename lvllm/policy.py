@@ -79,34 +79,32 @@ def engine_format(method) -> tuple:
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 
 
+# What the hybrid layer does not do yet: (object, attribute, refused when, what to say).
+_REFUSALS = (
+    ("config", "has_bias", bool, "expert biases"),
+    ("config", "is_act_and_mul", lambda v: not v, "non-gated experts"),
+    ("layer", "apply_router_weight_on_input", bool, "apply_router_weight_on_input (router weights on the input)"),
+    ("config", "is_lora_enabled", bool, "LoRA on MoE layers"),
+    ("parallel", "use_ep", bool, "expert parallelism (--enable-expert-parallel); use tensor parallelism"),
+    ("parallel", "dp_size", lambda v: v > 1, "data parallelism (--data-parallel-size > 1)"),
+    ("parallel", "enable_eplb", bool, "EPLB (--enable-eplb)"),
+    ("parallel", "use_all2all_kernels", bool, "all2all MoE backends"),
+    ("parallel", "pcp_size", lambda v: v > 1, "prefill context parallelism"),
+    ("parallel", "is_sequence_parallel", bool, "sequence-parallel MoE"),
+)
+
+
 def _check_features(layer, moe_config, prefix: str) -> None:
     """Refuse what the engine or the hybrid method does not do, with the way out."""
-    par = getattr(moe_config, "moe_parallel_config", None)
+    objs = {"config": moe_config, "layer": layer, "parallel": getattr(moe_config, "moe_parallel_config", None)}
     problems = []
     activation = _enum_value(getattr(moe_config, "activation", "silu"))
     if activation != "silu":
         problems.append(f"activation {activation!r} (the engine runs SwiGLU 'silu')")
-    if getattr(moe_config, "has_bias", False):
-        problems.append("expert biases")
-    if not getattr(moe_config, "is_act_and_mul", True):
-        problems.append("non-gated experts")
-    if getattr(layer, "apply_router_weight_on_input", False):
-        problems.append("apply_router_weight_on_input (router weights on the input)")
-    if getattr(moe_config, "is_lora_enabled", False):
-        problems.append("LoRA on MoE layers")
-    if par is not None:
-        if getattr(par, "use_ep", False):
-            problems.append("expert parallelism (--enable-expert-parallel); use tensor parallelism")
-        if getattr(par, "dp_size", 1) > 1:
-            problems.append("data parallelism (--data-parallel-size > 1)")
-        if getattr(par, "enable_eplb", False):
-            problems.append("EPLB (--enable-eplb)")
-        if getattr(par, "use_all2all_kernels", False):
-            problems.append("all2all MoE backends")
-        if getattr(par, "pcp_size", 1) > 1:
-            problems.append("prefill context parallelism")
-        if getattr(par, "is_sequence_parallel", False):
-            problems.append("sequence-parallel MoE")
+    for where, attr, refused, what in _REFUSALS:
+        obj = objs[where]
+        if obj is not None and hasattr(obj, attr) and refused(getattr(obj, attr)):
+            problems.append(what)
     if problems:
         raise UnsupportedMoELayer(f"{prefix}: lk_moe cannot run this MoE layer: {'; '.join(problems)}")
 

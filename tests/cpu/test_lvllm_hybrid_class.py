@@ -1,0 +1,49 @@
+"""The re-classed vLLM method keeps its class name and isinstance, and answers the runner's
+questions as the hybrid path needs (runs where vLLM 0.26.0 is importable; no GPU needed)."""
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if vllm.__version__ != "0.26.0":
+    pytest.skip(f"vLLM {vllm.__version__} is not the pinned 0.26.0", allow_module_level=True)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (  # noqa: E402
+    UnquantizedFusedMoEMethod,
+)
+
+from lvllm.hybrid_method import hybrid_class_for, make_hybrid  # noqa: E402
+from lvllm.policy import LayerPlan  # noqa: E402
+
+
+def _bare_method():
+    m = object.__new__(UnquantizedFusedMoEMethod)  # no vLLM config needed for these checks
+    nn.Module.__init__(m)
+    m.moe, m.moe_kernel, m.moe_quant_config = None, None, None
+    return m
+
+
+def test_reclass_keeps_name_and_type():
+    m = _bare_method()
+    make_hybrid(m, None, LayerPlan("model.layers.1.mlp.experts", 1, "hybrid", "bf16"), None)
+    assert type(m).__name__ == "UnquantizedFusedMoEMethod" and isinstance(m, UnquantizedFusedMoEMethod)
+    assert type(m) is hybrid_class_for(UnquantizedFusedMoEMethod)  # one class per base
+    assert m.lk_keep_on_host
+
+
+def test_runner_sees_a_plain_modular_method():
+    m = _bare_method()
+    make_hybrid(m, None, LayerPlan("model.layers.1.mlp.experts", 1, "hybrid", "bf16"), None)
+    assert not m.is_monolithic and not m.supports_eplb and not m.supports_internal_mk
+    assert not m.mk_can_overlap_shared_experts and not m.skip_forward_padding and not m.has_unpadded_output
+    assert m.topk_indices_dtype is torch.int32
+    assert m.maybe_make_prepare_finalize() is None  # vLLM 0.26 calls it for TP >= 2
+    assert m.get_fused_moe_quant_config(None) is None
+
+
+def test_apply_before_loading_is_a_clear_error():
+    m = _bare_method()
+    make_hybrid(m, None, LayerPlan("model.layers.1.mlp.experts", 1, "hybrid", "bf16"), None)
+    x = torch.zeros(1, 8)
+    with pytest.raises(RuntimeError, match="before its weights were loaded"):
+        m.apply(None, x, torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.int32), None, None)
