@@ -38,6 +38,8 @@ class CMakeBuild(build_ext):
             f"-DLK_TORCH_LIBDIRS={';'.join(cpp_extension.library_paths())}",
             f"-DLK_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DLK_EXT_SUFFIX={self.get_ext_filename('x')[2:]}",
+            # LK_CUDA=0: skip the GPU fallback kernels even where nvcc exists.
+            f"-DLK_CUDA={'OFF' if os.environ.get('LK_CUDA', '1') == '0' else 'ON'}",
         ]
         gen = []
         try:
@@ -56,6 +58,14 @@ class CMakeBuild(build_ext):
             subprocess.run(["cmake", str(ROOT), *gen, *args], cwd=build_dir, check=True)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
         subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
+
+    def copy_extensions_to_source(self) -> None:
+        super().copy_extensions_to_source()
+        # The GPU fallback kernels (built only where nvcc exists) are a plain shared library that
+        # setuptools does not know about: bring it along for in-place builds too.
+        built = Path(self.build_lib) / "lk_moe" / "_lk_cuda.so"
+        if built.exists():
+            shutil.copy2(built, ROOT / "lk_moe" / "_lk_cuda.so")
 
 
 setup(ext_modules=[CMakeExtension("lk_moe._C")], cmdclass={"build_ext": CMakeBuild})
