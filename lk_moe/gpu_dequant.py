@@ -101,12 +101,3 @@ def dequant_blocks(packed: torch.Tensor, scales: torch.Tensor, kp: int, seg: int
         raise RuntimeError(f"lk_dequant_blocks failed with CUDA error {err}")
     return out
 
-
-def force_fallback() -> bool:
-    """LK_FORCE_GPU_FALLBACK=1: use these kernels even where the GPU has a native one (testing)."""
-    raw = os.environ.get("LK_FORCE_GPU_FALLBACK", "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"LK_FORCE_GPU_FALLBACK={raw!r} is not a boolean (use 1/0)")
