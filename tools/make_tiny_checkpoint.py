@@ -179,8 +179,48 @@ def write_tokenizer(out: str, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0) -> str:
-    """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start)."""
+QUANTS = ("bf16", "fp8")
+
+
+def _is_router(name: str) -> bool:
+    return name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight"))
+
+
+def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128) -> Dict[str, torch.Tensor]:
+    """The layout of DeepSeek-V3 / Qwen3-FP8 checkpoints: every projection weight as float8_e4m3fn
+    with `weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)] (dequantized = code * scale); router,
+    embeddings, norms, biases and lm_head stay as they are."""
+    out = {}
+    for name, w in tensors.items():
+        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")):
+            out[name] = w
+            continue
+        N, K = w.shape
+        nb, kb = -(-N // block), -(-K // block)
+        padded = torch.zeros(nb * block, kb * block)
+        padded[:N, :K] = w.float()
+        tiles = padded.reshape(nb, block, kb, block)
+        scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        q = (tiles / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out[name] = q.reshape(nb * block, kb * block)[:N, :K].contiguous()
+        out[name[:-len("weight")] + "weight_scale_inv"] = scale.float().contiguous()
+    return out
+
+
+def _fp8_config(tensors: Dict[str, torch.Tensor]) -> dict:
+    keep = sorted(n[:-len(".weight")] for n in tensors if _is_router(n)) + ["lm_head"]
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128], "modules_to_not_convert": keep}
+
+
+def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
+                    quant: str = "bf16") -> str:
+    """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
+    quant: "bf16", or "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8; tiny only)."""
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
+    if quant != "bf16" and size != "tiny":
+        raise ValueError("quantized variants are written for --size tiny only")
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in ("tiny", "big"):
@@ -192,16 +232,19 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     n_tok = write_tokenizer(out, min(s["V"], 2048))
     vocab = max(s["V"], n_tok)
     config = _config(arch, s, vocab)
+    tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
+    if quant == "fp8":
+        tensors = quantize_fp8_block(tensors)
+        config["quantization_config"] = _fp8_config(tensors)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": eos, "eos_token_id": eos}, f)
-    if size == "tiny":
+    if tensors is not None:
         from safetensors.torch import save_file
-        save_file(_weights(arch, s, vocab, seed), os.path.join(out, "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
@@ -212,8 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="tiny", choices=("tiny", "big"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
+    ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
     a = ap.parse_args(argv)
-    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
     return 0
