@@ -29,7 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
-from lk_moe.reference import moe_torch_baseline, moe_torch_baseline_fp8, random_routing  # noqa: E402
+from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_fp8, moe_torch_baseline_wna16,  # noqa: E402
+                               random_routing)
 
 SHAPES = {
     # name: (H, I, E, K)
@@ -79,6 +80,21 @@ def make_fp8_tensors(E, H, I, seed=0, block=128):
                 w13_weight_scale_inv=s13, w2_weight_scale_inv=s2)
 
 
+def make_wna16_tensors(E, H, I, gs=128, asym=False, seed=0):
+    """wna16_int4 tensors as vLLM's CompressedTensorsWNA16*MoEMethod holds them after loading (K-first):
+    random int4 codes (one random expert copied, fast to build), positive bf16 group scales."""
+    g = torch.Generator().manual_seed(seed)
+    def words(*shape):
+        return torch.randint(-2 ** 31, 2 ** 31 - 1, shape, generator=g, dtype=torch.int32)
+    p13, p2 = words(H // 8, 2 * I), words(I // 8, H)
+    t = dict(w13_weight_packed=p13.expand(E, -1, -1).contiguous(), w2_weight_packed=p2.expand(E, -1, -1).contiguous(),
+             w13_weight_scale=(torch.rand(E, H // gs, 2 * I, generator=g) * 1e-2 + 1e-3).bfloat16(),
+             w2_weight_scale=(torch.rand(E, I // gs, H, generator=g) * 1e-2 + 1e-3).bfloat16())
+    if asym:
+        t.update(w13_weight_zero_point=words(E, H // gs, 2 * I // 8), w2_weight_zero_point=words(E, I // gs, H // 8))
+    return t
+
+
 def timed(fn, reps):
     out = []
     for _ in range(reps):
@@ -91,7 +107,12 @@ def timed(fn, reps):
 def bench_shape(name, args, results):
     H, I, E, K = SHAPES[name]
     fp8 = args.format == "fp8_block"
-    expert_bytes = 3 * H * I * (1 if fp8 else 2)
+    int4 = args.format == "wna16_int4"
+    gs = args.group_size
+    if int4:  # quantized bytes read per expert: codes + bf16 scales (+ 4-bit zero points)
+        expert_bytes = 3 * H * I // 2 + 3 * H * I // gs * 2 + (3 * H * I // gs // 2 if args.asym else 0)
+    else:
+        expert_bytes = 3 * H * I * (1 if fp8 else 2)
     if args.max_experts:
         E = min(E, args.max_experts)
     # Budget: source weights + packed copies + torch baseline temporaries within ~60% of free RAM.
@@ -100,9 +121,14 @@ def bench_shape(name, args, results):
     layer_bytes = E * expert_bytes
     copies = max(1, min(args.max_copies, int(args.rotate_bytes // layer_bytes) + 1,
                         (budget - layer_bytes) // layer_bytes))
-    print(f"\n## {name} {args.format}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
+    fmt = f"{args.format} gs={gs}{' asym' if args.asym else ' sym'}" if int4 else args.format
+    print(f"\n## {name} {fmt}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
           f"{copies} packed cop{'y' if copies == 1 else 'ies'} for decode rotation)", flush=True)
-    if fp8:
+    if int4:
+        tensors = make_wna16_tensors(E, H, I, gs, args.asym)
+        build = lambda pool: lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors, pool=pool)  # noqa: E731
+        baseline = lambda x, ids, w: moe_torch_baseline_wna16(x, tensors, ids, w)  # noqa: E731
+    elif fp8:
         tensors = make_fp8_tensors(E, H, I)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("fp8_block", tensors, pool=pool)  # noqa: E731
         baseline = lambda x, ids, w: moe_torch_baseline_fp8(x, tensors, ids, w)  # noqa: E731
@@ -174,7 +200,9 @@ def main():
     p.add_argument("--rotate-bytes", type=float, default=4 * 2**30,
                    help="decode rotates over packed copies until this many bytes (defeats the LLC)")
     p.add_argument("--max-copies", type=int, default=4)
-    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block"])
+    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "wna16_int4"])
+    p.add_argument("--group-size", type=int, default=128, help="wna16_int4: scale group size")
+    p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

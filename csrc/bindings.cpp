@@ -4,6 +4,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cpu/cpu_dispatch.h"
@@ -197,6 +198,75 @@ struct Layer {
     src.w2 = w2.data_ptr();
     src.s13 = s13.data_ptr<float>();
     src.s2 = s2.data_ptr<float>();
+    return build(std::move(pool), src, E, I, H);
+  }
+
+  // wna16_int4: compressed-tensors WNA16 int4 experts as vLLM holds them after loading (K-first,
+  // see lk::WeightSource): w13_weight_packed int32 [E, H/8, 2I], w2_weight_packed int32 [E, I/8, H],
+  // w13_weight_scale [E, H/gs, 2I], w2_weight_scale [E, I/gs, H] (bf16/fp16), optional zero points
+  // int32 [E, H/gs, ceil(2I/8)] and [E, I/gs, ceil(H/8)] (None, None: symmetric).
+  static Layer wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                          const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
+                          std::optional<at::Tensor> z2, const std::string& activation) {
+    require_silu(activation);
+    for (auto [t, name] : {std::pair{&w13, "w13_weight_packed"}, std::pair{&w2, "w2_weight_packed"}})
+      if (t->scalar_type() != at::kInt)
+        throw py::type_error(std::string(name) + " must be int32 (8 int4 codes per element), got " + dtype_name(*t));
+    const DType st = half_type(s13, "w13_weight_scale");
+    if (half_type(s2, "w2_weight_scale") != st)
+      throw py::type_error("w13_weight_scale and w2_weight_scale must have the same dtype, got " + dtype_name(s13) +
+                           " and " + dtype_name(s2));
+    if (z13.has_value() != z2.has_value())
+      throw py::value_error(std::string("asymmetric int4 needs both zero points; ") +
+                            (z13 ? "w2_weight_zero_point" : "w13_weight_zero_point") + " is missing");
+    if (w13.dim() != 3 || w13.size(0) < 1 || w13.size(1) < 1 || w13.size(2) < 2 || w13.size(2) % 2)
+      throw py::value_error("w13_weight_packed must be [E, H/8, 2*I] (K-first, as vLLM holds it after loading), got " +
+                            shape_str(w13));
+    const int64_t E = w13.size(0), H = w13.size(1) * 8, I = w13.size(2) / 2;
+    if (E > (1 << 20) || H > (1 << 20) || I > (1 << 20))
+      throw py::value_error("expert dimensions are implausibly large: w13_weight_packed " + shape_str(w13));
+    if (I % 8)
+      throw py::value_error("w13_weight_packed " + shape_str(w13) + " gives I = " + std::to_string(I) +
+                            ", which int4 packing along I (w2_weight_packed [E, I/8, H]) cannot hold");
+    auto dims = [](std::initializer_list<int64_t> v) {
+      std::string r = "[";
+      for (int64_t x : v) r += (r.size() > 1 ? ", " : "") + std::to_string(x);
+      return r + "]";
+    };
+    require_shape(w2, "w2_weight_packed", {E, I / 8, H}, ("[E, I/8, H] = " + dims({E, I / 8, H})).c_str());
+    if (s13.dim() != 3 || s13.size(0) != E || s13.size(2) != 2 * I || s13.size(1) < 1 || H % s13.size(1))
+      throw py::value_error("w13_weight_scale must be [E, H/group_size, 2*I] = [" + std::to_string(E) +
+                            ", H/gs, " + std::to_string(2 * I) + "] with H = " + std::to_string(H) + ", got " +
+                            shape_str(s13));
+    if (s2.dim() != 3 || s2.size(0) != E || s2.size(2) != H || s2.size(1) < 1 || I % s2.size(1))
+      throw py::value_error("w2_weight_scale must be [E, I/group_size, H] = [" + std::to_string(E) + ", I/gs, " +
+                            std::to_string(H) + "] with I = " + std::to_string(I) + ", got " + shape_str(s2));
+    const int64_t G1 = s13.size(1), G2 = s2.size(1);
+    if (z13) {
+      const char* n13 = "w13_weight_zero_point";
+      const char* n2 = "w2_weight_zero_point";
+      for (auto [t, name] : {std::pair{&*z13, n13}, std::pair{&*z2, n2}})
+        if (t->scalar_type() != at::kInt)
+          throw py::type_error(std::string(name) + " must be int32 (8 packed int4 zero points), got " + dtype_name(*t));
+      require_shape(*z13, n13, {E, G1, (2 * I + 7) / 8}, ("[E, H/gs, 2I/8] = " + dims({E, G1, (2 * I + 7) / 8})).c_str());
+      require_shape(*z2, n2, {E, G2, (H + 7) / 8}, ("[E, I/gs, H/8] = " + dims({E, G2, (H + 7) / 8})).c_str());
+      require_cpu_contiguous(*z13, n13);
+      require_cpu_contiguous(*z2, n2);
+    }
+    for (auto [t, name] : {std::pair{&w13, "w13_weight_packed"}, std::pair{&w2, "w2_weight_packed"},
+                           std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
+      require_cpu_contiguous(*t, name);
+    lk::WeightSource src;
+    src.type = lk::DType::kINT4;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
+    src.q13s = static_cast<const uint16_t*>(s13.data_ptr());
+    src.q2s = static_cast<const uint16_t*>(s2.data_ptr());
+    src.z13 = z13 ? z13->data_ptr<int32_t>() : nullptr;
+    src.z2 = z2 ? z2->data_ptr<int32_t>() : nullptr;
+    src.gs1 = int(H / G1);
+    src.gs2 = int(I / G2);
+    src.fp16_scale = st == DType::kFP16;
     return build(std::move(pool), src, E, I, H);
   }
 
@@ -399,8 +469,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("block_n") = 0, py::arg("block_k") = 0)
       .def_static("per_channel", &Layer::per_channel, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"))
+      .def_static("wna16_int4", &Layer::wna16_int4, py::arg("pool"), py::arg("w13_weight_packed"),
+                  py::arg("w2_weight_packed"), py::arg("w13_weight_scale"), py::arg("w2_weight_scale"),
+                  py::arg("w13_weight_zero_point") = py::none(), py::arg("w2_weight_zero_point") = py::none(),
+                  py::arg("activation") = "silu")
       .def_property_readonly("format", [](const Layer& l) {
         const auto& sh = l.impl->shape();
+        if (sh.int4) return "wna16_int4";
         if (!sh.byte_weights) return "bf16";
         if (sh.per_row) return sh.int8 ? "int8_channel" : "fp8_channel";
         return "fp8_block";
@@ -417,7 +492,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
-             if (sh.byte_weights)
+             if (sh.byte_weights || sh.int4)
                throw py::value_error("GPU streaming and GPU-resident layers take bf16/fp16 experts only so far; this "
                                      "layer is quantized (use the CPU path: gpu_min_batch=0, resident=False)");
              py::list out;

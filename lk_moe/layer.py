@@ -24,6 +24,32 @@ class ForwardHandle:
         return self._h.wait()
 
 
+def _check_g_idx(tensors: dict) -> None:
+    """wna16_int4: act order ("group" actorder, a permuted g_idx) is refused; a g_idx equal to the
+    identity grouping k // group_size is accepted (and ignored). Pass g_idx only when the checkpoint
+    has one: vLLM allocates these parameters with torch.empty and leaves them unset otherwise."""
+    for proj, packed, scale in (("w13", "w13_weight_packed", "w13_weight_scale"),
+                                ("w2", "w2_weight_packed", "w2_weight_scale")):
+        name = f"{proj}_weight_g_idx"
+        g = tensors.get(name)
+        if g is None:
+            continue
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(g).__name__}")
+        p, s = tensors[packed], tensors[scale]
+        if p.dim() != 3 or s.dim() != 3 or s.shape[1] < 1:
+            continue  # the engine names the misshaped tensor
+        E, K = p.shape[0], p.shape[1] * 8
+        if K % s.shape[1]:
+            continue
+        if g.shape != (E, K) and g.shape != (K,):
+            raise ValueError(f"{name} must be [E, K] = [{E}, {K}], got {list(g.shape)}")
+        want = torch.arange(K, dtype=torch.int64) // (K // s.shape[1])
+        if not torch.equal(g.to(torch.int64).reshape(-1, K), want.expand(g.numel() // K, K)):
+            raise ValueError(f"{name} is not the identity grouping k // group_size: act-order (actorder='group') "
+                             "int4 checkpoints are not supported by the CPU engine")
+
+
 class MoELayer:
     """Routed experts of one MoE layer on the CPU engine.
 
@@ -50,7 +76,12 @@ class MoELayer:
         "fp8_block": ("w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"),
         "fp8_channel": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
         "int8_channel": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
+        # compressed-tensors WNA16 int4 (CompressedTensorsWNA16[Marlin]MoEMethod after loading, K-first):
+        # packed int32 [E, H/8, 2I] / [E, I/8, H], bf16/fp16 scales [E, H/gs, 2I] / [E, I/gs, H]; optional
+        # w13_weight_zero_point / w2_weight_zero_point (asymmetric) and g_idx (identity only).
+        "wna16_int4": ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"),
     }
+    _OPTIONAL = {"wna16_int4": ("w13_weight_zero_point", "w2_weight_zero_point")}
 
     @classmethod
     def from_checkpoint(cls, format: str, tensors: dict, *, activation: str = "silu", pool=None,
@@ -71,7 +102,15 @@ class MoELayer:
             return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool)
         self = cls.__new__(cls)
         self._pool = pool if pool is not None else default_pool()
-        if format == "fp8_block":
+        if format == "wna16_int4":
+            _check_g_idx(tensors)
+            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
+            for n, t in zip(cls._OPTIONAL[format], opt):
+                if t is not None and not isinstance(t, torch.Tensor):
+                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
+            names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
+        elif format == "fp8_block":
             bn, bk = block_size if block_size is not None else (0, 0)
             self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
                                             block_n=int(bn), block_k=int(bk))

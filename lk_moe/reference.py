@@ -88,3 +88,59 @@ def moe_torch_baseline_fp8(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
         act = F.silu(h[:, :I]) * h[:, I:]
         out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------- wna16_int4 (compressed-tensors int4)
+# Convention (compressed-tensors pack_to_int32 / unpack_from_int32, vLLM's loader transposes to
+# K-first): 8 unsigned 4-bit codes u = q + 8 per int32, code i in bits 4i..4i+3; weights packed
+# along K, zero points along N; weight = (u - z) * scale with z = 8 when there is no zero point.
+
+def unpack_int4(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """int32 tensor -> unsigned 4-bit codes (int32, 0..15), dimension `dim` 8x longer; code i of
+    each word (bits 4i..4i+3) becomes element 8 * index + i."""
+    dim = dim % packed.dim()
+    shifts = (torch.arange(8, dtype=torch.int32) * 4).view([8 if d == dim + 1 else 1
+                                                            for d in range(packed.dim() + 1)])
+    codes = (packed.unsqueeze(dim + 1) >> shifts) & 15  # arithmetic shift, then the low 4 bits
+    shape = list(packed.shape)
+    shape[dim] *= 8
+    return codes.reshape(shape)
+
+
+def dequantize_wna16_int4(packed: torch.Tensor, scale: torch.Tensor, zero_point=None) -> torch.Tensor:
+    """vLLM's K-first tensors of one projection -> fp32 weights [E, N, K] (vLLM's unquantized layout).
+
+    packed int32 [E, K/8, N], scale [E, K/gs, N] (bf16/fp16), zero_point int32 [E, K/gs, ceil(N/8)]
+    or None (symmetric: z = 8). The result (u - z) * scale is computed in fp32, hence exactly."""
+    E, K8, N = packed.shape
+    K = K8 * 8
+    gs = K // scale.shape[1]
+    u = unpack_int4(packed, 1)                                      # [E, K, N]
+    if zero_point is None:
+        z = torch.full((E, scale.shape[1], N), 8, dtype=torch.int32)
+    else:
+        z = unpack_int4(zero_point, 2)[:, :, :N]                    # [E, K/gs, N]
+    w = (u - z.repeat_interleave(gs, dim=1)).float() * scale.float().repeat_interleave(gs, dim=1)
+    return w.transpose(1, 2).contiguous()
+
+
+def moe_torch_baseline_wna16(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch for wna16_int4 experts: dequantize each routed expert to the
+    activations' dtype, then the bf16 baseline's GEMMs."""
+    M, H = x.shape
+    I = tensors["w2_weight_packed"].shape[1] * 8
+    z13, z2 = tensors.get("w13_weight_zero_point"), tensors.get("w2_weight_zero_point")
+    out = torch.zeros(M, H, dtype=torch.float32)
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+        sl = slice(e, e + 1)
+        w13 = dequantize_wna16_int4(tensors["w13_weight_packed"][sl], tensors["w13_weight_scale"][sl],
+                                    None if z13 is None else z13[sl])[0].to(x.dtype)
+        w2 = dequantize_wna16_int4(tensors["w2_weight_packed"][sl], tensors["w2_weight_scale"][sl],
+                                   None if z2 is None else z2[sl])[0].to(x.dtype)
+        h = F.linear(x[tok], w13)
+        act = F.silu(h[:, :I]) * h[:, I:]
+        out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
+    return out.to(x.dtype)

@@ -21,7 +21,7 @@ namespace lk {
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
-enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4 };
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5 };
 enum class Activation : int { kSiLU = 0 };
 
 // Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
@@ -49,6 +49,20 @@ struct Fp8Weights {
   bool int8 = false;  // codes are int8 (exact in bf16) instead of fp8 e4m3fn
 };
 
+// 4-bit integer weights (compressed-tensors WNA16 int4; conventions in moe_layer.h). A block is 16
+// output rows x kp inputs in kp/4 "quads" of 32 bytes, in the bf16 block order above: byte 2n + j
+// of quad q holds element (n, 4q + j) in its low nibble (pair-row 2q) and element (n, 4q + 2 + j)
+// in its high nibble (pair-row 2q + 1). Nibbles u are unsigned; weight = (u - zero) * scale with
+// one scale (and zero) per output row and `group` inputs. Half a byte per weight in memory.
+struct Int4Weights {
+  const uint8_t* w = nullptr;       // null: not int4
+  const uint16_t* scale = nullptr;  // per block: [kp/group][16] bf16 or fp16 bits
+  const uint8_t* zero = nullptr;    // per block: [kp/group][8] bytes, zero point of row n in nibble n%2 of
+                                    // byte n/2 (low first); null: symmetric (8)
+  int group = 0;                    // inputs per scale: a multiple of 32, <= kMaxSeg
+  bool fp16_scale = false;          // scales are fp16 (else bf16)
+};
+
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
 // nblk I-blocks starting at w13 (layout [nblk][gate block][up block]).
 struct GateUpTask {
@@ -62,6 +76,7 @@ struct GateUpTask {
   Activation act_fn;
   KernelScratch* scratch;
   Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
+  Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
 };
 
 // Phase 2: out_acc[out_row[r], j*16 + n] += row_weight[r] * (w2_j[n] . act_r)
@@ -79,6 +94,7 @@ struct DownTask {
   size_t out_ld;
   KernelScratch* scratch;
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
+  Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
 };
 
 struct KernelTable {

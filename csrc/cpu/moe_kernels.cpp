@@ -13,6 +13,7 @@
 //   forward) and of prefill on tiers without AMX.
 // - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
 //   expert has >= kAmxMinRows tokens.
+// - int4 (wna16_int4): dot_tile_q4 for decode, dequantized groups for prefill (see the int4 section).
 #include <cstring>
 
 #include "cpu/kernel_table.h"
@@ -710,6 +711,343 @@ void down_fp8(const DownTask& t) {
   }
 }
 
+// ---------------------------------------------------------------- int4 (wna16_int4)
+// Strategy. Decode (m <= kFusedQ4Rows rows on the AVX-512 tiers, dot_tile_q4): the 4-bit codes
+// stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble =
+// two pair-rows, OR 0x4300 = bf16(128 + u) exactly; vdpbf16ps (or the even/odd fp32 split without
+// AVX512-BF16) accumulates sum A (128 + u) in fp32 per group, then (128 + z) * sum A (row sums
+// computed once per task) is subtracted and the group's 16 per-row scales applied in fp32.
+// Prefill (more rows) and every row count on the generic/avx2 tiers: per group, dequantize u - z of
+// the block (pair) once to bf16 in L1 (exact: |u - z| <= 15; a 32-entry vpermw table on AVX-512)
+// and run the bf16 dot_rows over all row tiles on it, adding scale x partial into fp32 sums (as the
+// fp8 path). AMX tier: the same vector paths (no AMX tiles for int4 yet).
+// Measured on the 2-core Zen4 dev VM (avx512_bf16, benchmarks/moe_layer.py --format wna16_int4,
+// Qwen3-30B-A3B shape, gs=128 sym, 2 threads): M=1 0.80 ms = 24.5 GB/s of quantized bytes, 0.33 of
+// the 73 GB/s read bandwidth measured in the same run (below the 0.7 target: cold streams are
+// latency bound per core, ~16-25 GB/s per thread; the same tile runs ~48 GB/s per core on cached
+// weights); M=256 52 ms (0.37 TFLOP/s).
+
+// bf16 bits of a small integer (exact for |v| < 256).
+constexpr uint16_t bf16_of_int(int v) {
+  if (v == 0) return 0;
+  const uint16_t sign = v < 0 ? 0x8000 : 0;
+  const int a = v < 0 ? -v : v;
+  int e = 0;
+  while ((a >> (e + 1)) != 0) ++e;
+  return uint16_t(sign | ((127 + e) << 7) | ((a << (7 - e)) & 0x7F));
+}
+// Index u - z taken mod 32 (what vpermw reads) -> bf16(u - z): entry i holds i (i < 16) or i - 32.
+struct Q4Lut {
+  uint16_t v[32];
+};
+constexpr Q4Lut make_q4_lut() {
+  Q4Lut t{};
+  for (int i = 0; i < 32; ++i) t.v[i] = bf16_of_int(i < 16 ? i : i - 32);
+  return t;
+}
+constexpr Q4Lut kQ4Lut = make_q4_lut();
+
+inline float scale_to_f32(uint16_t s, bool fp16) { return fp16 ? f16_to_f32(s) : bf16_to_f32(s); }
+
+// 16 scales (bf16 or fp16 bits) -> fp32.
+inline void scales_16(const uint16_t* s, bool fp16, float* out) {
+#if defined(LK_V512)
+  const __m256i v = _mm256_loadu_si256((const __m256i*)s);
+  _mm512_storeu_ps(out, fp16 ? _mm512_cvtph_ps(v) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
+#elif defined(__AVX2__)
+  for (int h = 0; h < 2; ++h) {
+    const __m128i v = _mm_loadu_si128((const __m128i*)(s + 8 * h));
+    _mm256_storeu_ps(out + 8 * h, fp16 ? _mm256_cvtph_ps(v)
+                                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+  }
+#else
+  for (int n = 0; n < 16; ++n) out[n] = scale_to_f32(s[n], fp16);
+#endif
+}
+
+#if defined(LK_V512)
+// 8 bytes of 16 zero points (nibble n%2 of byte n/2) -> 32 words: z_n at 2n and 2n + 1 (the zero
+// point of output n for both inputs of a pair).
+inline __m512i q4_zero_dwords(const uint8_t* z) {  // lane n: z_n
+  int64_t v;
+  memcpy(&v, z, 8);
+  const __m128i idx = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i b32 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi64_si128(v), idx));  // lane n: byte n/2
+  const __m512i sh = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);     // lane n: 4 * (n % 2)
+  return _mm512_and_si512(_mm512_srlv_epi32(b32, sh), _mm512_set1_epi32(15));
+}
+inline __m512i q4_zero_words(const uint8_t* z) {
+  const __m512i z32 = q4_zero_dwords(z);
+  return _mm512_or_si512(z32, _mm512_slli_epi32(z32, 16));
+}
+#endif
+
+// One segment (seg inputs = seg/4 quads) of an int4 block -> bf16 block layout (seg/2 pair-rows of
+// 32), values u - z exactly. zero: 8 bytes of 16 zero points, or null for the symmetric 8.
+inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg) {
+  const int quads = seg / 4;
+#if defined(LK_V512)
+  const __m512i lut = _mm512_loadu_si512((const void*)kQ4Lut.v);
+  const __m512i zv = zero ? q4_zero_words(zero) : _mm512_set1_epi16(8);
+  const __m512i mask = _mm512_set1_epi16(0x0F);
+  for (int q = 0; q < quads; ++q) {
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + q * 32)));
+    const __m512i lo = _mm512_sub_epi16(_mm512_and_si512(v, mask), zv);
+    const __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(v, 4), zv);
+    _mm512_storeu_si512((void*)(dst + q * 64), _mm512_permutexvar_epi16(lo, lut));
+    _mm512_storeu_si512((void*)(dst + q * 64 + 32), _mm512_permutexvar_epi16(hi, lut));
+  }
+#else
+  uint8_t z2[32];
+  for (int b = 0; b < 32; ++b) z2[b] = zero ? (zero[b / 4] >> (4 * ((b / 2) % 2))) & 15 : 8;  // row n = b/2
+  for (int q = 0; q < quads; ++q) {
+    const uint8_t* s = src + q * 32;
+    uint16_t* d = dst + q * 64;
+    for (int b = 0; b < 32; ++b) {
+      d[b] = kQ4Lut.v[((s[b] & 15) - z2[b]) & 31];
+      d[32 + b] = kQ4Lut.v[((s[b] >> 4) - z2[b]) & 31];
+    }
+  }
+#endif
+}
+
+#if defined(LK_V512)
+constexpr int kFusedQ4Rows = 4;
+constexpr int kQ4PrefetchQuads = 192;  // prefetch distance in each block stream (32 B per quad)
+
+// Per row r and group g of `seg` inputs: xsum[r * (kp/seg) + g] = sum of the row's inputs (fp32).
+inline void q4_row_sums(const uint16_t* const* a, int m, int kp, int seg, float* xsum) {
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
+  for (int r = 0; r < m; ++r)
+    for (int g = 0; g < kp / seg; ++g) {
+      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+      for (int k = g * seg; k < (g + 1) * seg; k += 32) {
+        const __m512i v = _mm512_loadu_si512((const void*)(a[r] + k));
+        s0 = _mm512_add_ps(s0, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        s1 = _mm512_add_ps(s1, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)));
+      }
+      xsum[r * (kp / seg) + g] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    }
+}
+
+// C[r][j*16 + n] (ld 32) = sum_groups scale_j[g][n] * sum_{k in g} A_r[k] * (u_j[n][k] - z_j[g][n])
+// The code u becomes the bf16 128 + u with one OR (exact: bf16 steps by 1 in [128, 256)); the bf16
+// dot then gives sum A (128 + u), and each group subtracts (128 + z) * sum A in fp32 before its
+// scale. Decode is latency bound on the accumulator chains: with few rows, S independent
+// accumulators per (row, block) take the four pair-rows of each cache line in turn.
+template <int MR, int NB, bool ASYM>
+inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                        const uint16_t* const* scale, const uint8_t* const* zero, bool fp16, const float* xsum) {
+  constexpr int S = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
+  __m512 acc[S][MR][NB], tot[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
+    }
+  const __m512i mask = _mm512_set1_epi16(0x0F);
+  const __m512i magic = _mm512_set1_epi16(0x4300);  // bf16 128.0
+#if !defined(LK_VBF16)
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
+#endif
+  const int ngroups = kp / group, gq = group / 4;
+  for (int s = 0; s < ngroups; ++s) {
+    for (int q = s * gq; q < (s + 1) * gq; q += 2) {
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kQ4PrefetchQuads) * 32), _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m512i wl[NB], wh[NB];
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b[j] + (q + h) * 32)));
+          wl[j] = _mm512_or_si512(_mm512_and_si512(v, mask), magic);
+          wh[j] = _mm512_or_si512(_mm512_srli_epi16(v, 4), magic);
+        }
+        const int il = (2 * h) % S, ih = (2 * h + 1) % S;  // accumulators of this quad's two pair-rows
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          const uint16_t* ar = a[r] + 4 * (q + h);
+          const __m512i a01 = bcast_pair(ar), a23 = bcast_pair(ar + 2);
+#if defined(LK_VBF16)
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            acc[il][r][j] = _mm512_dpbf16_ps(acc[il][r][j], (__m512bh)a01, (__m512bh)wl[j]);
+            acc[ih][r][j] = _mm512_dpbf16_ps(acc[ih][r][j], (__m512bh)a23, (__m512bh)wh[j]);
+          }
+#else
+          const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a01, 16));
+          const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a01, hi_mask));
+          const __m512 a2 = _mm512_castsi512_ps(_mm512_slli_epi32(a23, 16));
+          const __m512 a3 = _mm512_castsi512_ps(_mm512_and_si512(a23, hi_mask));
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wl[j], 16)), a0, acc[il][r][j]);
+            acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wh[j], 16)), a2, acc[ih][r][j]);
+            acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wl[j], hi_mask)), a1, acc[il][r][j]);
+            acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wh[j], hi_mask)), a3, acc[ih][r][j]);
+          }
+#endif
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m256i sv16 = _mm256_loadu_si256((const __m256i*)(scale[j] + s * 16));
+      const __m512 sv = fp16 ? _mm512_cvtph_ps(sv16) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sv16), 16));
+      const __m512 off = ASYM ? _mm512_add_ps(_mm512_cvtepi32_ps(q4_zero_dwords(zero[j] + s * 8)), _mm512_set1_ps(128.0f))
+                              : _mm512_set1_ps(136.0f);  // 128 + z
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        __m512 sum = acc[0][r][j];
+        acc[0][r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int i = 1; i < S; ++i) {
+          sum = _mm512_add_ps(sum, acc[i][r][j]);
+          acc[i][r][j] = _mm512_setzero_ps();
+        }
+        sum = _mm512_fnmadd_ps(off, _mm512_set1_ps(xsum[r * ngroups + s]), sum);
+        tot[r][j] = _mm512_fmadd_ps(sum, sv, tot[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+}
+
+template <int NB, bool ASYM>
+void dot_rows_q4_t(int mr, const uint16_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                   const uint16_t* const* scale, const uint8_t* const* zero, bool fp16, const float* xsum) {
+  switch (mr) {
+    case 1: dot_tile_q4<1, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16, xsum); break;
+    case 2: dot_tile_q4<2, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16, xsum); break;
+    case 3: dot_tile_q4<3, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16, xsum); break;
+    default: dot_tile_q4<4, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16, xsum); break;
+  }
+}
+template <int NB>
+void dot_rows_q4(int mr, const uint16_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                 const uint16_t* const* scale, const uint8_t* const* zero, bool fp16, const float* xsum) {
+  if (zero[0]) dot_rows_q4_t<NB, true>(mr, a, b, kp, c, group, scale, zero, fp16, xsum);
+  else dot_rows_q4_t<NB, false>(mr, a, b, kp, c, group, scale, zero, fp16, xsum);
+}
+#else
+constexpr int kFusedQ4Rows = 0;
+template <int NB>
+void dot_rows_q4(int, const uint16_t* const*, const uint8_t* const*, int, float*, int, const uint16_t* const*,
+                 const uint8_t* const*, bool, const float*) {}
+inline void q4_row_sums(const uint16_t* const*, int, int, int, float*) {}
+#endif
+// The fused tile needs m x kp/group row sums in the scratch accumulator.
+inline bool q4_fused(int m, int kp, int group) {
+  return m <= kFusedQ4Rows && size_t(m) * (kp / group) <= size_t(kMaxRowsPerTask) * 32;
+}
+
+void gate_up_q4(const GateUpTask& t) {
+  const Int4Weights& q = t.q4;
+  const int seg = q.group, nseg = t.kp / seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(nseg) * kBlockN;  // scales (and zeros) per block
+  uint16_t* dg = t.scratch->deq;
+  uint16_t* du = dg + seg * kBlockN;
+  float* tot = t.scratch->acc;
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  float sg[16], su[16];
+  const bool fused = q4_fused(t.m, t.kp, seg);
+  if (fused) q4_row_sums(t.x_rows, t.m, t.kp, seg, tot);
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* bu = bg + block_bytes;
+    const uint16_t* scg = q.scale + size_t(j) * 2 * per;
+    const uint16_t* scu = scg + per;
+    const uint8_t* zg = q.zero ? q.zero + size_t(j) * per : nullptr;  // zeros: per / 2 bytes per block
+    const uint8_t* zu = zg ? zg + per / 2 : nullptr;
+    if (fused) {  // decode: codes converted in registers, group scales in the tile
+      const uint8_t* b[2] = {bg, bu};
+      const uint16_t* sc[2] = {scg, scu};
+      const uint8_t* zz[2] = {zg, zu};
+      dot_rows_q4<2>(t.m, t.x_rows, b, t.kp, c, seg, sc, zz, q.fp16_scale, tot);
+      for (int r = 0; r < t.m; ++r)
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      continue;
+    }
+    memset(tot, 0, size_t(t.m) * 32 * 4);
+    for (int s = 0; s < nseg; ++s) {  // dequantize each group once, reuse it for every row tile
+      const size_t off = size_t(s) * seg * kBlockN / 2;
+      const void* b[2] = {dg, du};
+      q4_dequant_seg(bg + off, zg ? zg + s * 8 : nullptr, dg, seg);
+      q4_dequant_seg(bu + off, zu ? zu + s * 8 : nullptr, du, seg);
+      scales_16(scg + s * kBlockN, q.fp16_scale, sg);
+      scales_16(scu + s * kBlockN, q.fp16_scale, su);
+      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+        const int mr = tmin(kMaxRows, t.m - r0);
+        for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + size_t(s) * seg;
+        dot_rows<2>(mr, rows, b, seg, c);
+        for (int r = 0; r < mr; ++r) {
+          float* o = tot + size_t(r0 + r) * 32;
+          axpy_vec_16(1.0f, c + r * 32, sg, o);
+          axpy_vec_16(1.0f, c + r * 32 + 16, su, o + 16);
+        }
+      }
+    }
+    for (int r = 0; r < t.m; ++r)
+      silu_mul_16(tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+  }
+}
+
+void down_q4(const DownTask& t) {
+  const Int4Weights& q = t.q4;
+  const int seg = q.group, nseg = t.kp / seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(nseg) * kBlockN;
+  uint16_t* d = t.scratch->deq;
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  float sc[16];
+  if (q4_fused(t.m, t.kp, seg)) {  // decode: two blocks per tile share the activation broadcasts
+    for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
+    float* xsum = t.scratch->acc;
+    q4_row_sums(rows, t.m, t.kp, seg, xsum);
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
+      const uint16_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+      const uint8_t* z[2] = {q.zero ? q.zero + size_t(j) * per / 2 : nullptr,
+                             q.zero ? q.zero + size_t(j + nb - 1) * per / 2 : nullptr};
+      if (nb == 2) dot_rows_q4<2>(t.m, rows, b, t.kp, c, seg, s, z, q.fp16_scale, xsum);
+      else dot_rows_q4<1>(t.m, rows, b, t.kp, c, seg, s, z, q.fp16_scale, xsum);
+      for (int r = 0; r < t.m; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r], c + r * 32 + h * 16, o + h * 16);
+      }
+    }
+    return;
+  }
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* src = q.w + size_t(j) * block_bytes;
+    const uint16_t* scj = q.scale + size_t(j) * per;
+    const uint8_t* zj = q.zero ? q.zero + size_t(j) * per / 2 : nullptr;
+    for (int s = 0; s < nseg; ++s) {
+      const void* b[2] = {d, d};
+      q4_dequant_seg(src + size_t(s) * seg * kBlockN / 2, zj ? zj + s * 8 : nullptr, d, seg);
+      scales_16(scj + s * kBlockN, q.fp16_scale, sc);
+      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+        const int mr = tmin(kMaxRows, t.m - r0);
+        for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + size_t(s) * seg;
+        dot_rows<1>(mr, rows, b, seg, c);
+        for (int r = 0; r < mr; ++r)
+          axpy_vec_16(t.row_weight[r0 + r], c + r * 32, sc, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
+      }
+    }
+  }
+}
+
 #if defined(LK_AMX)
 // AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
 constexpr int kAmxMinRows = 16;
@@ -765,6 +1103,7 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
 }
 
 void gate_up(const GateUpTask& t) {
+  if (t.q4.w) return gate_up_q4(t);  // int4 prefill: vector path on dequantized groups
   if (t.fp8.w) return gate_up_fp8(t);  // AMX for FP8 prefill: dequantized tiles, not yet
   if (t.m < kAmxMinRows) return gate_up_vec(t);
   amx_configure();
@@ -789,6 +1128,7 @@ void gate_up(const GateUpTask& t) {
 }
 
 void down(const DownTask& t) {
+  if (t.q4.w) return down_q4(t);
   if (t.fp8.w) return down_fp8(t);
   if (t.m < kAmxMinRows) return down_vec(t);
   amx_configure();
@@ -810,8 +1150,8 @@ void down(const DownTask& t) {
   _tile_release();
 }
 #else
-void gate_up(const GateUpTask& t) { t.fp8.w ? gate_up_fp8(t) : gate_up_vec(t); }
-void down(const DownTask& t) { t.fp8.w ? down_fp8(t) : down_vec(t); }
+void gate_up(const GateUpTask& t) { t.q4.w ? gate_up_q4(t) : t.fp8.w ? gate_up_fp8(t) : gate_up_vec(t); }
+void down(const DownTask& t) { t.q4.w ? down_q4(t) : t.fp8.w ? down_fp8(t) : down_vec(t); }
 #endif
 
 // ---------------------------------------------------------------- row conversions

@@ -47,6 +47,7 @@ class RepackJob : public Job {
   }
 
   void run(WorkerCtx& ctx) override {
+    if (sh_.int4) return run_int4(ctx);
     NodeSlice& sl = slices_[ctx.node];
     const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
     const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
@@ -77,6 +78,81 @@ class RepackJob : public Job {
   }
 
  private:
+  // int4: one unit = one expert's gate+up block pair or down block (see Int4Weights).
+  void run_int4(WorkerCtx& ctx) {
+    NodeSlice& sl = slices_[ctx.node];
+    const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+    const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
+    const int I = sh_.intermediate, H = sh_.hidden;
+    const int nseg1 = sh_.kp1 / sh_.seg1, nseg2 = sh_.kp2 / sh_.seg2;
+    const size_t bb1 = size_t(sh_.kp1) * kBlockN / 2, bb2 = size_t(sh_.kp2) * kBlockN / 2;  // block bytes
+    const int32_t* w13 = static_cast<const int32_t*>(src_.w13);
+    const int32_t* w2 = static_cast<const int32_t*>(src_.w2);
+    const int g1 = H / src_.gs1, g2 = I / src_.gs2;                           // checkpoint groups per row
+    const int nz1 = (2 * I + 7) / 8, nz2 = (H + 7) / 8;                       // zero-point words per group row
+    for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
+      if (u < int64_t(sh_.experts) * nbi) {
+        const int e = int(u / nbi), lb = int(u % nbi);
+        const size_t blk = (size_t(e) * nbi + lb) * 2;  // gate block; up follows
+        const int r0 = (sl.ib0 + lb) * kBlockN;
+        for (int h = 0; h < 2; ++h) {
+          const int col0 = h * I + r0;
+          const size_t b = blk + h;
+          pack_int4(w13 + size_t(e) * (H / 8) * 2 * I, 2 * I, col0, I * (h + 1), H, sl.w13.as<uint8_t>() + b * bb1);
+          int4_params(src_.q13s + size_t(e) * g1 * 2 * I, src_.z13 ? src_.z13 + size_t(e) * g1 * nz1 : nullptr, 2 * I,
+                      nz1, col0, I * (h + 1), src_.gs1, sh_.seg1, nseg1, sl.s13.as<uint16_t>() + b * nseg1 * kBlockN,
+                      sh_.int4_asym ? sl.z13.as<uint8_t>() + b * nseg1 * kBlockN / 2 : nullptr);
+        }
+      } else {
+        u -= int64_t(sh_.experts) * nbi;
+        const int e = int(u / nbh), lb = int(u % nbh);
+        const size_t b = size_t(e) * nbh + lb;
+        const int r0 = (sl.hb0 + lb) * kBlockN;
+        pack_int4(w2 + size_t(e) * (I / 8) * H, H, r0, H, I, sl.w2.as<uint8_t>() + b * bb2);
+        int4_params(src_.q2s + size_t(e) * g2 * H, src_.z2 ? src_.z2 + size_t(e) * g2 * nz2 : nullptr, H, nz2, r0, H,
+                    src_.gs2, sh_.seg2, nseg2, sl.s2.as<uint16_t>() + b * nseg2 * kBlockN,
+                    sh_.int4_asym ? sl.z2.as<uint8_t>() + b * nseg2 * kBlockN / 2 : nullptr);
+      }
+    }
+  }
+
+  // Columns [col0, col0+16) of a K-first packed [K/8, N] int32 matrix -> one Int4Weights block.
+  // Columns at or past col_end (padding rows of a block) get the code 8 with zero point 8: weight 0.
+  static void pack_int4(const int32_t* src, int n_cols, int col0, int col_end, int k, uint8_t* dst) {
+    for (int k8 = 0; k8 < k / 8; ++k8) {
+      const int32_t* row = src + size_t(k8) * n_cols + col0;
+      uint8_t* d = dst + size_t(k8) * 64;  // quads 2*k8 and 2*k8+1
+      for (int n = 0; n < kBlockN; ++n) {
+        const uint32_t w = col0 + n < col_end ? uint32_t(row[n]) : 0x88888888u;
+        for (int h = 0; h < 2; ++h)
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t lo = (w >> (4 * (4 * h + j))) & 15u, hi = (w >> (4 * (4 * h + 2 + j))) & 15u;
+            d[h * 32 + 2 * n + j] = uint8_t(lo | (hi << 4));
+          }
+      }
+    }
+  }
+
+  // Scales (and zero points) of columns [col0, col0+16) per engine segment of `seg` inputs (a
+  // divisor of the checkpoint group gs, so a segment lies in one group). Zero points: 8 bytes per
+  // segment, column n in nibble n%2 of byte n/2 (low nibble first).
+  static void int4_params(const uint16_t* scale, const int32_t* zero, int n_cols, int nz, int col0, int col_end, int gs,
+                          int seg, int nseg, uint16_t* sd, uint8_t* zd) {
+    for (int q = 0; q < nseg; ++q) {
+      const int g = q * seg / gs;
+      for (int n = 0; n < kBlockN; ++n) {
+        const int c = col0 + n;
+        const bool in = c < col_end;
+        sd[q * kBlockN + n] = in ? scale[size_t(g) * n_cols + c] : 0;
+        if (zd) {
+          const uint32_t z = in ? (uint32_t(zero[size_t(g) * nz + c / 8]) >> (4 * (c % 8))) & 15u : 8u;
+          uint8_t& byte = zd[q * (kBlockN / 2) + n / 2];
+          byte = uint8_t(n % 2 ? (byte & 0x0F) | (z << 4) : z);
+        }
+      }
+    }
+  }
+
   // Scales of the gate and up blocks whose first row is r0 (row of the gate half of w13).
   void copy_scales13(int e, size_t blk, int r0, NodeSlice& sl) {
     const int I = sh_.intermediate;
@@ -156,6 +232,25 @@ class RepackJob : public Job {
 MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, int experts, int intermediate,
                    int hidden, Activation act)
     : pool_(std::move(pool)), act_(act) {
+  shape_.int4 = src.type == DType::kINT4;
+  if (shape_.int4) {
+    // Engine segment: the largest of 256/128/64/32 dividing the group (a segment = whole quads and
+    // pair-rows, within one group); groups past 256 inputs (channel strategy) repeat their scale.
+    auto seg_of = [](int gs) {
+      for (int s = kMaxSeg; s >= kPadK; s /= 2)
+        if (gs % s == 0) return s;
+      return 0;
+    };
+    if (src.gs1 <= 0 || src.gs2 <= 0 || hidden % src.gs1 || intermediate % src.gs2 || !seg_of(src.gs1) ||
+        !seg_of(src.gs2))
+      throw std::invalid_argument("int4 group sizes " + std::to_string(src.gs1) + " (over H=" + std::to_string(hidden) +
+                                  ") and " + std::to_string(src.gs2) + " (over I=" + std::to_string(intermediate) +
+                                  ") are not supported: each must divide its dimension and be a multiple of 32");
+    shape_.int4_asym = src.z13 != nullptr;
+    shape_.int4_fp16 = src.fp16_scale;
+    shape_.seg1 = seg_of(src.gs1);
+    shape_.seg2 = seg_of(src.gs2);
+  }
   shape_.byte_weights = src.type == DType::kFP8E4M3 || src.type == DType::kINT8;
   shape_.int8 = src.type == DType::kINT8;
   shape_.per_row = shape_.byte_weights && src.bn == 0 && src.bk == 0;
@@ -191,6 +286,19 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
     sl.hb0 = hb[s];
     sl.hb1 = hb[s + 1];
     const int node = pool_->numa_placement() ? pool_->node_id(s) : -1;
+    if (shape_.int4) {  // H and I are multiples of 32 here, so kp1 = H and kp2 = I
+      const size_t b13 = size_t(experts) * (sl.ib1 - sl.ib0) * 2, b2 = size_t(experts) * (sl.hb1 - sl.hb0);
+      const size_t p13 = b13 * (shape_.kp1 / shape_.seg1) * kBlockN, p2 = b2 * (shape_.kp2 / shape_.seg2) * kBlockN;
+      sl.w13 = HostBuffer(b13 * shape_.kp1 * kBlockN / 2, node);
+      sl.w2 = HostBuffer(b2 * shape_.kp2 * kBlockN / 2, node);
+      sl.s13 = HostBuffer(p13 * 2, node);
+      sl.s2 = HostBuffer(p2 * 2, node);
+      if (shape_.int4_asym) {
+        sl.z13 = HostBuffer(p13 / 2, node);  // 4-bit zero points
+        sl.z2 = HostBuffer(p2 / 2, node);
+      }
+      continue;
+    }
     const size_t esz = shape_.byte_weights ? 1 : 2;
     sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * esz, node);
     sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * esz, node);
@@ -214,7 +322,7 @@ MoELayer::~MoELayer() {
 
 size_t MoELayer::nbytes() const {
   size_t n = 0;
-  for (const auto& s : slices_) n += s.w13.size() + s.w2.size() + s.s13.size() + s.s2.size();
+  for (const auto& s : slices_) n += s.w13.size() + s.w2.size() + s.s13.size() + s.s2.size() + s.z13.size() + s.z2.size();
   return n;
 }
 
@@ -378,8 +486,9 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   KernelScratch ks;
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
-  ks.deq = sh.byte_weights ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kMaxSeg * 2)) : nullptr;
-  ks.acc = sh.byte_weights ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
+  const bool quant = sh.byte_weights || sh.int4;
+  ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kMaxSeg * 2)) : nullptr;
+  ks.acc = quant ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
   return ks;
 }
 
@@ -418,6 +527,15 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
       t.fp8.seg = sh.seg;
       t.fp8.per_row = sh.per_row;
       t.fp8.int8 = sh.int8;
+    }
+    if (sh.int4) {
+      const size_t b = (size_t(e) * nbi + lb0) * 2, per = size_t(sh.kp1 / sh.seg1) * kBlockN;
+      t.w13 = nullptr;
+      t.q4.w = sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
+      t.q4.scale = sl.s13.as<uint16_t>() + b * per;
+      t.q4.zero = sh.int4_asym ? sl.z13.as<uint8_t>() + b * per / 2 : nullptr;
+      t.q4.group = sh.seg1;
+      t.q4.fp16_scale = sh.int4_fp16;
     }
     kt_->gate_up(t);
   }
@@ -470,6 +588,15 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
         t.fp8.seg = sh.seg;
         t.fp8.per_row = sh.per_row;
         t.fp8.int8 = sh.int8;
+      }
+      if (sh.int4) {
+        const size_t b = size_t(active_expert_[a]) * nbh + lb0, per = size_t(sh.kp2 / sh.seg2) * kBlockN;
+        t.w2 = nullptr;
+        t.q4.w = sl.w2.as<uint8_t>() + b * sh.kp2 * kBlockN / 2;
+        t.q4.scale = sl.s2.as<uint16_t>() + b * per;
+        t.q4.zero = sh.int4_asym ? sl.z2.as<uint8_t>() + b * per / 2 : nullptr;
+        t.q4.group = sh.seg2;
+        t.q4.fp16_scale = sh.int4_fp16;
       }
       kt_->down(t);
     }

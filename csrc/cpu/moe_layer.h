@@ -38,16 +38,54 @@ struct MoEShape {
   bool int8 = false;          // byte weights are int8 (else fp8 e4m3fn)
   bool per_row = false;       // one scale per output row (else per seg x block rows)
   int seg = 0;           // byte weights: inputs per segment (block mode: per scale)
+  // wna16_int4 (see WeightSource): half a byte per weight, 16-bit scales per (row, seg inputs).
+  bool int4 = false;
+  bool int4_asym = false;     // zero points stored (else the symmetric zero 8)
+  bool int4_fp16 = false;     // scales are fp16 (else bf16)
+  int seg1 = 0, seg2 = 0;     // int4: inputs per scale in phase 1 (over H) and phase 2 (over I)
 };
 
 // Expert weights as the checkpoint holds them (vLLM layouts).
+//
+// kINT4 (format "wna16_int4"): compressed-tensors "pack-quantized" int4 experts as vLLM 0.26.0's
+// CompressedTensorsWNA16MarlinMoEMethod / CompressedTensorsWNA16MoEMethod hold them after weight
+// loading (before process_weights_after_loading). Facts this code relies on, and where they come from:
+//  - compressed_tensors/compressors/pack_quantized/helpers.py (v0.17), pack_to_int32 (l. 20-88):
+//    signed codes q in [-8, 7] (quantization/utils/helpers.py calculate_range l. 199-212: q_min = -2^(b-1),
+//    q_max = 2^(b-1) - 1) are stored unsigned as u = q + 8 (l. 62-63: offset = 1 << (num_bits-1));
+//    8 codes per int32 along the packed dim, code i of a word in bits 4i..4i+3, LSB first
+//    (l. 82-83: bit_shifts = arange(pack_factor) * num_bits); unpack_from_int32 (l. 130-160)
+//    masks with 0xF and subtracts 8. Weights are packed along dim 1 = K of the [N, K] weight
+//    (pack_quantized/base.py l. 91, default packed_dim=1); asymmetric zero points [N, K/gs] are
+//    packed the same way along dim 0 = N (base.py l. 96, packed_dim=0), also as zp + 8.
+//  - Dequantization (quantization/lifecycle/forward_helpers.py _dequantize, l. 246-268):
+//    w = (q - zp) * scale; in stored nibbles (u - z) * scale with z = zp + 8, so a symmetric
+//    checkpoint (no zero point) has z = 8.
+//  - vLLM creates the parameters K-first (compressed_tensors_moe_wna16.py l. 70-92 and
+//    compressed_tensors_moe_wna16_marlin.py get_weight_shape l. 97-181, "Marlin" layouts):
+//    w13_weight_packed int32 [E, H/8, 2I], w2_weight_packed int32 [E, I/8, H],
+//    w13_weight_scale [E, H/gs, 2I], w2_weight_scale [E, I/gs, H] in params_dtype (bf16/fp16),
+//    zero points (asymmetric only, marlin l. 324-354) int32 [E, H/gs, 2I/8], [E, I/gs, H/8];
+//    group strategy requires gs | H and gs | I (l. 266-283); channel strategy: one group (gs = K).
+//  - The loader transposes every checkpoint tensor of these methods (fused_moe/routed_experts.py
+//    l. 623-635: is_transposed -> loaded_weight.t().contiguous()), so [N, K/8] -> [K/8, N] and zero points
+//    [N/8, K/gs] -> [K/gs, N/8]; w1 fills N columns [0, I) and w3 [I, 2I) of w13 (gate, up).
+// The engine repacks once into Int4Weights blocks (kernel_table.h): 4-bit codes (the same bytes
+// count), 16-bit scales as given, 4-bit zero points: the checkpoint's bytes, ~1.0x.
 struct WeightSource {
-  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales
+  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4
   const void* w13 = nullptr;  // [E, 2I, H]
   const void* w2 = nullptr;   // [E, H, I]
   const float* s13 = nullptr; // block: [E, ceil(2I/bn), H/bk] (w13_weight_scale_inv); per row: [E, 2I]
   const float* s2 = nullptr;  // block: [E, ceil(H/bn), I/bk]; per row: [E, H]
   int bn = 0, bk = 0;         // block: scale block rows x cols; 0 x 0: one scale per row
+  // kINT4: w13 int32 [E, H/8, 2I], w2 int32 [E, I/8, H] (K-first, see above), and:
+  const uint16_t* q13s = nullptr;  // w13_weight_scale [E, H/gs1, 2I] (bf16 or fp16 bits)
+  const uint16_t* q2s = nullptr;   // w2_weight_scale [E, I/gs2, H]
+  const int32_t* z13 = nullptr;    // w13_weight_zero_point [E, H/gs1, ceil(2I/8)] or null (symmetric)
+  const int32_t* z2 = nullptr;     // w2_weight_zero_point [E, I/gs2, ceil(H/8)]
+  int gs1 = 0, gs2 = 0;            // group sizes along H (w13) and I (w2)
+  bool fp16_scale = false;
 };
 
 struct NodeSlice {
@@ -56,6 +94,8 @@ struct NodeSlice {
   HostBuffer w13;        // [E][ib1-ib0][gate block, up block]
   HostBuffer w2;         // [E][hb1-hb0][block]
   HostBuffer s13, s2;    // fp8 scales: [E][ib1-ib0][2][kp1/seg], [E][hb1-hb0][kp2/seg]
+                         // int4: 16-bit [E][ib1-ib0][2][kp1/seg1][16], [E][hb1-hb0][kp2/seg2][16]
+  HostBuffer z13, z2;    // int4 asymmetric zero points, 4 bits each, laid out as the int4 scales
 };
 
 struct ForwardArgs {

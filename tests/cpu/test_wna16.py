@@ -1,0 +1,216 @@
+"""wna16_int4 experts (compressed-tensors WNA16 int4, as vLLM's CompressedTensorsWNA16[Marlin]MoEMethod
+holds them after loading: K-first int32 packing, bf16/fp16 group scales, optional packed zero points)
+against the fp32 reference on the dequantized weights, on every ISA tier this CPU has."""
+import functools
+
+import pytest
+import torch
+
+import lk_moe
+from lk_moe.reference import dequantize_wna16_int4, random_routing, unpack_int4
+
+from .conftest import assert_matches_reference
+
+
+# ------------------------------------------------------------------ an independent packer
+def pack_codes(u: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit codes [..., L] (L a multiple of 8) -> int32 [..., L/8], written straight from
+    the compressed-tensors convention: element 8w + i goes to bits 4i..4i+3 of word w."""
+    u = u.to(torch.int64)
+    words = torch.zeros(*u.shape[:-1], u.shape[-1] // 8, dtype=torch.int64)
+    for i in range(8):
+        words += u[..., i::8] * (16 ** i)
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # two's complement
+
+
+def quantize_int4(w: torch.Tensor, gs: int, asym: bool, scale_dtype=torch.bfloat16):
+    """fp32 [E, N, K] -> vLLM's K-first tensors (packed [E, K/8, N], scale [E, K/gs, N], zero point
+    [E, K/gs, N/8] or None) and the exact dequantized fp32 [E, N, K]. Signed codes q in [-8, 7] and
+    zero points zp as compressed-tensors makes them; stored as q + 8 and zp + 8."""
+    E, N, K = w.shape
+    g = w.view(E, N, K // gs, gs)
+    if asym:
+        lo, hi = g.amin(dim=3).clamp(max=0), g.amax(dim=3).clamp(min=0)
+        scale = ((hi - lo) / 15).clamp_min(1e-8).to(scale_dtype)
+        zp = (torch.round(-lo / scale.float()) - 8).clamp(-8, 7)
+    else:
+        scale = (g.abs().amax(dim=3) / 7.5).clamp_min(1e-8).to(scale_dtype)
+        zp = torch.zeros(E, N, K // gs)
+    s = scale.float()
+    q = (torch.round(g / s[..., None]) + zp[..., None]).clamp(-8, 7)
+    deq = ((q - zp[..., None]) * s[..., None]).view(E, N, K)
+    # Checkpoint orientation: weight_packed [N, K/8] (along K), weight_zero_point [N/8, K/gs] (along N),
+    # weight_scale [N, K/gs]; vLLM's loader transposes each to K-first.
+    packed = pack_codes((q + 8).view(E, N, K)).transpose(1, 2).contiguous()
+    zero = pack_codes((zp + 8).transpose(1, 2)).contiguous() if asym else None
+    return packed, scale.transpose(1, 2).contiguous(), zero, deq
+
+
+@functools.lru_cache(maxsize=None)
+def make_int4_experts(E, H, I, gs, asym, scale_dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p13, s13, z13, d13 = quantize_int4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, gs, asym, scale_dtype)
+    p2, s2, z2, d2 = quantize_int4(torch.randn(E, H, I, generator=g) / I ** 0.5, gs, asym, scale_dtype)
+    tensors = dict(w13_weight_packed=p13, w2_weight_packed=p2, w13_weight_scale=s13, w2_weight_scale=s2)
+    if asym:
+        tensors.update(w13_weight_zero_point=z13, w2_weight_zero_point=z2)
+    return tensors, d13, d2
+
+
+@functools.lru_cache(maxsize=None)
+def make_layer(E, H, I, gs, asym, scale_dtype=torch.bfloat16):
+    tensors, d13, d2 = make_int4_experts(E, H, I, gs, asym, scale_dtype)
+    return lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors), d13, d2
+
+
+# ------------------------------------------------------------------ (a) the reference dequantization
+def test_pack_convention_by_hand():
+    # codes 1..8 in element order -> nibbles 1..8 from the least significant one: 0x87654321
+    word = pack_codes(torch.arange(1, 9))
+    assert word.item() == 0x87654321 - 2 ** 32
+    assert unpack_int4(word.view(1), 0).tolist() == list(range(1, 9))
+
+
+@pytest.mark.parametrize("asym", [False, True])
+@pytest.mark.parametrize("gs", [32, 128])
+def test_reference_dequantization_is_exact(gs, asym):
+    E, N, K = 3, 200, 256  # N = 200: zero points pack 25 words per group row
+    w = torch.randn(E, N, K)
+    for scale_dtype in (torch.bfloat16, torch.float16):
+        packed, scale, zero, deq = quantize_int4(w, gs, asym, scale_dtype)
+        assert packed.shape == (E, K // 8, N) and packed.dtype == torch.int32
+        assert scale.shape == (E, K // gs, N)
+        if asym:
+            assert zero.shape == (E, K // gs, N // 8)
+        got = dequantize_wna16_int4(packed, scale, zero)
+        assert got.dtype == torch.float32 and got.shape == (E, N, K)
+        assert torch.equal(got, deq)  # bit for bit
+        assert (got - w).abs().max() < scale.float().max() * 0.51 + 1e-6  # and it is a quantization of w
+
+
+# ------------------------------------------------------------------ (b) the layer on every tier
+MS = (1, 5, 64, 600)
+
+
+@pytest.mark.parametrize("asym", [False, True], ids=["sym", "asym"])
+@pytest.mark.parametrize("gs", [32, 128])
+@pytest.mark.parametrize("H,I,E,K", [(2048, 768, 4, 2),    # Qwen3-30B-A3B expert shape, fewer experts
+                                     (1152, 384, 5, 3)])   # TP=2 shard of I, odd H-block count (72)
+def test_wna16_every_tier(tier, H, I, E, K, gs, asym):
+    layer, d13, d2 = make_layer(E, H, I, gs, asym)
+    assert layer.format == "wna16_int4"
+    for M in MS:
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+def test_wna16_fp16_scales_and_activations(tier):
+    layer, d13, d2 = make_layer(4, 512, 256, 64, True, torch.float16)
+    for M in (1, 3, 40):
+        x = torch.randn(M, 512).half()
+        ids, w = random_routing(M, 4, 2)
+        out = layer.forward(x, ids, w)
+        assert out.dtype == torch.float16
+        assert_matches_reference(out, x, d13, d2, ids, w)
+
+
+def test_wna16_channel_groups(tier):
+    """Channel strategy (one scale per row: gs = K, here larger than the engine's 256-input segment)."""
+    E, H, I = 3, 512, 320
+    g = torch.Generator().manual_seed(5)
+    p13, s13, _, d13 = quantize_int4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, H, False)
+    p2, s2, _, d2 = quantize_int4(torch.randn(E, H, I, generator=g) / I ** 0.5, I, False)
+    layer = lk_moe.MoELayer.from_checkpoint(
+        "wna16_int4", dict(w13_weight_packed=p13, w2_weight_packed=p2, w13_weight_scale=s13, w2_weight_scale=s2))
+    for M in (1, 9):
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, 2)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+@pytest.mark.parametrize("gs,asym", [(32, True), (128, False)])
+def test_wna16_memory_stays_4bit(gs, asym):
+    """Packed layer within 1.05x of the checkpoint bytes (32 experts of the Qwen3-30B-A3B shape, so
+    that the 2 MiB rounding of each host buffer is small; random codes: only the sizes matter)."""
+    E, H, I = 32, 2048, 768
+    t = dict(w13_weight_packed=torch.randint(-2 ** 31, 2 ** 31 - 1, (E, H // 8, 2 * I), dtype=torch.int32),
+             w2_weight_packed=torch.randint(-2 ** 31, 2 ** 31 - 1, (E, I // 8, H), dtype=torch.int32),
+             w13_weight_scale=torch.rand(E, H // gs, 2 * I).bfloat16(), w2_weight_scale=torch.rand(E, I // gs, H).bfloat16())
+    if asym:
+        t.update(w13_weight_zero_point=torch.randint(0, 2 ** 31 - 1, (E, H // gs, 2 * I // 8), dtype=torch.int32),
+                 w2_weight_zero_point=torch.randint(0, 2 ** 31 - 1, (E, I // gs, H // 8), dtype=torch.int32))
+    layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", t)
+    assert layer.expert_bytes == sum(v.numel() * v.element_size() for v in t.values())
+    assert layer.expert_bytes < E * 3 * H * I * 0.6  # about half a byte per weight
+    assert layer.nbytes <= 1.05 * layer.expert_bytes
+
+
+def test_wna16_split_across_numa_slices(tmp_path):
+    from .fake_sysfs import make_sysfs
+    root = make_sysfs(tmp_path, {0: [0, 1], 1: [2, 3], 2: [4, 5]})
+    pool = lk_moe.make_pool(threads=3, binding="NONE", sysfs_root=root, allowed=list(range(6)))
+    tensors, d13, d2 = make_int4_experts(4, 512, 384, 32, True)
+    layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors, pool=pool)
+    assert layer.num_slices == 3
+    for M in (1, 40):
+        x = torch.randn(M, 512).bfloat16()
+        ids, w = random_routing(M, 4, 2)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+def test_wna16_identity_g_idx_is_accepted():
+    tensors, d13, d2 = make_int4_experts(2, 256, 128, 32, False)
+    E, H, I = 2, 256, 128
+    g_idx = dict(w13_weight_g_idx=(torch.arange(H) // 32).int().expand(E, H).contiguous(),
+                 w2_weight_g_idx=(torch.arange(I) // 32).int().expand(E, I).contiguous(),
+                 w13_weight_shape=torch.tensor([[2 * I, H]] * E).float(), w2_weight_shape=torch.tensor([[H, I]] * E).float())
+    layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", dict(tensors, **g_idx))
+    x = torch.randn(3, H).bfloat16()
+    ids, w = random_routing(3, E, 2)
+    assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+# ------------------------------------------------------------------ (c) bad inputs
+def test_wna16_bad_tensors_are_named():
+    tensors, _, _ = make_int4_experts(2, 256, 128, 32, True)
+
+    def build(**change):
+        t = dict(tensors, **change)
+        return lk_moe.MoELayer.from_checkpoint("wna16_int4", {k: v for k, v in t.items() if v is not None})
+
+    with pytest.raises(ValueError, match="needs tensor\\(s\\) w2_weight_scale"):
+        build(w2_weight_scale=None)
+    with pytest.raises(TypeError, match="w13_weight_packed must be int32"):
+        build(w13_weight_packed=tensors["w13_weight_packed"].float())
+    with pytest.raises(TypeError, match="w2_weight_scale must be bfloat16 or float16"):
+        build(w2_weight_scale=tensors["w2_weight_scale"].float())
+    with pytest.raises(TypeError, match="must have the same dtype"):
+        build(w2_weight_scale=tensors["w2_weight_scale"].half())
+    with pytest.raises(TypeError, match="w2_weight_zero_point must be int32"):
+        build(w2_weight_zero_point=tensors["w2_weight_zero_point"].to(torch.uint8))
+    with pytest.raises(ValueError, match="w13_weight_zero_point is missing"):
+        build(w13_weight_zero_point=None)
+    with pytest.raises(ValueError, match="w13_weight_packed must be \\[E, H/8, 2\\*I\\]"):
+        build(w13_weight_packed=tensors["w13_weight_packed"][0])
+    with pytest.raises(ValueError, match="w2_weight_packed must have shape \\[E, I/8, H\\]"):  # N-first (checkpoint) layout
+        build(w2_weight_packed=tensors["w2_weight_packed"].transpose(1, 2).contiguous())
+    with pytest.raises(ValueError, match="w13_weight_scale must be \\[E, H/group_size, 2\\*I\\]"):
+        build(w13_weight_scale=tensors["w13_weight_scale"][:, :, :128].contiguous())
+    with pytest.raises(ValueError, match="w2_weight_scale must be \\[E, I/group_size, H\\]"):
+        build(w2_weight_scale=torch.ones(2, 3, 256, dtype=torch.bfloat16))  # 3 groups do not tile I = 128
+    with pytest.raises(ValueError, match="w2_weight_zero_point must have shape"):
+        build(w2_weight_zero_point=tensors["w2_weight_zero_point"][:, :, :8].contiguous())
+    with pytest.raises(ValueError, match="w13_weight_packed must be contiguous"):
+        build(w13_weight_packed=tensors["w13_weight_packed"].transpose(0, 1).contiguous().transpose(0, 1))
+    with pytest.raises(ValueError, match="group sizes 16 .* not supported"):
+        build(w13_weight_scale=torch.ones(2, 16, 256, dtype=torch.bfloat16),
+              w13_weight_zero_point=torch.zeros(2, 16, 32, dtype=torch.int32))
+    perm = torch.randperm(256).expand(2, 256) // 32
+    with pytest.raises(ValueError, match="w13_weight_g_idx is not the identity grouping.*act-order"):
+        build(w13_weight_g_idx=perm.int().contiguous())
+    with pytest.raises(TypeError, match="w2_weight_zero_point must be a torch.Tensor"):
+        lk_moe.MoELayer.from_checkpoint("wna16_int4", dict(tensors, w2_weight_zero_point=[1, 2]))
+    layer = build()
+    with pytest.raises(ValueError, match="take bf16/fp16 experts only so far"):
+        layer._impl.packed_slices()
