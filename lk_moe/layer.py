@@ -84,6 +84,14 @@ class MoELayer:
     _OPTIONAL = {"wna16_int4": ("w13_weight_zero_point", "w2_weight_zero_point")}
 
     @classmethod
+    def tensor_names(cls, format: str) -> tuple:
+        """(required, optional) vLLM parameter names `from_checkpoint` reads for `format`; the
+        optional ones are passed only when the method created them (e.g. zero points)."""
+        if format not in cls.FORMATS:
+            raise ValueError(f"unsupported expert format {format!r}; supported: {', '.join(cls.FORMATS)}")
+        return cls.FORMATS[format], cls._OPTIONAL.get(format, ())
+
+    @classmethod
     def from_checkpoint(cls, format: str, tensors: dict, *, activation: str = "silu", pool=None,
                         block_size=None) -> "MoELayer":
         """Build from the tensors vLLM's MoE method holds for `format` (names as vLLM's parameters).

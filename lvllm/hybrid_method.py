@@ -62,7 +62,10 @@ class HybridMoEMixin:
         plan, cfg = self._lk_plan, self._lk_cfg
         rt = get_runtime(cfg)
         params = dict(layer.named_parameters(recurse=False))
-        needed = lk_moe.MoELayer.FORMATS[plan.format]
+        required, optional = lk_moe.MoELayer.tensor_names(plan.format)
+        # Optional tensors (zero points) exist only when the method created them; g_idx is never
+        # passed (act-order checkpoints are refused by the policy; vLLM leaves it unset otherwise).
+        needed = list(required) + [n for n in optional if n in params]
         tensors = {}
         for name in needed:
             p = params.get(name)

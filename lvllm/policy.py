@@ -72,9 +72,20 @@ def engine_format(method) -> tuple:
             return "int8_channel", None
         raise UnsupportedMoELayer(f"{name} with weight strategy {_strategy(method, 'weight_quant')!r} "
                                   "is not supported by lk_moe yet (per-channel is)")
+    if name in ("CompressedTensorsWNA16MarlinMoEMethod", "CompressedTensorsWNA16MoEMethod"):
+        bits = getattr(method, "num_bits", None)
+        if bits != 4:
+            raise UnsupportedMoELayer(f"{name} with {bits}-bit weights is not supported by lk_moe yet (4-bit is)")
+        if _enum_value(getattr(method, "actorder", None) or "") == "group":
+            raise UnsupportedMoELayer(f"{name} with act order (actorder='group') is not supported by lk_moe yet")
+        if "flashinfer" in _enum_value(getattr(method, "wna16_backend", "")):
+            raise UnsupportedMoELayer(f"{name} on the FlashInfer-TRTLLM backend keeps N-first tensors, which "
+                                      "lk_moe does not read yet")
+        return "wna16_int4", None
     raise UnsupportedMoELayer(
         f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
-        "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel. "
+        "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel, "
+        "compressed-tensors W4A16 int4 (pack-quantized). "
         "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 

@@ -179,7 +179,7 @@ def write_tokenizer(out: str, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-QUANTS = ("bf16", "fp8")
+QUANTS = ("bf16", "fp8", "w4a16")
 
 
 def _is_router(name: str) -> bool:
@@ -213,10 +213,54 @@ def _fp8_config(tensors: Dict[str, torch.Tensor]) -> dict:
             "weight_block_size": [128, 128], "modules_to_not_convert": keep}
 
 
+def _pack_int4_along_k(u: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit codes [N, K] -> int32 [N, K/8]: input 8w+i in bits 4i..4i+3 of word w
+    (compressed-tensors pack-quantized)."""
+    u = u.to(torch.int64)
+    words = torch.zeros(u.shape[0], u.shape[1] // 8, dtype=torch.int64)
+    for i in range(8):
+        words |= u[:, i::8] << (4 * i)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+
+
+def quantize_w4a16(tensors: Dict[str, torch.Tensor], group: int = 32) -> Dict[str, torch.Tensor]:
+    """Routed experts as compressed-tensors W4A16 (Kimi-K2-Thinking's layout): per expert projection
+    `weight_packed` int32 [N, K/8] (codes q+8), `weight_scale` bf16 [N, K/group], `weight_shape`
+    [2]; symmetric, dequantized = q * scale. Everything else stays bf16."""
+    out = {}
+    for name, w in tensors.items():
+        if ".experts." not in name or not name.endswith(".weight") or w.dim() != 2:
+            out[name] = w
+            continue
+        N, K = w.shape
+        g = w.float().reshape(N, K // group, group)
+        scale = (g.abs().amax(dim=2) / 7.0).clamp(min=1e-8).to(torch.bfloat16)
+        q = torch.round(g / scale.float()[..., None]).clamp(-8, 7).reshape(N, K)
+        base = name[:-len("weight")]
+        out[base + "weight_packed"] = _pack_int4_along_k((q + 8).to(torch.int64))
+        out[base + "weight_scale"] = scale.contiguous()
+        out[base + "weight_shape"] = torch.tensor([N, K], dtype=torch.int64)
+    return out
+
+
+def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
+    # Every Linear but the routed experts stays bf16: list those modules by name.
+    ignore = sorted({n[:-len(".weight")] for n, t in tensors.items()
+                     if n.endswith(".weight") and t.dim() == 2 and ".experts." not in n
+                     and not n.startswith("model.embed")})
+    scheme = {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+              "format": "pack-quantized",
+              "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                          "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"}}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": scheme}, "ignore": ignore, "kv_cache_scheme": None}
+
+
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
                     quant: str = "bf16") -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
-    quant: "bf16", or "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8; tiny only)."""
+    quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8) or "w4a16" (int4 experts,
+    compressed-tensors, like Kimi-K2-Thinking); quantized variants: tiny only."""
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
     if quant != "bf16" and size != "tiny":
@@ -236,6 +280,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     if quant == "fp8":
         tensors = quantize_fp8_block(tensors)
         config["quantization_config"] = _fp8_config(tensors)
+    elif quant == "w4a16":
+        config["quantization_config"] = _w4a16_config(tensors)
+        tensors = quantize_w4a16(tensors)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
     with open(os.path.join(out, "config.json"), "w") as f:

@@ -55,6 +55,8 @@ def test_format_mapping():
     ct = SimpleNamespace(strategy=Strategy.CHANNEL)
     assert engine_format(method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=ct)) == ("fp8_channel", None)
     assert engine_format(method("CompressedTensorsW8A8Int8MoEMethod", weight_quant=ct)) == ("int8_channel", None)
+    for cls in ("CompressedTensorsWNA16MarlinMoEMethod", "CompressedTensorsWNA16MoEMethod"):
+        assert engine_format(method(cls, num_bits=4, actorder=None, wna16_backend="MARLIN")) == ("wna16_int4", None)
 
 
 @pytest.mark.parametrize("m,words", [
@@ -62,7 +64,9 @@ def test_format_mapping():
     (method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=SimpleNamespace(strategy=Strategy.TENSOR)),
      "weight strategy 'tensor'"),
     (method("GptOssMxfp4MoEMethod"), "GptOssMxfp4MoEMethod is not supported by lk_moe yet"),
-    (method("CompressedTensorsWNA16MarlinMoEMethod"), "CompressedTensorsWNA16MarlinMoEMethod"),
+    (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=8), "8-bit weights"),
+    (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=4, actorder="group"), "act order"),
+    (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=4, wna16_backend="FLASHINFER_TRTLLM"), "N-first"),
 ])
 def test_unsupported_methods_are_named(m, words):
     with pytest.raises(UnsupportedMoELayer) as ei:

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,7 +45,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_have_gpu_and_vllm()), re
 # First MoE layer of each tiny checkpoint (DeepSeek/GLM start with one dense layer).
 ARCHS = {"qwen3_moe": 0, "deepseek_v3": 1, "glm4_moe": 1, "mixtral": 0}
 # Quantized checkpoints (expert formats of the formats issue), CPU prefill for now.
-QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8")]
+QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16")]
+PARALLEL = 10  # vLLM runs at a time (each is two processes of a few GB of host RAM)
 STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver,lora_hf_hub_resolver"}  # every plugin but ours
 OFF = {"LVLLM_MOE_NUMA_ENABLED": "0"}
 CPU = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "0"}
@@ -65,6 +67,7 @@ def _checkpoint(workdir, arch, quant="bf16"):
 
 
 def _launch(workdir, arch, name, env_extra, args=(), quant="bf16"):
+    """Start one vLLM run; returns (tag, process)."""
     model = _checkpoint(workdir, arch, quant)
     tag = f"{arch}-{name}" if quant == "bf16" else f"{arch}-{quant}-{name}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
@@ -78,6 +81,16 @@ def _launch(workdir, arch, name, env_extra, args=(), quant="bf16"):
     return tag, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _result(workdir, tag, rc):
+    log = (workdir / f"{tag}.log").read_text()
+    if rc != 0:
+        return {"error": f"vLLM run {tag} failed (rc {rc}); log tail:\n{log[-6000:]}"}
+    with open(workdir / f"{tag}.json") as f:
+        res = json.load(f)
+    res["log"] = log
+    return res
+
+
 def _collect(workdir, procs, timeout=900):
     results = {}
     for tag, p in procs:
@@ -86,13 +99,26 @@ def _collect(workdir, procs, timeout=900):
         except subprocess.TimeoutExpired:
             p.kill()
             rc = "timeout"
-        log = (workdir / f"{tag}.log").read_text()
-        if rc != 0:
-            results[tag] = {"error": f"vLLM run {tag} failed (rc {rc}); log tail:\n{log[-6000:]}"}
-            continue
-        with open(workdir / f"{tag}.json") as f:
-            results[tag] = json.load(f)
-        results[tag]["log"] = log
+        results[tag] = _result(workdir, tag, rc)
+    return results
+
+
+def _run_all(workdir, specs, parallel=PARALLEL, timeout=900):
+    """specs: _launch argument tuples; at most `parallel` runs at a time."""
+    results, running, pending = {}, [], list(specs)
+    deadline = time.time() + timeout
+    while pending or running:
+        while pending and len(running) < parallel:
+            running.append(_launch(workdir, *pending.pop(0)))
+        time.sleep(1)
+        for tag, p in list(running):
+            rc = p.poll()
+            if rc is None and time.time() > deadline:
+                p.kill()
+                rc = "timeout"
+            if rc is not None:
+                running.remove((tag, p))
+                results[tag] = _result(workdir, tag, rc)
     return results
 
 
@@ -101,15 +127,12 @@ def runs(tmp_path_factory):
     """All comparison runs, started together; {tag: result}."""
     workdir = tmp_path_factory.mktemp("e2e")
     kv = ["--kv-bytes", str(2 << 30)]
-    procs = [_launch(workdir, "qwen3_moe", "stock", STOCK, kv)]
+    specs = [("qwen3_moe", "stock", STOCK, kv)]
     for arch in ARCHS:
-        procs.append(_launch(workdir, arch, "off", OFF, kv))
-        procs.append(_launch(workdir, arch, "cpu", CPU, kv))
-        procs.append(_launch(workdir, arch, "gpu", _gpu_env(arch), kv))
+        specs += [(arch, "off", OFF, kv), (arch, "cpu", CPU, kv), (arch, "gpu", _gpu_env(arch), kv)]
     for arch, quant in QUANTIZED:
-        procs.append(_launch(workdir, arch, "off", OFF, kv, quant))
-        procs.append(_launch(workdir, arch, "cpu", CPU, kv, quant))
-    return _collect(workdir, procs)
+        specs += [(arch, "off", OFF, kv, quant), (arch, "cpu", CPU, kv, quant)]
+    return _run_all(workdir, specs)
 
 
 def _get(runs, tag):
