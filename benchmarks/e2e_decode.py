@@ -107,8 +107,7 @@ def main() -> int:
         _worker(a)
         return 0
     if not a.model:
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
-        from make_tiny_checkpoint import make_checkpoint
+        from lvllm.tiny_checkpoint import make_checkpoint
         a.model = make_checkpoint("qwen3_moe", os.path.join(tempfile.gettempdir(), f"lvllm-qwen3-30b-a3b-L{a.layers or 48}"),
                                   "big", layers=a.layers)
     with open(os.path.join(a.model, "config.json")) as f:

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The built-in demo (README "main job").
-# Hardware: any x86-64 CPU; an NVIDIA GPU for serving.
-# - Without a GPU: says so and runs the CPU engine demo (one Qwen3-30B-A3B-shaped MoE layer on
-#   lk_moe, checked against torch and timed).
-# - With a GPU: `vllm serve` of a generated tiny checkpoint comes with the vLLM plugin
-#   (not in this build yet); until then the CPU engine demo runs there too.
+# Assumes: any x86-64 CPU; for serving, one NVIDIA GPU (a few GB are enough) and vLLM 0.26.0.
+# - With a GPU: writes a tiny Qwen3-MoE checkpoint of random weights (~/.cache/lvllm), runs
+#   `vllm serve` on it with lk_moe switched on, sends one chat request and prints the answer
+#   (gibberish: random weights) and lk_moe's startup summary.
+# - Without a GPU (or vLLM): says so and runs the CPU engine demo (one Qwen3-30B-A3B-shaped MoE
+#   layer on lk_moe, checked against torch and timed).
+#
+# Usage: bash commands/demo_tiny_serve_tp1.sh
+# Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/tools/setup_env.sh"
 cd "$root"
-exec "$LVLLM_PYTHON" -m lk_moe.demo "$@"
+exec "$LVLLM_PYTHON" -m lvllm.demo_serve "$@"

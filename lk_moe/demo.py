@@ -23,18 +23,16 @@ def gpu_status() -> str:
     return ""
 
 
-def main(argv=None) -> int:
+def main(argv=None, why_not_serving: str = "") -> int:
+    """why_not_serving: the reason the serving demo did not run (lvllm.demo_serve), if it was asked."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experts", type=int, default=128, help="experts in the layer (Qwen3-30B-A3B: 128)")
     p.add_argument("--threads", type=int, default=0, help="engine threads (default: LK_THREADS or all cores)")
     args = p.parse_args(argv)
 
-    gpu = gpu_status()
-    if gpu:
-        print(f"{gpu}. Serving with `vllm serve` arrives with the lvllm vLLM plugin; "
-              "this build runs the CPU engine demo.")
-    else:
-        print("No NVIDIA GPU found: serving a model (`vllm serve`) needs one.\n"
+    why = why_not_serving or ("" if gpu_status() else "No NVIDIA GPU found")
+    if why:
+        print(f"{why}: serving a model (`vllm serve`) needs an NVIDIA GPU and vLLM 0.26.0.\n"
               "Running the CPU engine demo instead: the routed experts of one MoE layer on lk_moe.")
 
     H, I, E, K = 2048, 768, args.experts, 8

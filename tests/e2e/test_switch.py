@@ -58,8 +58,7 @@ def _gpu_env(arch):
 
 
 def _checkpoint(workdir, arch, quant="bf16"):
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from make_tiny_checkpoint import make_checkpoint
+    from lvllm.tiny_checkpoint import make_checkpoint
     path = str(workdir / (arch if quant == "bf16" else f"{arch}-{quant}"))
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         make_checkpoint(arch, path, quant=quant)

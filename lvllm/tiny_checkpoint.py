@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Write a small checkpoint of a real MoE architecture: config.json that vLLM 0.26.0 loads as it
+is, safetensors with random weights under the names the Hub checkpoints of that family use, and
+a small byte-level BPE tokenizer with a chat template (so `vllm serve` works with text).
+
+    python tools/make_tiny_checkpoint.py --arch qwen3_moe --out /tmp/tiny-qwen3
+    python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
+        # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
+
+Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
+experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Dict
+
+import torch
+
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral")
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# tiny: CI-fast; big: the real model's shape (config only, for --load-format dummy)
+SHAPES = {
+    "qwen3_moe": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048),
+        "big": dict(H=2048, L=48, nh=32, nkv=4, hd=128, E=128, K=8, I=768, dense_I=6144, V=151936, ctx=40960),
+    },
+    "deepseek_v3": {
+        "tiny": dict(H=512, L=4, nh=16, E=16, K=4, I=256, dense_I=1024, V=2048, q_lora=256, kv_lora=512,
+                     nope=128, rope=64, v=128, groups=4, topk_groups=2, shared=1, dense=1),
+        "big": dict(H=7168, L=61, nh=128, E=256, K=8, I=2048, dense_I=18432, V=129280, q_lora=1536,
+                    kv_lora=512, nope=128, rope=64, v=128, groups=8, topk_groups=4, shared=1, dense=3, ctx=163840),
+    },
+    "glm4_moe": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048, shared=1, dense=1),
+        "big": dict(H=5120, L=92, nh=96, nkv=8, hd=128, E=160, K=8, I=1536, dense_I=12288, V=151552,
+                    shared=1, dense=3, ctx=131072),
+    },
+    "mixtral": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
+        "big": dict(H=6144, L=56, nh=48, nkv=8, hd=128, E=8, K=2, I=16384, V=32768, ctx=65536),
+    },
+}
+
+
+def _config(arch: str, s: dict, vocab: int) -> dict:
+    common = dict(vocab_size=vocab, hidden_size=s["H"], num_hidden_layers=s["L"],
+                  num_attention_heads=s["nh"], hidden_act="silu", max_position_embeddings=s.get("ctx", 4096),
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16",
+                  bos_token_id=0, eos_token_id=0, initializer_range=0.02)
+    if arch == "qwen3_moe":
+        return dict(common, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["dense_I"],
+                    num_experts=s["E"], num_experts_per_tok=s["K"], moe_intermediate_size=s["I"],
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                    rope_theta=1000000.0, use_sliding_window=False)
+    if arch == "deepseek_v3":
+        return dict(common, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                    num_key_value_heads=s["nh"], intermediate_size=s["dense_I"], moe_intermediate_size=s["I"],
+                    n_routed_experts=s["E"], n_shared_experts=s["shared"], num_experts_per_tok=s["K"],
+                    routed_scaling_factor=2.5, n_group=s["groups"], topk_group=s["topk_groups"],
+                    topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, moe_layer_freq=1,
+                    first_k_dense_replace=s["dense"], q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"],
+                    qk_nope_head_dim=s["nope"], qk_rope_head_dim=s["rope"], v_head_dim=s["v"],
+                    rope_theta=10000.0, rope_scaling=None, attention_bias=False, num_nextn_predict_layers=0)
+    if arch == "glm4_moe":
+        return dict(common, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["dense_I"],
+                    moe_intermediate_size=s["I"], n_routed_experts=s["E"], n_shared_experts=s["shared"],
+                    num_experts_per_tok=s["K"], routed_scaling_factor=2.5, n_group=1, topk_group=1,
+                    first_k_dense_replace=s["dense"], norm_topk_prob=True, partial_rotary_factor=0.5,
+                    attention_bias=True, use_qk_norm=False, rope_theta=1000000.0, num_nextn_predict_layers=0)
+    if arch == "mixtral":
+        return dict(common, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
+                    num_local_experts=s["E"], num_experts_per_tok=s["K"], rope_theta=1000000.0,
+                    sliding_window=None, router_aux_loss_coef=0.02)
+    raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+class _Weights:
+    def __init__(self, seed: int):
+        self.g = torch.Generator().manual_seed(seed)
+        self.t: Dict[str, torch.Tensor] = {}
+
+    def linear(self, name: str, out_f: int, in_f: int, bias: bool = False, gain: float = 1.0) -> None:
+        w = torch.randn(out_f, in_f, generator=self.g) * (gain / math.sqrt(in_f))
+        self.t[f"{name}.weight"] = w.to(torch.bfloat16)
+        if bias:
+            self.t[f"{name}.bias"] = (0.1 * torch.randn(out_f, generator=self.g)).to(torch.bfloat16)
+
+    def norm(self, name: str, n: int) -> None:
+        self.t[f"{name}.weight"] = torch.ones(n, dtype=torch.bfloat16)
+
+    def mlp(self, prefix: str, H: int, I: int, names=("gate_proj", "up_proj", "down_proj")) -> None:
+        self.linear(f"{prefix}.{names[0]}", I, H)
+        self.linear(f"{prefix}.{names[1]}", I, H)
+        self.linear(f"{prefix}.{names[2]}", H, I)
+
+
+def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
+    w = _Weights(seed)
+    H = s["H"]
+    w.t["model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
+    # Logits of std ~3: fewer near-ties between the top tokens than unit-std logits would give.
+    w.linear("lm_head", vocab, H, gain=3.0)
+    w.norm("model.norm", H)
+    for i in range(s["L"]):
+        p = f"model.layers.{i}"
+        w.norm(f"{p}.input_layernorm", H)
+        w.norm(f"{p}.post_attention_layernorm", H)
+        a = f"{p}.self_attn"
+        if arch == "deepseek_v3":
+            w.linear(f"{a}.q_a_proj", s["q_lora"], H)
+            w.norm(f"{a}.q_a_layernorm", s["q_lora"])
+            w.linear(f"{a}.q_b_proj", s["nh"] * (s["nope"] + s["rope"]), s["q_lora"])
+            w.linear(f"{a}.kv_a_proj_with_mqa", s["kv_lora"] + s["rope"], H)
+            w.norm(f"{a}.kv_a_layernorm", s["kv_lora"])
+            w.linear(f"{a}.kv_b_proj", s["nh"] * (s["nope"] + s["v"]), s["kv_lora"])
+            w.linear(f"{a}.o_proj", H, s["nh"] * s["v"])
+        else:
+            bias = arch == "glm4_moe"
+            w.linear(f"{a}.q_proj", s["nh"] * s["hd"], H, bias)
+            w.linear(f"{a}.k_proj", s["nkv"] * s["hd"], H, bias)
+            w.linear(f"{a}.v_proj", s["nkv"] * s["hd"], H, bias)
+            w.linear(f"{a}.o_proj", H, s["nh"] * s["hd"])
+            if arch == "qwen3_moe":
+                w.norm(f"{a}.q_norm", s["hd"])
+                w.norm(f"{a}.k_norm", s["hd"])
+        if arch in ("deepseek_v3", "glm4_moe") and i < s["dense"]:
+            w.mlp(f"{p}.mlp", H, s["dense_I"])
+            continue
+        moe = f"{p}.block_sparse_moe" if arch == "mixtral" else f"{p}.mlp"
+        w.linear(f"{moe}.gate", s["E"], H)
+        if arch in ("deepseek_v3", "glm4_moe"):
+            # Real checkpoints store the selection bias in fp32.
+            w.t[f"{moe}.gate.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
+            w.mlp(f"{moe}.shared_experts", H, s["I"] * s["shared"])
+        names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        for e in range(s["E"]):
+            w.mlp(f"{moe}.experts.{e}", H, s["I"], names)
+    return w.t
+
+
+def _corpus():
+    words = ("the of and to in is was for on that with as by at from his her an were are which this be "
+             "mixture experts layer token model memory bandwidth host device prefill decode cache route "
+             "alpha beta gamma delta zero one two three four five six seven eight nine ten").split()
+    g = torch.Generator().manual_seed(7)
+    for _ in range(2000):
+        idx = torch.randint(len(words), (12,), generator=g).tolist()
+        yield " ".join(words[i] for i in idx) + ". 0123456789 ,;:!?"
+
+
+def write_tokenizer(out: str, vocab_size: int) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+           "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 4096,
+           "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return tok.get_vocab_size()
+
+
+QUANTS = ("bf16", "fp8", "w4a16")
+
+
+def _is_router(name: str) -> bool:
+    return name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight"))
+
+
+def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128) -> Dict[str, torch.Tensor]:
+    """The layout of DeepSeek-V3 / Qwen3-FP8 checkpoints: every projection weight as float8_e4m3fn
+    with `weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)] (dequantized = code * scale); router,
+    embeddings, norms, biases and lm_head stay as they are."""
+    out = {}
+    for name, w in tensors.items():
+        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")):
+            out[name] = w
+            continue
+        N, K = w.shape
+        nb, kb = -(-N // block), -(-K // block)
+        padded = torch.zeros(nb * block, kb * block)
+        padded[:N, :K] = w.float()
+        tiles = padded.reshape(nb, block, kb, block)
+        scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        q = (tiles / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out[name] = q.reshape(nb * block, kb * block)[:N, :K].contiguous()
+        out[name[:-len("weight")] + "weight_scale_inv"] = scale.float().contiguous()
+    return out
+
+
+def _fp8_config(tensors: Dict[str, torch.Tensor]) -> dict:
+    keep = sorted(n[:-len(".weight")] for n in tensors if _is_router(n)) + ["lm_head"]
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128], "modules_to_not_convert": keep}
+
+
+def _pack_int4_along_k(u: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit codes [N, K] -> int32 [N, K/8]: input 8w+i in bits 4i..4i+3 of word w
+    (compressed-tensors pack-quantized)."""
+    u = u.to(torch.int64)
+    words = torch.zeros(u.shape[0], u.shape[1] // 8, dtype=torch.int64)
+    for i in range(8):
+        words |= u[:, i::8] << (4 * i)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+
+
+def quantize_w4a16(tensors: Dict[str, torch.Tensor], group: int = 32) -> Dict[str, torch.Tensor]:
+    """Routed experts as compressed-tensors W4A16 (Kimi-K2-Thinking's layout): per expert projection
+    `weight_packed` int32 [N, K/8] (codes q+8), `weight_scale` bf16 [N, K/group], `weight_shape`
+    [2]; symmetric, dequantized = q * scale. Everything else stays bf16."""
+    out = {}
+    for name, w in tensors.items():
+        if ".experts." not in name or not name.endswith(".weight") or w.dim() != 2:
+            out[name] = w
+            continue
+        N, K = w.shape
+        g = w.float().reshape(N, K // group, group)
+        scale = (g.abs().amax(dim=2) / 7.0).clamp(min=1e-8).to(torch.bfloat16)
+        q = torch.round(g / scale.float()[..., None]).clamp(-8, 7).reshape(N, K)
+        base = name[:-len("weight")]
+        out[base + "weight_packed"] = _pack_int4_along_k((q + 8).to(torch.int64))
+        out[base + "weight_scale"] = scale.contiguous()
+        out[base + "weight_shape"] = torch.tensor([N, K], dtype=torch.int64)
+    return out
+
+
+def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
+    # Every Linear but the routed experts stays bf16: list those modules by name.
+    ignore = sorted({n[:-len(".weight")] for n, t in tensors.items()
+                     if n.endswith(".weight") and t.dim() == 2 and ".experts." not in n
+                     and not n.startswith("model.embed")})
+    scheme = {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+              "format": "pack-quantized",
+              "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                          "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"}}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": scheme}, "ignore": ignore, "kv_cache_scheme": None}
+
+
+def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
+                    quant: str = "bf16") -> str:
+    """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
+    quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8) or "w4a16" (int4 experts,
+    compressed-tensors, like Kimi-K2-Thinking); quantized variants: tiny only."""
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
+    if quant != "bf16" and size != "tiny":
+        raise ValueError("quantized variants are written for --size tiny only")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    if size not in ("tiny", "big"):
+        raise ValueError("size must be tiny or big")
+    s = dict(SHAPES[arch][size])
+    if layers:
+        s["L"] = layers
+    os.makedirs(out, exist_ok=True)
+    n_tok = write_tokenizer(out, min(s["V"], 2048))
+    vocab = max(s["V"], n_tok)
+    config = _config(arch, s, vocab)
+    tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
+    if quant == "fp8":
+        tensors = quantize_fp8_block(tensors)
+        config["quantization_config"] = _fp8_config(tensors)
+    elif quant == "w4a16":
+        config["quantization_config"] = _w4a16_config(tensors)
+        tensors = quantize_w4a16(tensors)
+    eos = SPECIAL.index("<|im_end|>")
+    config.update(bos_token_id=eos, eos_token_id=eos)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": eos, "eos_token_id": eos}, f)
+    if tensors is not None:
+        from safetensors.torch import save_file
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", required=True, choices=ARCHS)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="tiny", choices=("tiny", "big"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
+    ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
+    a = ap.parse_args(argv)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant)
+    print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
+          + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
