@@ -14,6 +14,7 @@ experts cached from the previous forward do not inflate the bandwidth.
 
     python benchmarks/moe_layer.py                     # Qwen3-30B-A3B + DeepSeek-V3 shapes
     python benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1 --threads all
+    python benchmarks/moe_layer.py --format mxfp4 --shapes gpt-oss-120b   # mxfp4 + swigluoai + biases
 """
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
-from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_fp8, moe_torch_baseline_wna16,  # noqa: E402
-                               random_routing)
+from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_fp8, moe_torch_baseline_mxfp4,  # noqa: E402
+                               moe_torch_baseline_wna16, random_routing)
 
 SHAPES = {
     # name: (H, I, E, K)
     "qwen3-30b-a3b": (2048, 768, 128, 8),
     "deepseek-v3": (7168, 2048, 256, 8),
+    "gpt-oss-120b": (2880, 2880, 128, 4),
 }
 
 
@@ -95,6 +97,20 @@ def make_wna16_tensors(E, H, I, gs=128, asym=False, seed=0):
     return t
 
 
+def make_mxfp4_tensors(E, H, I, seed=0):
+    """mxfp4 tensors as vLLM's GptOssMxfp4MoEMethod holds them after loading (interleaved gate/up rows,
+    bf16 biases): random e2m1 codes (one random expert copied, fast to build), e8m0 scales near 2^-6."""
+    g = torch.Generator().manual_seed(seed)
+    def codes(*shape):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    c13, c2 = codes(2 * I, H // 2), codes(H, I // 2)
+    return dict(w13_weight=c13.expand(E, -1, -1).contiguous(), w2_weight=c2.expand(E, -1, -1).contiguous(),
+                w13_weight_scale=torch.randint(119, 123, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8),
+                w2_weight_scale=torch.randint(119, 123, (E, H, I // 32), generator=g, dtype=torch.uint8),
+                w13_bias=(torch.randn(E, 2 * I, generator=g) * 0.1).bfloat16(),
+                w2_bias=(torch.randn(E, H, generator=g) * 0.1).bfloat16())
+
+
 def timed(fn, reps):
     out = []
     for _ in range(reps):
@@ -108,8 +124,11 @@ def bench_shape(name, args, results):
     H, I, E, K = SHAPES[name]
     fp8 = args.format == "fp8_block"
     int4 = args.format == "wna16_int4"
+    fp4 = args.format == "mxfp4"
     gs = args.group_size
-    if int4:  # quantized bytes read per expert: codes + bf16 scales (+ 4-bit zero points)
+    if fp4:  # quantized bytes read per expert: codes + e8m0 scales + bf16 biases
+        expert_bytes = 3 * H * I // 2 + 3 * H * I // 32 + (2 * I + H) * 2
+    elif int4:  # quantized bytes read per expert: codes + bf16 scales (+ 4-bit zero points)
         expert_bytes = 3 * H * I // 2 + 3 * H * I // gs * 2 + (3 * H * I // gs // 2 if args.asym else 0)
     else:
         expert_bytes = 3 * H * I * (1 if fp8 else 2)
@@ -124,7 +143,12 @@ def bench_shape(name, args, results):
     fmt = f"{args.format} gs={gs}{' asym' if args.asym else ' sym'}" if int4 else args.format
     print(f"\n## {name} {fmt}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
           f"{copies} packed cop{'y' if copies == 1 else 'ies'} for decode rotation)", flush=True)
-    if int4:
+    if fp4:
+        tensors = make_mxfp4_tensors(E, H, I)
+        build = lambda pool: lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, pool=pool,  # noqa: E731
+                                                             activation="swigluoai")
+        baseline = lambda x, ids, w: moe_torch_baseline_mxfp4(x, tensors, ids, w)  # noqa: E731
+    elif int4:
         tensors = make_wna16_tensors(E, H, I, gs, args.asym)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors, pool=pool)  # noqa: E731
         baseline = lambda x, ids, w: moe_torch_baseline_wna16(x, tensors, ids, w)  # noqa: E731
@@ -200,7 +224,7 @@ def main():
     p.add_argument("--rotate-bytes", type=float, default=4 * 2**30,
                    help="decode rotates over packed copies until this many bytes (defeats the LLC)")
     p.add_argument("--max-copies", type=int, default=4)
-    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "wna16_int4"])
+    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "wna16_int4", "mxfp4"])
     p.add_argument("--group-size", type=int, default=128, help="wna16_int4: scale group size")
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--json", help="write the results here")

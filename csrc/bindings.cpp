@@ -128,11 +128,11 @@ struct Layer {
 
   // Builds the engine layer without the GIL; a shape the engine cannot take is a ValueError.
   static Layer build(std::shared_ptr<lk::ThreadPool> pool, const lk::WeightSource& src, int64_t E, int64_t I,
-                     int64_t H) {
+                     int64_t H, lk::Activation act = lk::Activation::kSiLU) {
     Layer l;
     try {
       py::gil_scoped_release nogil;
-      l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), lk::Activation::kSiLU);
+      l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), act);
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
     }
@@ -268,6 +268,90 @@ struct Layer {
     src.gs2 = int(I / G2);
     src.fp16_scale = st == DType::kFP16;
     return build(std::move(pool), src, E, I, H);
+  }
+
+  // mxfp4: OCP MX FP4 experts as vLLM's GptOssMxfp4MoEMethod / Mxfp4MoEMethod hold them after loading
+  // (see lk::WeightSource): w13_weight uint8 [E, 2I', H'/2], w13_weight_scale uint8 [E, 2I', H'/32],
+  // w2_weight uint8 [E, H', I'/2], w2_weight_scale uint8 [E, H', I'/32], optional w13_bias bf16 [E, 2I']
+  // and w2_bias bf16 [E, H']. H' >= H and I' >= I may be padded (vLLM rounds them up for its kernels);
+  // hidden_size / intermediate_size (<= 0: H', I') give the real sizes, and only those are read.
+  static Layer mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                     const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> b13,
+                     std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
+                     int64_t intermediate_size, bool interleaved, double alpha, double limit) {
+    lk::Activation act;
+    if (activation == "silu") act = lk::Activation::kSiLU;
+    else if (activation == "swigluoai") act = lk::Activation::kSwigluOAI;
+    else throw py::value_error("activation '" + activation + "' is not supported for mxfp4 (supported: swigluoai, silu)");
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
+      if (t->scalar_type() != at::kByte)
+        throw py::type_error(std::string(name) + " must be uint8 (two e2m1 codes per byte), got " + dtype_name(*t));
+    for (auto [t, name] : {std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
+      if (t->scalar_type() != at::kByte)
+        throw py::type_error(std::string(name) + " must be uint8 (e8m0 exponents), got " + dtype_name(*t));
+    if (w13.dim() != 3 || w13.size(0) < 1 || w13.size(1) < 2 || w13.size(1) % 2 || w13.size(2) < 1)
+      throw py::value_error("w13_weight must be [E, 2*I, H/2] (uint8, two e2m1 codes per byte), got " + shape_str(w13));
+    const int64_t E = w13.size(0), R13 = w13.size(1), C13 = w13.size(2);
+    if (w2.dim() != 3 || w2.size(0) != E || w2.size(1) < 1 || w2.size(2) < 1)
+      throw py::value_error("w2_weight must be [E, H, I/2] with E = " + std::to_string(E) + ", got " + shape_str(w2));
+    const int64_t R2 = w2.size(1), C2 = w2.size(2);
+    const int64_t H = hidden_size > 0 ? hidden_size : R2;
+    const int64_t I = intermediate_size > 0 ? intermediate_size : R13 / 2;
+    if (E > (1 << 20) || R13 > (1 << 21) || R2 > (1 << 20) || C13 > (1 << 20) || C2 > (1 << 20))
+      throw py::value_error("expert dimensions are implausibly large: w13_weight " + shape_str(w13));
+    if (H > R2 || H > 2 * C13)
+      throw py::value_error("hidden_size " + std::to_string(H) + " does not fit w13_weight " + shape_str(w13) +
+                            " / w2_weight " + shape_str(w2) + " (need H <= 2 * w13_weight.shape[2] and H <= w2_weight.shape[1])");
+    if (2 * I > R13 || I > 2 * C2)
+      throw py::value_error("intermediate_size " + std::to_string(I) + " does not fit w13_weight " + shape_str(w13) +
+                            " / w2_weight " + shape_str(w2) + " (need 2 * I <= w13_weight.shape[1] and I <= 2 * w2_weight.shape[2])");
+    auto dims = [](std::initializer_list<int64_t> v) {
+      std::string r = "[";
+      for (int64_t x : v) r += (r.size() > 1 ? ", " : "") + std::to_string(x);
+      return r + "]";
+    };
+    // One scale per 32 inputs: [.., ceil(K'/32)] (vLLM: K'/32 with K' a multiple of 32); enough for the real K.
+    auto check_scale = [&](const at::Tensor& t, const char* name, int64_t rows, int64_t cols, int64_t k, const char* what) {
+      const int64_t g = (2 * cols + 31) / 32;
+      if (t.dim() != 3 || t.size(0) != E || t.size(1) != rows || t.size(2) > g || t.size(2) * 32 < k)
+        throw py::value_error(std::string(name) + " must have shape " + what + " = " + dims({E, rows, g}) + ", got " +
+                              shape_str(t));
+      return t.size(2);
+    };
+    const int64_t G13 = check_scale(s13, "w13_weight_scale", R13, C13, H, "[E, 2I, H/32]");
+    const int64_t G2 = check_scale(s2, "w2_weight_scale", R2, C2, I, "[E, H, I/32]");
+    if (b13.has_value() != b2.has_value())
+      throw py::value_error(std::string("mxfp4 biases come in pairs; ") + (b13 ? "w2_bias" : "w13_bias") + " is missing");
+    if (b13) {
+      for (auto [t, name] : {std::pair{&*b13, "w13_bias"}, std::pair{&*b2, "w2_bias"}})
+        if (t->scalar_type() != at::kBFloat16) throw py::type_error(std::string(name) + " must be bfloat16, got " + dtype_name(*t));
+      require_shape(*b13, "w13_bias", {E, R13}, ("[E, 2I] = " + dims({E, R13})).c_str());
+      require_shape(*b2, "w2_bias", {E, R2}, ("[E, H] = " + dims({E, R2})).c_str());
+      require_cpu_contiguous(*b13, "w13_bias");
+      require_cpu_contiguous(*b2, "w2_bias");
+    }
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
+                           std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
+      require_cpu_contiguous(*t, name);
+    if (!(alpha == alpha) || !(limit > 0)) throw py::value_error("swiglu_alpha must be a number and swiglu_limit > 0");
+    lk::WeightSource src;
+    src.type = lk::DType::kMXFP4;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
+    src.e13 = s13.data_ptr<uint8_t>();
+    src.e2 = s2.data_ptr<uint8_t>();
+    src.b13 = b13 ? static_cast<const uint16_t*>(b13->data_ptr()) : nullptr;
+    src.b2 = b2 ? static_cast<const uint16_t*>(b2->data_ptr()) : nullptr;
+    src.r13 = int(R13);
+    src.c13 = int(C13);
+    src.cs13 = int(G13);
+    src.r2 = int(R2);
+    src.c2 = int(C2);
+    src.cs2 = int(G2);
+    src.interleaved = interleaved;
+    src.alpha = float(alpha);
+    src.limit = float(limit);
+    return build(std::move(pool), src, E, I, H, act);
   }
 
   Layer() = default;
@@ -473,8 +557,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("w2_weight_packed"), py::arg("w13_weight_scale"), py::arg("w2_weight_scale"),
                   py::arg("w13_weight_zero_point") = py::none(), py::arg("w2_weight_zero_point") = py::none(),
                   py::arg("activation") = "silu")
+      .def_static("mxfp4", &Layer::mxfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
+                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_bias") = py::none(),
+                  py::arg("w2_bias") = py::none(), py::arg("activation") = "swigluoai", py::arg("hidden_size") = 0,
+                  py::arg("intermediate_size") = 0, py::arg("interleaved") = true, py::arg("swiglu_alpha") = 1.702,
+                  py::arg("swiglu_limit") = 7.0)
       .def_property_readonly("format", [](const Layer& l) {
         const auto& sh = l.impl->shape();
+        if (sh.fp4) return "mxfp4";
         if (sh.int4) return "wna16_int4";
         if (!sh.byte_weights) return "bf16";
         if (sh.per_row) return sh.int8 ? "int8_channel" : "fp8_channel";
@@ -492,7 +582,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
-             if (sh.byte_weights || sh.int4)
+             if (sh.byte_weights || sh.int4 || sh.fp4)
                throw py::value_error("GPU streaming and GPU-resident layers take bf16/fp16 experts only so far; this "
                                      "layer is quantized (use the CPU path: gpu_min_batch=0, resident=False)");
              py::list out;

@@ -80,8 +80,13 @@ class MoELayer:
         # packed int32 [E, H/8, 2I] / [E, I/8, H], bf16/fp16 scales [E, H/gs, 2I] / [E, I/gs, H]; optional
         # w13_weight_zero_point / w2_weight_zero_point (asymmetric) and g_idx (identity only).
         "wna16_int4": ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"),
+        # OCP MX FP4 (vLLM GptOssMxfp4MoEMethod / Mxfp4MoEMethod after loading): uint8 e2m1 pairs
+        # [E, 2I, H/2] / [E, H, I/2] (element 2i in the low nibble), uint8 e8m0 scales [E, 2I, H/32] /
+        # [E, H, I/32]; optional bf16 w13_bias [E, 2I] / w2_bias [E, H] (gpt-oss). H, I may be padded.
+        "mxfp4": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
     }
-    _OPTIONAL = {"wna16_int4": ("w13_weight_zero_point", "w2_weight_zero_point")}
+    _OPTIONAL = {"wna16_int4": ("w13_weight_zero_point", "w2_weight_zero_point"),
+                 "mxfp4": ("w13_bias", "w2_bias")}
 
     @classmethod
     def tensor_names(cls, format: str) -> tuple:
@@ -92,11 +97,24 @@ class MoELayer:
         return cls.FORMATS[format], cls._OPTIONAL.get(format, ())
 
     @classmethod
-    def from_checkpoint(cls, format: str, tensors: dict, *, activation: str = "silu", pool=None,
-                        block_size=None) -> "MoELayer":
+    def from_checkpoint(cls, format: str, tensors: dict, *, activation: str | None = None, pool=None,
+                        block_size=None, hidden_size: int | None = None, intermediate_size: int | None = None,
+                        interleaved: bool | None = None, swiglu_alpha: float = 1.702,
+                        swiglu_limit: float = 7.0) -> "MoELayer":
         """Build from the tensors vLLM's MoE method holds for `format` (names as vLLM's parameters).
         Block sizes and the like are read from the tensors' shapes; `block_size=(rows, cols)` is
-        needed only where the shapes do not tile exactly. Unquantized: "bf16" (fp16 too)."""
+        needed only where the shapes do not tile exactly. Unquantized: "bf16" (fp16 too).
+
+        activation: "silu" (default), or for "mxfp4" "swigluoai" (its default: gpt-oss):
+        g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g * sigmoid(alpha * g) with
+        swiglu_alpha = 1.702, swiglu_limit = 7.0; w13_bias is added to gate/up before it, and the expert
+        output w2 @ act + w2_bias is what the router weight scales.
+        mxfp4 only: hidden_size / intermediate_size are the real H and I when vLLM padded the tensors
+        (default: the tensors' sizes; the padding is dropped, x and the output are [M, hidden_size]);
+        interleaved: w13 rows are gate_0, up_0, gate_1, up_1, ... (gpt-oss; default for swigluoai)
+        rather than all gate rows then all up rows (default for silu, e.g. DeepSeek-V4-style experts)."""
+        if activation is None:
+            activation = "swigluoai" if format == "mxfp4" else "silu"
         if format not in cls.FORMATS:
             raise ValueError(f"unsupported expert format {format!r}; supported: {', '.join(cls.FORMATS)}")
         names = cls.FORMATS[format]
@@ -110,7 +128,20 @@ class MoELayer:
             return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool)
         self = cls.__new__(cls)
         self._pool = pool if pool is not None else default_pool()
-        if format == "wna16_int4":
+        if format == "mxfp4":
+            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
+            for n, t in zip(cls._OPTIONAL[format], opt):
+                if t is not None and not isinstance(t, torch.Tensor):
+                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            if interleaved is None:
+                interleaved = activation == "swigluoai"
+            self._impl = _C.Layer.mxfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
+                                        hidden_size=int(hidden_size or 0),
+                                        intermediate_size=int(intermediate_size or 0),
+                                        interleaved=bool(interleaved), swiglu_alpha=float(swiglu_alpha),
+                                        swiglu_limit=float(swiglu_limit))
+            names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
+        elif format == "wna16_int4":
             _check_g_idx(tensors)
             opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
             for n, t in zip(cls._OPTIONAL[format], opt):

@@ -5,8 +5,21 @@ import torch
 import torch.nn.functional as F
 
 
-def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False):
+def swigluoai(gate, up, alpha=1.702, limit=7.0):
+    """gpt-oss activation (vLLM SwigluOAIAndMul.forward_native), in the inputs' dtype:
+    g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(alpha * g)."""
+    g = gate.clamp(max=limit)
+    u = up.clamp(min=-limit, max=limit)
+    return (u + 1) * g * torch.sigmoid(alpha * g)
+
+
+def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *, activation="silu",
+                  interleaved=False, w13_bias=None, w2_bias=None, swiglu_alpha=1.702, swiglu_limit=7.0):
     """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H].
+
+    activation "silu": silu(gate) * up; "swigluoai": see `swigluoai`. interleaved: w13 rows are
+    gate_0, up_0, gate_1, ... (gpt-oss) instead of [gate; up]. Biases (optional, [E, 2I] in w13's row
+    order and [E, H]): h = x w13^T + b13 before the activation, y = act w2^T + b2 scaled by the weight.
 
     With return_magnitude, also returns sum_k |w_k| * |w2_e| @ |act_e|: the scale that rounding
     the activation perturbs each output by (used for rigorous error bounds)."""
@@ -21,9 +34,17 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False):
         tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
         w = w13[e].float()
         h = xf[tok] @ w.t()
-        act = F.silu(h[:, :I]) * h[:, I:]
+        if w13_bias is not None:
+            h = h + w13_bias[e].float()
+        gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :I], h[:, I:])
+        if activation == "swigluoai":
+            act = swigluoai(gate, up, swiglu_alpha, swiglu_limit)
+        else:
+            act = F.silu(gate) * up
         w2e = w2[e].float()
         y = act @ w2e.t()
+        if w2_bias is not None:
+            y = y + w2_bias[e].float()
         rw = topk_weights[tok, k].unsqueeze(1)
         out.index_add_(0, tok, y * rw)
         if return_magnitude:
@@ -143,4 +164,47 @@ def moe_torch_baseline_wna16(x, tensors, topk_ids, topk_weights) -> torch.Tensor
         h = F.linear(x[tok], w13)
         act = F.silu(h[:, :I]) * h[:, I:]
         out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
+    return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------- mxfp4 (OCP MX FP4, gpt-oss)
+# Convention (vLLM 0.26.0, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code pairs, element 2i in the
+# low nibble of byte i; code bit 3 = sign, bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}; one e8m0 scale
+# byte s per 32 consecutive inputs of a row, worth 2^(s - 127) (255 is NaN).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def dequantize_mxfp4(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., N, K/2] and uint8 e8m0 [..., N, ceil(K/32)] -> fp32 [..., N, K] (exact)."""
+    lo = (codes & 0x0F).long()
+    hi = (codes >> 4).long()
+    c = torch.stack((lo, hi), dim=-1).flatten(-2)  # element 2i: low nibble, 2i + 1: high nibble
+    mag = torch.tensor(E2M1_VALUES, dtype=torch.float32)[c & 7]
+    v = torch.where((c & 8) != 0, -mag, mag)
+    s = scale.to(torch.int32)
+    sf = torch.where(s == 255, torch.tensor(float("nan")), torch.exp2((s - 127).float()))
+    K = v.shape[-1]
+    return v * sf.repeat_interleave(32, dim=-1)[..., :K]
+
+
+def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swigluoai", interleaved=True,
+                             swiglu_alpha=1.702, swiglu_limit=7.0) -> torch.Tensor:
+    """What a user would write in torch for mxfp4 experts: dequantize each routed expert to the
+    activations' dtype, then GEMMs in that dtype, biases as gpt-oss adds them."""
+    M, H = x.shape
+    q13, s13, q2, s2 = (tensors[n] for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+    b13, b2 = tensors.get("w13_bias"), tensors.get("w2_bias")
+    I = q13.shape[1] // 2
+    out = torch.zeros(M, H, dtype=torch.float32)
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+        w13 = dequantize_mxfp4(q13[e], s13[e])[:, :H].to(x.dtype)
+        w2 = dequantize_mxfp4(q2[e], s2[e])[:H, :I].to(x.dtype)
+        h = F.linear(x[tok], w13, None if b13 is None else b13[e].to(x.dtype))
+        gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :I], h[:, I:])
+        act = swigluoai(gate, up, swiglu_alpha, swiglu_limit) if activation == "swigluoai" else F.silu(gate) * up
+        y = F.linear(act, w2, None if b2 is None else b2[e, :H].to(x.dtype))
+        out.index_add_(0, tok, y.float() * topk_weights[tok, k].unsqueeze(1))
     return out.to(x.dtype)

@@ -21,8 +21,10 @@ namespace lk {
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
-enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5 };
-enum class Activation : int { kSiLU = 0 };
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6 };
+// kSiLU: silu(gate) * up. kSwigluOAI (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit),
+// (u + 1) * g * sigmoid(alpha * g) (see moe_layer.h for the sources).
+enum class Activation : int { kSiLU = 0, kSwigluOAI = 1 };
 
 // Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
 struct KernelScratch {
@@ -63,6 +65,16 @@ struct Int4Weights {
   bool fp16_scale = false;          // scales are fp16 (else bf16)
 };
 
+// MXFP4 weights (OCP microscaling FP4, gpt-oss; conventions in moe_layer.h): the Int4Weights block
+// layout (kp/4 quads of 32 bytes, byte 2n + j of quad q: element (n, 4q + j) in the low nibble,
+// (n, 4q + 2 + j) in the high nibble), each nibble an e2m1 code (sign bit 3, exponent bits 2-1,
+// mantissa bit 0: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}); one e8m0 scale byte s (2^(s - 127)) per output row
+// and 32 inputs. Half a byte per weight plus 1/32 byte of scale: the checkpoint's bytes.
+struct Fp4Weights {
+  const uint8_t* w = nullptr;      // null: not mxfp4
+  const uint8_t* scale = nullptr;  // per block: [kp/32][16] e8m0 bytes
+};
+
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
 // nblk I-blocks starting at w13 (layout [nblk][gate block][up block]).
 struct GateUpTask {
@@ -77,6 +89,9 @@ struct GateUpTask {
   KernelScratch* scratch;
   Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
   Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
+  Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/32][16]
+  const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
+  float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants
 };
 
 // Phase 2: out_acc[out_row[r], j*16 + n] += row_weight[r] * (w2_j[n] . act_r)
@@ -95,6 +110,7 @@ struct DownTask {
   KernelScratch* scratch;
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
   Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
+  Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/32][16] (the w2 bias is added by the engine)
 };
 
 struct KernelTable {

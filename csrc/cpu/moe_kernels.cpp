@@ -14,6 +14,7 @@
 // - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
 //   expert has >= kAmxMinRows tokens.
 // - int4 (wna16_int4): dot_tile_q4 for decode, dequantized groups for prefill (see the int4 section).
+// - mxfp4 (gpt-oss): dot_tile_fp4 for decode, dequantized segments for prefill (see the mxfp4 section).
 #include <cstring>
 
 #include "cpu/kernel_table.h"
@@ -1048,6 +1049,334 @@ void down_q4(const DownTask& t) {
   }
 }
 
+// ---------------------------------------------------------------- mxfp4 (gpt-oss)
+// Strategy. Decode (m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
+// stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
+// pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
+// split without AVX512-BF16) accumulates each 32-input group in fp32, then the group's 16 e8m0 scales
+// (2^(s-127) built as fp32 bits s << 23) multiply it into the total: one fmadd per 16 pair-rows.
+// Prefill (more rows) and every row count on the generic/avx2 tiers: per segment of up to 256 inputs,
+// dequantize code x scale of the block (pair) into bf16 in L1 (exact: e2m1 has 2 significant bits, the
+// scale is a power of two) and run the bf16 dot_rows over all row tiles on it, summing segments in fp32.
+// AMX tier: the same vector paths (no AMX tiles for mxfp4 yet). Biases: w13_bias is added to the fp32
+// pre-activations here, before the activation; the w2 bias by the engine (moe_layer.cpp).
+// Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format mxfp4
+// --shapes gpt-oss-120b: E=128, K=4, H=I=2880, biases, swigluoai; 3 packed copies rotated): M=1 1.55 ms =
+// 34 GB/s of quantized bytes; M=4 5.9 ms (35 GB/s); M=16 20 ms (33 GB/s). The VM's read-bandwidth
+// probe swings between runs (43-79 GB/s), so the ratio was 0.38-0.77 (0.77 against the 44 GB/s of the
+// same run as the numbers above). Prefill M=256: 208 ms (0.25 TFLOP/s). Decode prefetch distance:
+// 96 quads measured best of 48/96/192/384 (noisy). nbytes / checkpoint bytes: 1.0027.
+
+// e2m1 code -> bf16 bits (sign bit 3, magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6}); 32 entries for vpermw.
+struct Fp4Lut {
+  uint16_t v[32];
+};
+constexpr Fp4Lut make_fp4_lut() {
+  Fp4Lut t{};
+  const uint16_t mag[8] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0};
+  for (int i = 0; i < 16; ++i) t.v[i] = uint16_t(mag[i & 7] | (i & 8 ? 0x8000 : 0));
+  return t;
+}
+constexpr Fp4Lut kFp4Lut = make_fp4_lut();
+
+// e8m0 byte -> 2^(s - 127) as fp32 (s = 0: the subnormal 2^-127; s = 255: NaN).
+inline float e8m0_to_f32(uint8_t s) {
+  const uint32_t u = s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : uint32_t(s) << 23;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float sigmoid_scalar(float z) {
+  const float e = __builtin_expf(-(z < -kExpHi ? -kExpHi : (z > kExpHi ? kExpHi : z)));
+  return 1.0f / (1.0f + e);
+}
+
+// act[0:16] = activation(g + bias_g, u + bias_u) as bf16; g and u are overwritten.
+inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out) {
+  if (t.bias) {
+    const uint16_t* bg = t.bias + size_t(j) * 2 * kBlockN;
+    for (int n = 0; n < 16; ++n) {
+      g[n] += bf16_to_f32(bg[n]);
+      u[n] += bf16_to_f32(bg[kBlockN + n]);
+    }
+  }
+  if (t.act_fn != Activation::kSwigluOAI) return silu_mul_16(g, u, out);
+  const float lim = t.limit, al = t.alpha;
+#if defined(LK_V512)
+  const __m512 gv = _mm512_min_ps(_mm512_loadu_ps(g), _mm512_set1_ps(lim));
+  const __m512 uv = _mm512_max_ps(_mm512_min_ps(_mm512_loadu_ps(u), _mm512_set1_ps(lim)), _mm512_set1_ps(-lim));
+  const __m512 e = exp_v(_mm512_mul_ps(gv, _mm512_set1_ps(-al)));
+  const __m512 glu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(_mm512_mul_ps(_mm512_add_ps(uv, _mm512_set1_ps(1.0f)), glu)));
+#elif defined(__AVX2__)
+  float y[16];
+  for (int h = 0; h < 2; ++h) {
+    const __m256 gv = _mm256_min_ps(_mm256_loadu_ps(g + 8 * h), _mm256_set1_ps(lim));
+    const __m256 uv = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(u + 8 * h), _mm256_set1_ps(lim)), _mm256_set1_ps(-lim));
+    const __m256 e = exp_v(_mm256_mul_ps(gv, _mm256_set1_ps(-al)));
+    const __m256 glu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(_mm256_add_ps(uv, _mm256_set1_ps(1.0f)), glu));
+  }
+  store_bf16_16(y, out);
+#else
+  for (int n = 0; n < 16; ++n) {
+    const float gv = g[n] < lim ? g[n] : lim;
+    const float uv = u[n] < -lim ? -lim : (u[n] > lim ? lim : u[n]);
+    out[n] = f32_to_bf16((uv + 1.0f) * gv * sigmoid_scalar(al * gv));
+  }
+#endif
+}
+
+// len inputs (a multiple of 32) of an mxfp4 block -> bf16 block layout (len/2 pair-rows of 32),
+// values code x 2^(s - 127), exact. src: the segment's first quad; sc: its groups' [len/32][16] scales.
+inline void fp4_dequant_seg(const uint8_t* src, const uint8_t* sc, uint16_t* dst, int len) {
+  const int groups = len / 32;
+#if defined(LK_V512)
+  const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
+  const __m512i mask = _mm512_set1_epi16(0x0F);
+  const __m512i idx_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i idx_hi = _mm512_add_epi32(idx_lo, _mm512_set1_epi32(8));
+  for (int g = 0; g < groups; ++g) {
+    float sf[16];
+    for (int n = 0; n < 16; ++n) sf[n] = e8m0_to_f32(sc[g * 16 + n]);
+    const __m512 sv = _mm512_loadu_ps(sf);
+    const __m512 s_lo = _mm512_permutexvar_ps(idx_lo, sv);  // words 0..15 of a pair-row: rows 0..7, twice each
+    const __m512 s_hi = _mm512_permutexvar_ps(idx_hi, sv);  // words 16..31: rows 8..15
+    for (int q = 0; q < 8; ++q) {
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + (g * 8 + q) * 32)));
+      const __m512i w2[2] = {_mm512_permutexvar_epi16(_mm512_and_si512(v, mask), lut),
+                             _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut)};
+      for (int h = 0; h < 2; ++h) {
+        const __m512 lo = bf16_to_f32_v(_mm512_castsi512_si256(w2[h]));
+        const __m512 hi = bf16_to_f32_v(_mm512_extracti64x4_epi64(w2[h], 1));
+        // products are exact in bf16: take the high halves
+        const __m256i l16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(lo, s_lo)), 16));
+        const __m256i h16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(hi, s_hi)), 16));
+        _mm512_storeu_si512((void*)(dst + (g * 8 + q) * 64 + h * 32),
+                            _mm512_inserti64x4(_mm512_castsi256_si512(l16), h16, 1));
+      }
+    }
+  }
+#else
+  for (int g = 0; g < groups; ++g) {
+    float sf[16];
+    for (int n = 0; n < 16; ++n) sf[n] = e8m0_to_f32(sc[g * 16 + n]);
+    for (int q = 0; q < 8; ++q) {
+      const uint8_t* s = src + (g * 8 + q) * 32;
+      uint16_t* d = dst + (g * 8 + q) * 64;
+      for (int b = 0; b < 32; ++b) {
+        const float f = sf[b / 2];
+        d[b] = f32_to_bf16(bf16_to_f32(kFp4Lut.v[s[b] & 15]) * f);
+        d[32 + b] = f32_to_bf16(bf16_to_f32(kFp4Lut.v[s[b] >> 4]) * f);
+      }
+    }
+  }
+#endif
+}
+
+#if defined(LK_V512)
+constexpr int kFusedFp4Rows = 4;
+constexpr int kFp4PrefetchQuads = 96;  // prefetch distance in each block stream (32 B per quad)
+
+inline __m512 e8m0x16_to_f32(const uint8_t* s) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)s));
+  __m512i u = _mm512_slli_epi32(b, 23);
+  u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+  u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(u);
+}
+
+// C[r][j*16 + n] (ld 32) = sum_groups 2^(s_j[g][n] - 127) * sum_{k in g} A_r[k] * e2m1(code_j[n][k]).
+// With few rows the accumulator chains bound the speed: S independent accumulators per (row, block)
+// take the pair-rows in turn.
+template <int MR, int NB>
+inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                         float* c) {
+  constexpr int S = MR == 1 ? 4 : (MR <= 2 ? 2 : 1);
+  __m512 acc[S][MR][NB], tot[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
+    }
+  const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
+  const __m512i mask = _mm512_set1_epi16(0x0F);
+#if !defined(LK_VBF16)
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
+#endif
+  const int ngroups = kp / 32;
+  for (int g = 0; g < ngroups; ++g) {
+#pragma GCC unroll 8
+    for (int q = g * 8; q < g * 8 + 8; ++q) {
+      if ((q & 1) == 0) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+      }
+      __m512i wl[NB], wh[NB];
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b[j] + q * 32)));
+        wl[j] = _mm512_permutexvar_epi16(_mm512_and_si512(v, mask), lut);
+        wh[j] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
+      }
+      const int il = (2 * q) % S, ih = (2 * q + 1) % S;
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const uint16_t* ar = a[r] + 4 * q;
+        const __m512i a01 = bcast_pair(ar), a23 = bcast_pair(ar + 2);
+#if defined(LK_VBF16)
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          acc[il][r][j] = _mm512_dpbf16_ps(acc[il][r][j], (__m512bh)a01, (__m512bh)wl[j]);
+          acc[ih][r][j] = _mm512_dpbf16_ps(acc[ih][r][j], (__m512bh)a23, (__m512bh)wh[j]);
+        }
+#else
+        const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a01, 16));
+        const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a01, hi_mask));
+        const __m512 a2 = _mm512_castsi512_ps(_mm512_slli_epi32(a23, 16));
+        const __m512 a3 = _mm512_castsi512_ps(_mm512_and_si512(a23, hi_mask));
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wl[j], 16)), a0, acc[il][r][j]);
+          acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wh[j], 16)), a2, acc[ih][r][j]);
+          acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wl[j], hi_mask)), a1, acc[il][r][j]);
+          acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wh[j], hi_mask)), a3, acc[ih][r][j]);
+        }
+#endif
+      }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m512 sv = e8m0x16_to_f32(sc[j] + g * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        __m512 sum = acc[0][r][j];
+        acc[0][r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int i = 1; i < S; ++i) {
+          sum = _mm512_add_ps(sum, acc[i][r][j]);
+          acc[i][r][j] = _mm512_setzero_ps();
+        }
+        tot[r][j] = _mm512_fmadd_ps(sum, sv, tot[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+}
+
+template <int NB>
+void dot_rows_fp4(int mr, const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                  float* c) {
+  switch (mr) {
+    case 1: dot_tile_fp4<1, NB>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4<2, NB>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4<3, NB>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4<4, NB>(a, b, sc, kp, c); break;
+  }
+}
+#else
+constexpr int kFusedFp4Rows = 0;
+template <int NB>
+void dot_rows_fp4(int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+#endif
+
+constexpr int kFp4Seg = kMaxSeg;  // inputs dequantized at a time on the prefill path
+
+void gate_up_fp4(const GateUpTask& t) {
+  const Fp4Weights& q = t.f4;
+  const int ng = t.kp / 32;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(ng) * kBlockN;  // scale bytes per block
+  uint16_t* dg = t.scratch->deq;
+  uint16_t* du = dg + kFp4Seg * kBlockN;
+  float* tot = t.scratch->acc;
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* bu = bg + block_bytes;
+    const uint8_t* sg = q.scale + size_t(j) * 2 * per;
+    const uint8_t* su = sg + per;
+    if (t.m <= kFusedFp4Rows) {  // decode: codes converted in registers, group scales in the tile
+      const uint8_t* b[2] = {bg, bu};
+      const uint8_t* sc[2] = {sg, su};
+      dot_rows_fp4<2>(t.m, t.x_rows, b, sc, t.kp, c);
+      for (int r = 0; r < t.m; ++r) act_16(t, j, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      continue;
+    }
+    memset(tot, 0, size_t(t.m) * 32 * 4);
+    for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {  // dequantize each segment once, reuse it for every row tile
+      const int len = tmin(kFp4Seg, t.kp - k0);
+      const void* b[2] = {dg, du};
+      fp4_dequant_seg(bg + size_t(k0) * kBlockN / 2, sg + (k0 / 32) * kBlockN, dg, len);
+      fp4_dequant_seg(bu + size_t(k0) * kBlockN / 2, su + (k0 / 32) * kBlockN, du, len);
+      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+        const int mr = tmin(kMaxRows, t.m - r0);
+        for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + k0;
+        dot_rows<2>(mr, rows, b, len, c);
+        for (int r = 0; r < mr; ++r) {
+          float* o = tot + size_t(r0 + r) * 32;
+          axpy_16(1.0f, c + r * 32, o);
+          axpy_16(1.0f, c + r * 32 + 16, o + 16);
+        }
+      }
+    }
+    for (int r = 0; r < t.m; ++r)
+      act_16(t, j, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+  }
+}
+
+void down_fp4(const DownTask& t) {
+  const Fp4Weights& q = t.f4;
+  const int ng = t.kp / 32;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(ng) * kBlockN;
+  uint16_t* d0 = t.scratch->deq;
+  uint16_t* d1 = d0 + kFp4Seg * kBlockN;
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  const bool fused = t.m <= kFusedFp4Rows;
+  if (fused)
+    for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
+  for (int j = 0; j < t.nblk; j += 2) {  // two blocks per tile share the activation broadcasts
+    const int nb = tmin(2, t.nblk - j);
+    const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
+    const uint8_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    if (fused) {
+      if (nb == 2) dot_rows_fp4<2>(t.m, rows, b, s, t.kp, c);
+      else dot_rows_fp4<1>(t.m, rows, b, s, t.kp, c);
+      for (int r = 0; r < t.m; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r], c + r * 32 + h * 16, o + h * 16);
+      }
+      continue;
+    }
+    for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {
+      const int len = tmin(kFp4Seg, t.kp - k0);
+      const void* bd[2] = {d0, d1};
+      for (int h = 0; h < nb; ++h)
+        fp4_dequant_seg(b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / 32) * kBlockN, h ? d1 : d0, len);
+      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+        const int mr = tmin(kMaxRows, t.m - r0);
+        for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + k0;
+        if (nb == 2) dot_rows<2>(mr, rows, bd, len, c);
+        else dot_rows<1>(mr, rows, bd, len, c);
+        for (int r = 0; r < mr; ++r) {
+          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
+        }
+      }
+    }
+  }
+}
+
 #if defined(LK_AMX)
 // AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
 constexpr int kAmxMinRows = 16;
@@ -1103,6 +1432,7 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
 }
 
 void gate_up(const GateUpTask& t) {
+  if (t.f4.w) return gate_up_fp4(t);  // mxfp4: vector paths (decode in registers, prefill on dequantized segments)
   if (t.q4.w) return gate_up_q4(t);  // int4 prefill: vector path on dequantized groups
   if (t.fp8.w) return gate_up_fp8(t);  // AMX for FP8 prefill: dequantized tiles, not yet
   if (t.m < kAmxMinRows) return gate_up_vec(t);
@@ -1128,6 +1458,7 @@ void gate_up(const GateUpTask& t) {
 }
 
 void down(const DownTask& t) {
+  if (t.f4.w) return down_fp4(t);
   if (t.q4.w) return down_q4(t);
   if (t.fp8.w) return down_fp8(t);
   if (t.m < kAmxMinRows) return down_vec(t);
@@ -1150,8 +1481,10 @@ void down(const DownTask& t) {
   _tile_release();
 }
 #else
-void gate_up(const GateUpTask& t) { t.q4.w ? gate_up_q4(t) : t.fp8.w ? gate_up_fp8(t) : gate_up_vec(t); }
-void down(const DownTask& t) { t.q4.w ? down_q4(t) : t.fp8.w ? down_fp8(t) : down_vec(t); }
+void gate_up(const GateUpTask& t) {
+  t.f4.w ? gate_up_fp4(t) : t.q4.w ? gate_up_q4(t) : t.fp8.w ? gate_up_fp8(t) : gate_up_vec(t);
+}
+void down(const DownTask& t) { t.f4.w ? down_fp4(t) : t.q4.w ? down_q4(t) : t.fp8.w ? down_fp8(t) : down_vec(t); }
 #endif
 
 // ---------------------------------------------------------------- row conversions

@@ -48,6 +48,7 @@ class RepackJob : public Job {
 
   void run(WorkerCtx& ctx) override {
     if (sh_.int4) return run_int4(ctx);
+    if (sh_.fp4) return run_fp4(ctx);
     NodeSlice& sl = slices_[ctx.node];
     const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
     const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
@@ -113,6 +114,79 @@ class RepackJob : public Job {
                     src_.gs2, sh_.seg2, nseg2, sl.s2.as<uint16_t>() + b * nseg2 * kBlockN,
                     sh_.int4_asym ? sl.z2.as<uint8_t>() + b * nseg2 * kBlockN / 2 : nullptr);
       }
+    }
+  }
+
+  // mxfp4: one unit = one expert's gate+up block pair or down block (see Fp4Weights).
+  void run_fp4(WorkerCtx& ctx) {
+    NodeSlice& sl = slices_[ctx.node];
+    const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+    const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
+    const int I = sh_.intermediate, H = sh_.hidden;
+    const int ng1 = sh_.kp1 / 32, ng2 = sh_.kp2 / 32;
+    const size_t bb1 = size_t(sh_.kp1) * kBlockN / 2, bb2 = size_t(sh_.kp2) * kBlockN / 2;  // block bytes
+    const uint8_t* w13 = static_cast<const uint8_t*>(src_.w13);
+    const uint8_t* w2 = static_cast<const uint8_t*>(src_.w2);
+    const int half = src_.r13 / 2;
+    for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
+      if (u < int64_t(sh_.experts) * nbi) {
+        const int e = int(u / nbi), lb = int(u % nbi);
+        const size_t blk = (size_t(e) * nbi + lb) * 2;  // gate block; up follows
+        const int r0 = (sl.ib0 + lb) * kBlockN;
+        for (int h = 0; h < 2; ++h) {
+          int rows[kBlockN];  // checkpoint row of each block row (-1: padding)
+          for (int n = 0; n < kBlockN; ++n) {
+            const int i = r0 + n;
+            rows[n] = i >= I ? -1 : src_.interleaved ? 2 * i + h : h * half + i;
+          }
+          const size_t b = blk + h;
+          pack_fp4(w13 + size_t(e) * src_.r13 * src_.c13, src_.c13, src_.e13 + size_t(e) * src_.r13 * src_.cs13,
+                   src_.cs13, rows, H, sh_.kp1, sl.w13.as<uint8_t>() + b * bb1, sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
+          if (sh_.bias) {
+            uint16_t* bd = sl.b13.as<uint16_t>() + b * kBlockN;
+            for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src_.b13 ? src_.b13[size_t(e) * src_.r13 + rows[n]] : 0;
+          }
+        }
+      } else {
+        u -= int64_t(sh_.experts) * nbi;
+        const int e = int(u / nbh), lb = int(u % nbh);
+        const size_t b = size_t(e) * nbh + lb;
+        const int r0 = (sl.hb0 + lb) * kBlockN;
+        int rows[kBlockN];
+        for (int n = 0; n < kBlockN; ++n) rows[n] = r0 + n < H ? r0 + n : -1;
+        pack_fp4(w2 + size_t(e) * src_.r2 * src_.c2, src_.c2, src_.e2 + size_t(e) * src_.r2 * src_.cs2, src_.cs2, rows,
+                 I, sh_.kp2, sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
+        if (sh_.bias) {
+          uint16_t* bd = sl.b2.as<uint16_t>() + b * kBlockN;
+          for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src_.b2 ? src_.b2[size_t(e) * src_.r2 + rows[n]] : 0;
+        }
+      }
+    }
+  }
+
+  // 16 checkpoint rows (rows[n] < 0: padding row, weight 0) of a uint8 [rows, c] matrix of e2m1
+  // nibble pairs (element 2i low nibble of byte i) -> one Fp4Weights block of kp inputs; inputs at or
+  // past k get the code 0 (+0.0). Scales [rows, cs] e8m0 -> [kp/32][16]; padding gets 127 (1.0).
+  static void pack_fp4(const uint8_t* src, int c, const uint8_t* scale, int cs, const int* rows, int k, int kp,
+                       uint8_t* dst, uint8_t* sd) {
+    for (int n = 0; n < kBlockN; ++n) {
+      const uint8_t* row = rows[n] >= 0 ? src + size_t(rows[n]) * c : nullptr;
+      for (int q = 0; q < kp / 4; ++q) {
+        uint8_t b0 = 0, b1 = 0;  // source bytes 2q (elements 4q, 4q+1) and 2q+1 (4q+2, 4q+3)
+        if (row) {
+          if (4 * q + 3 < k) {
+            b0 = row[2 * q];
+            b1 = row[2 * q + 1];
+          } else {
+            auto code = [&](int kk) { return kk < k ? (row[kk / 2] >> (4 * (kk & 1))) & 15 : 0; };
+            b0 = uint8_t(code(4 * q) | (code(4 * q + 1) << 4));
+            b1 = uint8_t(code(4 * q + 2) | (code(4 * q + 3) << 4));
+          }
+        }
+        dst[size_t(q) * 32 + 2 * n] = uint8_t((b0 & 15) | (b1 << 4));
+        dst[size_t(q) * 32 + 2 * n + 1] = uint8_t((b0 >> 4) | (b1 & 0xF0));
+      }
+      for (int g = 0; g < kp / 32; ++g) sd[g * kBlockN + n] = row ? scale[size_t(rows[n]) * cs + g] : 127;
     }
   }
 
@@ -251,6 +325,14 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
     shape_.seg1 = seg_of(src.gs1);
     shape_.seg2 = seg_of(src.gs2);
   }
+  shape_.fp4 = src.type == DType::kMXFP4;
+  if (shape_.fp4) {
+    shape_.bias = src.b13 || src.b2;
+    shape_.alpha = src.alpha;
+    shape_.limit = src.limit;
+  }
+  if (act == Activation::kSwigluOAI && !shape_.fp4)
+    throw std::invalid_argument("activation swigluoai is supported for mxfp4 experts only");
   shape_.byte_weights = src.type == DType::kFP8E4M3 || src.type == DType::kINT8;
   shape_.int8 = src.type == DType::kINT8;
   shape_.per_row = shape_.byte_weights && src.bn == 0 && src.bk == 0;
@@ -299,6 +381,18 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
       }
       continue;
     }
+    if (shape_.fp4) {  // 4-bit codes, one e8m0 byte per (row, 32 inputs), bf16 biases
+      const size_t b13 = size_t(experts) * (sl.ib1 - sl.ib0) * 2, b2 = size_t(experts) * (sl.hb1 - sl.hb0);
+      sl.w13 = HostBuffer(b13 * shape_.kp1 * kBlockN / 2, node);
+      sl.w2 = HostBuffer(b2 * shape_.kp2 * kBlockN / 2, node);
+      sl.s13 = HostBuffer(b13 * (shape_.kp1 / 32) * kBlockN, node);
+      sl.s2 = HostBuffer(b2 * (shape_.kp2 / 32) * kBlockN, node);
+      if (shape_.bias) {
+        sl.b13 = HostBuffer(b13 * kBlockN * 2, node);
+        sl.b2 = HostBuffer(b2 * kBlockN * 2, node);
+      }
+      continue;
+    }
     const size_t esz = shape_.byte_weights ? 1 : 2;
     sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * esz, node);
     sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * esz, node);
@@ -322,7 +416,8 @@ MoELayer::~MoELayer() {
 
 size_t MoELayer::nbytes() const {
   size_t n = 0;
-  for (const auto& s : slices_) n += s.w13.size() + s.w2.size() + s.s13.size() + s.s2.size() + s.z13.size() + s.z2.size();
+  for (const auto& s : slices_) n += s.w13.size() + s.w2.size() + s.s13.size() + s.s2.size() + s.z13.size() + s.z2.size() +
+                                   s.b13.size() + s.b2.size();
   return n;
 }
 
@@ -486,7 +581,7 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   KernelScratch ks;
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
-  const bool quant = sh.byte_weights || sh.int4;
+  const bool quant = sh.byte_weights || sh.int4 || sh.fp4;
   ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kMaxSeg * 2)) : nullptr;
   ks.acc = quant ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
   return ks;
@@ -536,6 +631,15 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
       t.q4.zero = sh.int4_asym ? sl.z13.as<uint8_t>() + b * per / 2 : nullptr;
       t.q4.group = sh.seg1;
       t.q4.fp16_scale = sh.int4_fp16;
+    }
+    if (sh.fp4) {
+      const size_t b = (size_t(e) * nbi + lb0) * 2;
+      t.w13 = nullptr;
+      t.f4.w = sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
+      t.f4.scale = sl.s13.as<uint8_t>() + b * (sh.kp1 / 32) * kBlockN;
+      t.bias = sh.bias ? sl.b13.as<uint16_t>() + b * kBlockN : nullptr;
+      t.alpha = sh.alpha;
+      t.limit = sh.limit;
     }
     kt_->gate_up(t);
   }
@@ -598,7 +702,27 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
         t.q4.group = sh.seg2;
         t.q4.fp16_scale = sh.int4_fp16;
       }
+      if (sh.fp4) {
+        const size_t b = size_t(active_expert_[a]) * nbh + lb0;
+        t.w2 = nullptr;
+        t.f4.w = sl.w2.as<uint8_t>() + b * sh.kp2 * kBlockN / 2;
+        t.f4.scale = sl.s2.as<uint8_t>() + b * (sh.kp2 / 32) * kBlockN;
+      }
       kt_->down(t);
+      if (sh.bias) {  // out += w * b2 (the bias is part of the expert output the router weight scales)
+        const uint16_t* bias = sl.b2.as<uint16_t>() + (size_t(active_expert_[a]) * nbh + lb0) * kBlockN;
+        float bf[kWideGroup * kBlockN];
+        const int nc = t.nblk * kBlockN;
+        for (int n = 0; n < nc; ++n) {
+          const uint32_t bits = uint32_t(bias[n]) << 16;
+          memcpy(&bf[n], &bits, 4);
+        }
+        for (int r = 0; r < t.m; ++r) {
+          float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld;
+          const float w = t.row_weight[r];
+          for (int n = 0; n < nc; ++n) o[n] += w * bf[n];
+        }
+      }
     }
     const int col0 = (sl.hb0 + lb0) * kBlockN;
     const int ncols = std::min(sh.hidden, (sl.hb0 + lb1) * kBlockN) - col0;

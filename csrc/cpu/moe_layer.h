@@ -43,6 +43,10 @@ struct MoEShape {
   bool int4_asym = false;     // zero points stored (else the symmetric zero 8)
   bool int4_fp16 = false;     // scales are fp16 (else bf16)
   int seg1 = 0, seg2 = 0;     // int4: inputs per scale in phase 1 (over H) and phase 2 (over I)
+  // mxfp4 (see WeightSource): half a byte per weight, one e8m0 byte per (row, 32 inputs).
+  bool fp4 = false;
+  bool bias = false;          // w13 / w2 biases held (bf16)
+  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
 };
 
 // Expert weights as the checkpoint holds them (vLLM layouts).
@@ -72,6 +76,32 @@ struct MoEShape {
 //    [N/8, K/gs] -> [K/gs, N/8]; w1 fills N columns [0, I) and w3 [I, 2I) of w13 (gate, up).
 // The engine repacks once into Int4Weights blocks (kernel_table.h): 4-bit codes (the same bytes
 // count), 16-bit scales as given, 4-bit zero points: the checkpoint's bytes, ~1.0x.
+//
+// kMXFP4 (format "mxfp4"): OCP MX FP4 experts as vLLM 0.26.0's GptOssMxfp4MoEMethod / Mxfp4MoEMethod
+// hold them after loading (before process_weights_after_loading). Facts relied on (paths under vllm/):
+//  - model_executor/layers/quantization/mxfp4.py create_weights l. 183-275: w13_weight uint8
+//    [E, 2I, H/2] (l. 203-212), w13_weight_scale uint8 [E, 2I, H/32] (l. 215-224, mxfp4_block = 32
+//    l. 195), w2_weight uint8 [E, H, I/2] (l. 229-238), w2_weight_scale uint8 [E, H, I/32] (l. 241-250),
+//    w13_bias bf16 [E, 2I] and w2_bias bf16 [E, H] when the model has biases (l. 253-274). All are
+//    torch.zeros, so padding rows/columns are zero. H and I there are the rounded-up sizes
+//    (maybe_roundup_sizes l. 166-181 -> fused_moe/oracle/mxfp4.py l. 635-673: multiples of 32, 64,
+//    128 or 256 by backend), so the engine takes the real H and I from the caller and reads only them.
+//  - Nibble order: element 2i of a row is the low nibble of byte i, element 2i + 1 the high nibble
+//    (model_executor/layers/quantization/utils/nvfp4_emulation_utils.py break_fp4_bytes l. 316-333:
+//    l. 321-324 high = (a & 0xF0) >> 4, low = a & 0x0F, stack((low, high))); e2m1 code: bit 3 sign
+//    (l. 326), bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6} (l. 20-21 kE2M1ToFloat, l. 327-331).
+//  - e8m0 scale byte s = 2^(s - 127) (model_executor/layers/quantization/utils/mxfp8_utils.py l. 222:
+//    exp2(scales - 127)); 0xFF is NaN in the OCP MX spec (the engine maps it to NaN).
+//  - gpt-oss w13 rows are interleaved: row 2j = gate_j, row 2j + 1 = up_j (models/gpt_oss.py: TP
+//    narrows w13 rows and w13_bias as [2 * tp_rank_start, 2 * tp_rank_end) l. 472 and 514; the
+//    activation reads gate = x[..., ::2], up = x[..., 1::2], model_executor/layers/activation.py l. 453).
+//  - swigluoai (activation.py SwigluOAIAndMul l. 445-464, alpha = 1.702, limit = 7.0):
+//    gate = min(gate, limit), up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate).
+//  - Biases: the fused MoE kernel adds the bias to the GEMM result, then multiplies by the router
+//    weight (fused_moe/fused_moe.py l. 559-567), so out = sum_k w_k (w2_e act + b2_e), and
+//    act = swigluoai(w13_e x + b13_e). models/gpt_oss.py l. 533-536 zeroes w2_bias on TP ranks != 0.
+// The engine repacks once into Fp4Weights blocks (kernel_table.h), de-interleaving gate/up rows and
+// dropping vLLM's padding: 4-bit codes and 1-byte scales as given, biases bf16: <= the checkpoint's bytes.
 struct WeightSource {
   DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4
   const void* w13 = nullptr;  // [E, 2I, H]
@@ -86,6 +116,15 @@ struct WeightSource {
   const int32_t* z2 = nullptr;     // w2_weight_zero_point [E, I/gs2, ceil(H/8)]
   int gs1 = 0, gs2 = 0;            // group sizes along H (w13) and I (w2)
   bool fp16_scale = false;
+  // kMXFP4: w13 uint8 [E, r13, c13] (r13 = 2 * I_pad >= 2I, c13 * 2 >= H), w2 uint8 [E, r2, c2]
+  // (r2 >= H, c2 * 2 >= I); scales uint8 [E, r13, cs13] and [E, r2, cs2] (cs13 * 32 >= H, cs2 * 32 >= I).
+  const uint8_t* e13 = nullptr;
+  const uint8_t* e2 = nullptr;
+  const uint16_t* b13 = nullptr;  // w13_bias bf16 [E, r13] or null
+  const uint16_t* b2 = nullptr;   // w2_bias bf16 [E, r2] or null
+  int r13 = 0, c13 = 0, cs13 = 0, r2 = 0, c2 = 0, cs2 = 0;
+  bool interleaved = false;       // w13 row 2j = gate_j, 2j + 1 = up_j (else gate rows [0, r13/2), up after)
+  float alpha = 1.702f, limit = 7.0f;
 };
 
 struct NodeSlice {
@@ -96,6 +135,8 @@ struct NodeSlice {
   HostBuffer s13, s2;    // fp8 scales: [E][ib1-ib0][2][kp1/seg], [E][hb1-hb0][kp2/seg]
                          // int4: 16-bit [E][ib1-ib0][2][kp1/seg1][16], [E][hb1-hb0][kp2/seg2][16]
   HostBuffer z13, z2;    // int4 asymmetric zero points, 4 bits each, laid out as the int4 scales
+                         // mxfp4: s13 / s2 hold e8m0 bytes [E][ib1-ib0][2][kp1/32][16], [E][hb1-hb0][kp2/32][16]
+  HostBuffer b13, b2;    // mxfp4 biases, bf16: [E][ib1-ib0][2][16], [E][hb1-hb0][16]
 };
 
 struct ForwardArgs {

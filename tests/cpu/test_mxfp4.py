@@ -1,0 +1,262 @@
+"""mxfp4 experts (OCP MX FP4, as vLLM's GptOssMxfp4MoEMethod / Mxfp4MoEMethod hold them after loading:
+uint8 e2m1 code pairs, uint8 e8m0 scales per 32 inputs, optional bf16 biases, gpt-oss interleaved
+gate/up rows, possibly padded H and I) against the fp32 reference on the dequantized weights, on every
+ISA tier this CPU has, with swigluoai (gpt-oss) and silu."""
+import functools
+import math
+
+import pytest
+import torch
+
+import lk_moe
+from lk_moe.reference import dequantize_mxfp4, moe_reference, random_routing, swigluoai
+
+from .conftest import assert_matches_reference
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7 (code | 8: negative)
+
+
+# ------------------------------------------------------------------ an independent encoder
+def encode_mxfp4(mag_idx: torch.Tensor, neg: torch.Tensor, exps: torch.Tensor):
+    """Codes and scales written straight from the format: element k of a row has code
+    8 * neg + mag_idx (bit 3 = sign), element 2i in the low nibble of byte i, 2i + 1 in the high one;
+    group g (inputs 32g .. 32g + 31) has the e8m0 byte exps + 127. Returns (uint8 [.., K/2] codes,
+    uint8 [.., ceil(K/32)] scales, fp32 [.., K] values computed in float64 by plain arithmetic)."""
+    code = (mag_idx + 8 * neg.long()).long()
+    packed = (code[..., 0::2] + 16 * code[..., 1::2]).to(torch.uint8)
+    scale = (exps + 127).to(torch.uint8)
+    K = mag_idx.shape[-1]
+    mags = torch.tensor(E2M1, dtype=torch.float64)[mag_idx]
+    sign = 1.0 - 2.0 * neg.double()
+    pow2 = torch.pow(2.0, exps.double()).repeat_interleave(32, dim=-1)[..., :K]
+    return packed, scale, (sign * mags * pow2).float()
+
+
+def random_mxfp4(shape, K, target_rms, gen):
+    """Random codes [*shape, K] with group exponents around the scale that gives entries of rms
+    ~target_rms (uniform codes have rms 2.93)."""
+    mag = torch.randint(0, 8, (*shape, K), generator=gen)
+    neg = torch.randint(0, 2, (*shape, K), generator=gen).bool()
+    e0 = round(math.log2(target_rms / 2.93))
+    exps = torch.randint(e0 - 1, e0 + 2, (*shape, (K + 31) // 32), generator=gen)
+    return encode_mxfp4(mag, neg, exps)
+
+
+@functools.lru_cache(maxsize=None)
+def make_mxfp4(E, H, I, Hp=None, Ip=None, interleaved=True, bias=True, h_std=3.0, seed=0):
+    """vLLM's tensors for real sizes H, I stored in padded [E, 2Ip, Hp/2] / [E, Hp, Ip/2] tensors (the
+    padding filled with garbage codes, and NaN scales where a whole group is padding, to prove it is
+    never read), plus the dense fp32 weights of the real sizes in the checkpoint's row order.
+    Pre-activations get std ~h_std (so swigluoai's clamp at +-7 is active for some columns)."""
+    Hp, Ip = Hp or H, Ip or I
+    g = torch.Generator().manual_seed(seed)
+    c13, s13, d13 = random_mxfp4((E, 2 * I), H, h_std / H ** 0.5, g)
+    c2, s2, d2 = random_mxfp4((E, H), I, 1.0 / I ** 0.5, g)
+    P13 = torch.randint(0, 256, (E, 2 * Ip, Hp // 2), generator=g, dtype=torch.uint8)
+    S13 = torch.full((E, 2 * Ip, Hp // 32), 255, dtype=torch.uint8)
+    P2 = torch.randint(0, 256, (E, Hp, Ip // 2), generator=g, dtype=torch.uint8)
+    S2 = torch.full((E, Hp, Ip // 32), 255, dtype=torch.uint8)
+    # real rows: interleaved gpt-oss rows sit first (2I of 2Ip); [gate; up] rows at 0 and Ip
+    rows = list(range(2 * I)) if interleaved else list(range(I)) + list(range(Ip, Ip + I))
+    for dst_w, dst_s, src_w, src_s, rr in ((P13, S13, c13, s13, rows), (P2, S2, c2, s2, list(range(H)))):
+        rr = torch.tensor(rr)
+        dst_w[:, rr, :src_w.shape[-1]] = src_w
+        dst_s[:, rr, :src_s.shape[-1]] = src_s
+    tensors = dict(w13_weight=P13, w13_weight_scale=S13, w2_weight=P2, w2_weight_scale=S2)
+    b13 = b2 = None
+    if bias:
+        b13 = (torch.randn(E, 2 * I, generator=g) * 0.5).bfloat16()
+        b2 = (torch.randn(E, H, generator=g) * 0.1).bfloat16()
+        B13 = (torch.randn(E, 2 * Ip, generator=g) * 100).bfloat16()  # garbage in the padding
+        B2 = (torch.randn(E, Hp, generator=g) * 100).bfloat16()
+        B13[:, rows] = b13
+        B2[:, :H] = b2
+        tensors.update(w13_bias=B13, w2_bias=B2)
+    return tensors, d13, d2, b13, b2
+
+
+def assert_matches_reference_act(out, x, d13, d2, ids, w, **act):
+    """The conftest bound (see conftest.assert_matches_reference) with the activation / bias options
+    of moe_reference. It carries over unchanged: the biases are added in fp32 on both sides, and the
+    swigluoai clamps (min(gate, 7), clamp(up, -7, 7)) are 1-Lipschitz, so the kink at +-limit cannot
+    amplify the fp32 summation-order differences of the pre-activations (covered by the 1e-5 * mag
+    term); the act is rounded to bf16 once (u * mag) and the output once (u * |ref|)."""
+    ref, mag = moe_reference(x, d13, d2, ids, w, return_magnitude=True, **act)
+    out = out.float()
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    u = 2.0 ** -8
+    err = (out - ref).abs()
+    bound = 1.01 * u * (mag + ref.abs()) + 1e-5 * mag
+    worst = (err / bound.clamp_min(1e-30)).max().item()
+    assert worst <= 1.0, f"error exceeds the rounding bound by {worst:.3g}x"
+    rel_rms = (err.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+    assert rel_rms <= 2 ** -8, f"relative RMS error {rel_rms:.4g} > 2^-8"
+    return rel_rms, worst
+
+
+# ------------------------------------------------------------------ (a) the reference dequantization
+def test_format_by_hand():
+    # byte 0x21: element 0 = code 1 (0.5), element 1 = code 2 (1.0); 0x9A: code 10 (-1.0), code 9 (-0.5)
+    codes = torch.tensor([[0x21, 0x9A] + [0x00] * 14], dtype=torch.uint8)
+    got = dequantize_mxfp4(codes, torch.tensor([[128]], dtype=torch.uint8))  # scale 2^1
+    assert got[0, :4].tolist() == [1.0, 2.0, -2.0, -1.0]
+    every = torch.arange(16, dtype=torch.uint8)
+    got = dequantize_mxfp4((every[0::2] | (every[1::2] << 4)).view(1, 8), torch.tensor([[127]], dtype=torch.uint8))
+    assert got[0].tolist() == E2M1 + [-v for v in E2M1]
+    # e8m0 extremes: 2^-127 (a subnormal fp32) and NaN for 0xFF
+    one = torch.tensor([[0x02] * 16], dtype=torch.uint8)  # code 2 = 1.0
+    assert dequantize_mxfp4(one, torch.tensor([[0]], dtype=torch.uint8))[0, 0].item() == 2.0 ** -127
+    assert math.isnan(dequantize_mxfp4(one, torch.tensor([[255]], dtype=torch.uint8))[0, 0].item())
+
+
+@pytest.mark.parametrize("K", [32, 96, 176])
+def test_reference_dequantization_is_exact(K):
+    g = torch.Generator().manual_seed(K)
+    mag = torch.randint(0, 8, (3, 40, K), generator=g)
+    neg = torch.randint(0, 2, (3, 40, K), generator=g).bool()
+    exps = torch.randint(-20, 20, (3, 40, (K + 31) // 32), generator=g)
+    codes, scale, want = encode_mxfp4(mag, neg, exps)
+    assert codes.shape == (3, 40, K // 2) and codes.dtype == torch.uint8
+    got = dequantize_mxfp4(codes, scale)
+    assert got.dtype == torch.float32 and got.shape == (3, 40, K)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit (signed zeros too)
+
+
+# ------------------------------------------------------------------ (b) the layer on every tier
+MS = (1, 5, 64, 600)
+
+
+def _layer(tensors, **kw):
+    return lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, **kw)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "split"])
+@pytest.mark.parametrize("H,I,Hp,Ip,E,K", [(96, 64, None, None, 3, 2),      # small, exact multiples of 32
+                                           (176, 72, 256, 128, 4, 3),     # odd real sizes, vLLM-padded tensors
+                                           (2880, 2880, None, None, 3, 2)])  # gpt-oss expert shape, few experts
+def test_mxfp4_swigluoai_every_tier(tier, H, I, Hp, Ip, E, K, interleaved):
+    if H == 2880 and not interleaved:
+        pytest.skip("the row order is covered by the small shapes")
+    tensors, d13, d2, b13, b2 = make_mxfp4(E, H, I, Hp, Ip, interleaved)
+    layer = _layer(tensors, hidden_size=H, intermediate_size=I, interleaved=interleaved)
+    assert layer.format == "mxfp4" and layer.hidden_size == H and layer.intermediate_size == I
+    ms = MS if H < 2880 or tier != "generic" else (1, 5, 64)  # the scalar tier is slow at 2880^2 x 600 rows
+    for M in ms:
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        assert_matches_reference_act(layer.forward(x, ids, w), x, d13, d2, ids, w, activation="swigluoai",
+                                     interleaved=interleaved, w13_bias=b13, w2_bias=b2)
+
+
+def test_mxfp4_clamp_is_exercised():
+    """The test data drives pre-activations past +-limit, so the clamps are really checked."""
+    tensors, d13, d2, b13, b2 = make_mxfp4(3, 96, 64)
+    x = torch.randn(64, 96)
+    h = torch.einsum("mh,enh->emn", x, d13) + b13.float()[:, None]
+    assert (h > 7).float().mean() > 0.01 and (h < -7).float().mean() > 0.01
+
+
+def test_mxfp4_silu_without_biases(tier):
+    """DeepSeek-V4-style experts: silu, no biases, [gate; up] rows (the default for silu)."""
+    E, H, I = 4, 256, 192
+    tensors, d13, d2, _, _ = make_mxfp4(E, H, I, interleaved=False, bias=False, h_std=1.0)
+    layer = _layer(tensors, activation="silu")
+    for M in MS:
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, 2)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)  # the conftest helper as is
+    # fp16 activations in and out
+    x = torch.randn(7, H).half()
+    ids, w = random_routing(7, E, 2)
+    out = layer.forward(x, ids, w)
+    assert out.dtype == torch.float16
+    assert_matches_reference(out, x, d13, d2, ids, w)
+
+
+def test_mxfp4_silu_interleaved_and_custom_constants(tier):
+    E, H, I = 3, 128, 96
+    tensors, d13, d2, b13, b2 = make_mxfp4(E, H, I, interleaved=True, h_std=2.0)
+    layer = _layer(tensors, activation="silu", interleaved=True)
+    x = torch.randn(9, H).bfloat16()
+    ids, w = random_routing(9, E, 2)
+    assert_matches_reference_act(layer.forward(x, ids, w), x, d13, d2, ids, w, activation="silu",
+                                 interleaved=True, w13_bias=b13, w2_bias=b2)
+    layer = _layer(tensors, swiglu_alpha=1.0, swiglu_limit=2.5)
+    assert_matches_reference_act(layer.forward(x, ids, w), x, d13, d2, ids, w, activation="swigluoai",
+                                 interleaved=True, w13_bias=b13, w2_bias=b2, swiglu_alpha=1.0, swiglu_limit=2.5)
+
+
+def test_mxfp4_unused_slots_and_memory():
+    E, H, I = 3, 2880, 2880
+    tensors, d13, d2, b13, b2 = make_mxfp4(E, H, I)
+    layer = _layer(tensors)
+    src = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert layer.expert_bytes == src
+    assert layer.nbytes <= 1.05 * src, (layer.nbytes, src)
+    # padded tensors: the padding is dropped, so the engine holds less than the checkpoint
+    tensors_p, *_ = make_mxfp4(4, 176, 72, 256, 128)
+    layer_p = _layer(tensors_p, hidden_size=176, intermediate_size=72)
+    assert layer_p.nbytes < sum(t.numel() * t.element_size() for t in tensors_p.values())
+    x = torch.randn(3, H).bfloat16()
+    ids, w = random_routing(3, E, 2)
+    ids[1, 1] = -1
+    out = layer.forward(x, ids, w)
+    ids_ref = ids.clone()
+    assert_matches_reference_act(out, x, d13, d2, ids_ref, w, activation="swigluoai", interleaved=True,
+                                 w13_bias=b13, w2_bias=b2)
+
+
+def test_swigluoai_reference_matches_vllm_definition():
+    """reference.swigluoai on interleaved input equals the definition written out element by element."""
+    h = torch.randn(5, 16) * 6
+    gate, up = h[:, 0::2], h[:, 1::2]
+    want = torch.empty_like(gate)
+    for i in range(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            gg, uu = min(gate[i, j].item(), 7.0), max(min(up[i, j].item(), 7.0), -7.0)
+            want[i, j] = (uu + 1) * gg / (1 + math.exp(-1.702 * gg))
+    torch.testing.assert_close(swigluoai(gate, up), want, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ (d) bad inputs
+def test_mxfp4_rejects_bad_inputs():
+    tensors, *_ = make_mxfp4(2, 96, 64)
+
+    def bad(**kw):
+        t = dict(tensors)
+        for k, v in kw.items():
+            if v is None:
+                t.pop(k)
+            else:
+                t[k] = v
+        return t
+
+    with pytest.raises(ValueError, match="w2_weight_scale"):
+        _layer(bad(w2_weight_scale=None))
+    with pytest.raises(TypeError, match="w13_weight must be uint8"):
+        _layer(bad(w13_weight=tensors["w13_weight"].to(torch.int8)))
+    with pytest.raises(TypeError, match="w2_weight_scale must be uint8"):
+        _layer(bad(w2_weight_scale=tensors["w2_weight_scale"].float()))
+    with pytest.raises(ValueError, match="w13_weight_scale must have shape"):
+        _layer(bad(w13_weight_scale=tensors["w13_weight_scale"][:, :, :2].contiguous()))
+    with pytest.raises(ValueError, match="w2_weight must be"):
+        _layer(bad(w2_weight=tensors["w2_weight"][:1].contiguous()))
+    with pytest.raises(TypeError, match="w13_bias must be bfloat16"):
+        _layer(bad(w13_bias=tensors["w13_bias"].float()))
+    with pytest.raises(ValueError, match="w2_bias must have shape"):
+        _layer(bad(w2_bias=tensors["w2_bias"][:, :10].contiguous()))
+    with pytest.raises(ValueError, match="w2_bias is missing"):
+        _layer(bad(w2_bias=None))
+    with pytest.raises(TypeError, match="w13_bias must be a torch.Tensor"):
+        _layer(bad(w13_bias=[1, 2]))
+    with pytest.raises(ValueError, match="w13_weight must be contiguous"):
+        _layer(bad(w13_weight=tensors["w13_weight"].transpose(0, 1).contiguous().transpose(0, 1)))
+    with pytest.raises(ValueError, match="hidden_size 200"):
+        _layer(tensors, hidden_size=200)
+    with pytest.raises(ValueError, match="intermediate_size 80"):
+        _layer(tensors, intermediate_size=80)
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        _layer(tensors, activation="gelu")
+    layer = _layer(tensors)
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer.forward(torch.randn(2, 64).bfloat16(), *random_routing(2, 2, 1))
