@@ -40,6 +40,13 @@ class HybridMoEMixin:
     skip_forward_padding = has_unpadded_output = _fixed(False)
     topk_indices_dtype = _fixed(torch.int32)
 
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
+        # The base rule only: vLLM's GPU backends pad H/I for their kernels (MXFP4 to 64..256);
+        # host tensors in the checkpoint's own sizes cost no padding.
+        from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+        return FusedMoEMethodBase.maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition,
+                                                      act_dtype, moe_parallel_config)
+
     def maybe_make_prepare_finalize(self, routing_tables=None):
         # vLLM 0.26 calls this for every MoE layer when TP >= 2; the in-tree methods raise.
         return None
@@ -78,7 +85,7 @@ class HybridMoEMixin:
             tensors[name] = p.data
         moe = layer.moe_config
         engine_layer = lk_moe.MoELayer.from_checkpoint(plan.format, tensors, pool=rt.pool,
-                                                       block_size=plan.block_size)
+                                                       block_size=plan.block_size, **_format_args(layer, plan))
         # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
         for name in needed:
             params[name].data = torch.empty(0, dtype=params[name].dtype)
@@ -124,6 +131,21 @@ class HybridMoEMixin:
 
 
 _MEMBERS = {k: v for k, v in vars(HybridMoEMixin).items() if not (k.startswith("__") and k.endswith("__"))}
+
+
+def _format_args(layer, plan: LayerPlan) -> dict:
+    """What the tensors cannot say: the activation and its constants, the real (unpadded) sizes."""
+    if plan.format != "mxfp4":
+        return {}
+    act = str(getattr(layer.activation, "value", layer.activation)).lower()
+    args = {"activation": act, "interleaved": act == "swigluoai",
+            "hidden_size": int(layer.hidden_size), "intermediate_size": int(layer.intermediate_size_per_partition)}
+    # gpt-oss leaves them unset on the layer; its kernels take 1.702 and 7.0 (the engine's defaults).
+    if getattr(layer, "swiglu_alpha", None) is not None:
+        args["swiglu_alpha"] = float(layer.swiglu_alpha)
+    if getattr(layer, "swiglu_limit", None) is not None:
+        args["swiglu_limit"] = float(layer.swiglu_limit)
+    return args
 
 
 @functools.lru_cache(maxsize=None)

@@ -82,17 +82,22 @@ def engine_format(method) -> tuple:
             raise UnsupportedMoELayer(f"{name} on the FlashInfer-TRTLLM backend keeps N-first tensors, which "
                                       "lk_moe does not read yet")
         return "wna16_int4", None
+    if name in ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"):
+        return "mxfp4", None
     raise UnsupportedMoELayer(
         f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
         "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel, "
-        "compressed-tensors W4A16 int4 (pack-quantized). "
+        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss). "
         "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 
 
+# What each engine format computes beyond SwiGLU without biases.
+_ACTIVATIONS = {"mxfp4": ("silu", "swigluoai")}
+_BIASES = ("mxfp4",)
+
 # What the hybrid layer does not do yet: (object, attribute, refused when, what to say).
 _REFUSALS = (
-    ("config", "has_bias", bool, "expert biases"),
     ("config", "is_act_and_mul", lambda v: not v, "non-gated experts"),
     ("layer", "apply_router_weight_on_input", bool, "apply_router_weight_on_input (router weights on the input)"),
     ("config", "is_lora_enabled", bool, "LoRA on MoE layers"),
@@ -105,13 +110,18 @@ _REFUSALS = (
 )
 
 
-def _check_features(layer, moe_config, prefix: str) -> None:
+def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
     """Refuse what the engine or the hybrid method does not do, with the way out."""
     objs = {"config": moe_config, "layer": layer, "parallel": getattr(moe_config, "moe_parallel_config", None)}
     problems = []
     activation = _enum_value(getattr(moe_config, "activation", "silu"))
-    if activation != "silu":
-        problems.append(f"activation {activation!r} (the engine runs SwiGLU 'silu')")
+    allowed = _ACTIVATIONS.get(fmt, ("silu",))
+    if activation not in allowed:
+        problems.append(f"activation {activation!r} with {fmt} experts (the engine runs {', '.join(allowed)})")
+    if getattr(moe_config, "has_bias", False) and fmt not in _BIASES:
+        problems.append(f"expert biases with {fmt} experts")
+    if activation == "silu" and getattr(layer, "swiglu_limit", None) is not None:
+        problems.append("a clamped SwiGLU (swiglu_limit) with silu")
     for where, attr, refused, what in _REFUSALS:
         obj = objs[where]
         if obj is not None and hasattr(obj, attr) and refused(getattr(obj, attr)):
@@ -124,11 +134,11 @@ def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig) -> LayerP
     idx = layer_index_of(prefix)
     if idx is not None and cfg.is_resident(idx):
         return LayerPlan(prefix, idx, "gpu_resident")
-    _check_features(layer, moe_config, prefix)
     try:
         fmt, block = engine_format(method)
     except UnsupportedMoELayer as e:
         raise UnsupportedMoELayer(f"{prefix}: {e}") from None
+    _check_features(layer, moe_config, prefix, fmt)
     if fmt != "bf16" and cfg.gpu_prefill_min_batch > 0:
         raise UnsupportedMoELayer(
             f"{prefix}: streamed GPU prefill of {fmt} experts is not supported yet; set "

@@ -17,7 +17,7 @@ SERVE = [s for s in SCRIPTS if not os.path.basename(s).startswith("demo_")]
 REQUIRED = ["deepseek_v3_fp8_serve_tp1", "deepseek_v3_fp8_serve_tp2", "qwen3_30b_a3b_serve_tp1",
             "qwen3_235b_a22b_fp8_serve_tp1", "qwen3_235b_a22b_fp8_serve_tp2", "qwen3_235b_a22b_int4_serve_tp1",
             "qwen3_235b_a22b_int4_serve_tp2", "qwen3_5_moe_serve_tp2", "glm_4_5_serve_tp2", "minimax_m2_serve_tp2",
-            "kimi_k2_int4_serve_tp2", "mixtral_8x22b_serve_tp1", "demo_tiny_serve_tp1"]
+            "kimi_k2_int4_serve_tp2", "mixtral_8x22b_serve_tp1", "gpt_oss_120b_serve_tp1", "demo_tiny_serve_tp1"]
 
 
 def dry_run(script):

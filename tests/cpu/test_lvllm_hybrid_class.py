@@ -47,3 +47,17 @@ def test_apply_before_loading_is_a_clear_error():
     x = torch.zeros(1, 8)
     with pytest.raises(RuntimeError, match="before its weights were loaded"):
         m.apply(None, x, torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.int32), None, None)
+
+
+def test_host_tensors_are_not_padded_for_gpu_backends():
+    """vLLM's MXFP4 method pads H and I for its GPU kernels; the hybrid keeps the real sizes."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
+    m = object.__new__(GptOssMxfp4MoEMethod)  # a plain class (not a torch module)
+    make_hybrid(m, None, LayerPlan("model.layers.1.mlp.experts", 1, "hybrid", "mxfp4"), None)
+    par = SimpleNamespace(**{a: False for a in ("use_deepep_ht_kernels", "use_deepep_ll_kernels",
+                                                "use_deepep_v2_kernels", "use_nixl_ep_kernels", "use_mori_kernels",
+                                                "use_all2all_kernels", "use_fi_nvl_two_sided_kernels",
+                                                "use_fi_nvl_one_sided_kernels")})
+    assert m.maybe_roundup_sizes(2880, 2880, torch.bfloat16, par) == (2880, 2880)

@@ -63,7 +63,7 @@ def test_format_mapping():
     (method("Fp8MoEMethod", block_quant=False), "per-tensor weight scales"),
     (method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=SimpleNamespace(strategy=Strategy.TENSOR)),
      "weight strategy 'tensor'"),
-    (method("GptOssMxfp4MoEMethod"), "GptOssMxfp4MoEMethod is not supported by lk_moe yet"),
+    (method("AutoGPTQMoEMethod"), "AutoGPTQMoEMethod is not supported by lk_moe yet"),
     (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=8), "8-bit weights"),
     (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=4, actorder="group"), "act order"),
     (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=4, wna16_backend="FLASHINFER_TRTLLM"), "N-first"),
@@ -85,17 +85,25 @@ def test_resident_layers_keep_vllms_method():
                     moe_config(activation=Act.SWIGLUOAI, has_bias=True), ON).kind == "gpu_resident"
 
 
+def test_mxfp4_takes_gpt_oss_activation_and_biases():
+    gpt_oss = moe_config(activation=Act.SWIGLUOAI, has_bias=True)
+    p = plan_for("model.layers.3.mlp.experts", method("GptOssMxfp4MoEMethod"), LAYER, gpt_oss, ON)
+    assert (p.kind, p.format) == ("hybrid", "mxfp4")
+
+
 @pytest.mark.parametrize("over,words", [
-    (dict(activation=Act.SWIGLUOAI), "activation 'swigluoai'"),
-    (dict(has_bias=True), "expert biases"),
+    (dict(activation=Act.SWIGLUOAI), "activation 'swigluoai' with bf16 experts"),
+    (dict(has_bias=True), "expert biases with bf16 experts"),
+    (dict(layer_swiglu_limit=10.0), "swiglu_limit"),
     (dict(use_ep=True), "expert parallelism"),
     (dict(dp_size=2), "data parallelism"),
     (dict(enable_eplb=True), "EPLB"),
     (dict(is_lora_enabled=True), "LoRA"),
 ])
 def test_unsupported_features_stop_with_the_layer_named(over, words):
+    layer = SimpleNamespace(apply_router_weight_on_input=False, swiglu_limit=over.pop("layer_swiglu_limit", None))
     with pytest.raises(UnsupportedMoELayer) as ei:
-        plan_for("model.layers.3.mlp.experts", method("UnquantizedFusedMoEMethod"), LAYER, moe_config(**over), ON)
+        plan_for("model.layers.3.mlp.experts", method("UnquantizedFusedMoEMethod"), layer, moe_config(**over), ON)
     assert "model.layers.3.mlp.experts" in str(ei.value) and words in str(ei.value)
 
 

@@ -1,0 +1,30 @@
+"""What the plugin tells the engine beyond the tensors: activation, its constants, real sizes."""
+import enum
+from types import SimpleNamespace
+
+from lvllm.hybrid_method import _format_args
+from lvllm.policy import LayerPlan
+
+
+class Act(enum.Enum):
+    SILU = "silu"
+    SWIGLUOAI = "swigluoai"
+
+
+def layer(act, **kw):
+    return SimpleNamespace(activation=act, hidden_size=2880, intermediate_size_per_partition=1440, **kw)
+
+
+def test_gpt_oss_layers_are_interleaved_swigluoai_with_real_sizes():
+    args = _format_args(layer(Act.SWIGLUOAI, swiglu_alpha=None, swiglu_limit=None), LayerPlan("p", 1, "hybrid", "mxfp4"))
+    assert args == {"activation": "swigluoai", "interleaved": True, "hidden_size": 2880, "intermediate_size": 1440}
+
+
+def test_layer_constants_pass_through():
+    args = _format_args(layer(Act.SWIGLUOAI, swiglu_alpha=1.5, swiglu_limit=9.0), LayerPlan("p", 1, "hybrid", "mxfp4"))
+    assert args["swiglu_alpha"] == 1.5 and args["swiglu_limit"] == 9.0
+
+
+def test_other_formats_need_nothing_more():
+    assert _format_args(layer(Act.SILU), LayerPlan("p", 1, "hybrid", "bf16")) == {}
+    assert _format_args(layer(Act.SILU), LayerPlan("p", 1, "hybrid", "mxfp4"))["interleaved"] is False
