@@ -831,6 +831,42 @@ inline void q4_row_sums(const uint16_t* const* a, int m, int kp, int seg, float*
     }
 }
 
+// One quad of inputs (two bf16 pairs) for MR activation rows against NB weight blocks:
+// acc[il] += pair 0 x wl, acc[ih] += pair 1 x wh (vdpbf16ps, or an exact fp32 split without
+// AVX512-BF16). Shared by the 4-bit decode tiles (int4 and fp4), which differ only in how they
+// turn codes into the bf16 weights wl/wh.
+template <int MR, int NB, int S>
+inline __attribute__((always_inline)) void fma_quad(__m512 (&acc)[S][MR][NB], const uint16_t* const* a, int quad,
+                                                    const __m512i* wl, const __m512i* wh, int il, int ih) {
+#if !defined(LK_VBF16)
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
+#endif
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    const uint16_t* ar = a[r] + 4 * quad;
+    const __m512i a01 = bcast_pair(ar), a23 = bcast_pair(ar + 2);
+#if defined(LK_VBF16)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      acc[il][r][j] = _mm512_dpbf16_ps(acc[il][r][j], (__m512bh)a01, (__m512bh)wl[j]);
+      acc[ih][r][j] = _mm512_dpbf16_ps(acc[ih][r][j], (__m512bh)a23, (__m512bh)wh[j]);
+    }
+#else
+    const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a01, 16));
+    const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a01, hi_mask));
+    const __m512 a2 = _mm512_castsi512_ps(_mm512_slli_epi32(a23, 16));
+    const __m512 a3 = _mm512_castsi512_ps(_mm512_and_si512(a23, hi_mask));
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wl[j], 16)), a0, acc[il][r][j]);
+      acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wh[j], 16)), a2, acc[ih][r][j]);
+      acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wl[j], hi_mask)), a1, acc[il][r][j]);
+      acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wh[j], hi_mask)), a3, acc[ih][r][j]);
+    }
+#endif
+  }
+}
+
 // C[r][j*16 + n] (ld 32) = sum_groups scale_j[g][n] * sum_{k in g} A_r[k] * (u_j[n][k] - z_j[g][n])
 // The code u becomes the bf16 128 + u with one OR (exact: bf16 steps by 1 in [128, 256)); the bf16
 // dot then gives sum A (128 + u), and each group subtracts (128 + z) * sum A in fp32 before its
@@ -851,9 +887,6 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
     }
   const __m512i mask = _mm512_set1_epi16(0x0F);
   const __m512i magic = _mm512_set1_epi16(0x4300);  // bf16 128.0
-#if !defined(LK_VBF16)
-  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
-#endif
   const int ngroups = kp / group, gq = group / 4;
   for (int s = 0; s < ngroups; ++s) {
     for (int q = s * gq; q < (s + 1) * gq; q += 2) {
@@ -869,30 +902,7 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
           wh[j] = _mm512_or_si512(_mm512_srli_epi16(v, 4), magic);
         }
         const int il = (2 * h) % S, ih = (2 * h + 1) % S;  // accumulators of this quad's two pair-rows
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) {
-          const uint16_t* ar = a[r] + 4 * (q + h);
-          const __m512i a01 = bcast_pair(ar), a23 = bcast_pair(ar + 2);
-#if defined(LK_VBF16)
-#pragma GCC unroll 2
-          for (int j = 0; j < NB; ++j) {
-            acc[il][r][j] = _mm512_dpbf16_ps(acc[il][r][j], (__m512bh)a01, (__m512bh)wl[j]);
-            acc[ih][r][j] = _mm512_dpbf16_ps(acc[ih][r][j], (__m512bh)a23, (__m512bh)wh[j]);
-          }
-#else
-          const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a01, 16));
-          const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a01, hi_mask));
-          const __m512 a2 = _mm512_castsi512_ps(_mm512_slli_epi32(a23, 16));
-          const __m512 a3 = _mm512_castsi512_ps(_mm512_and_si512(a23, hi_mask));
-#pragma GCC unroll 2
-          for (int j = 0; j < NB; ++j) {
-            acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wl[j], 16)), a0, acc[il][r][j]);
-            acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wh[j], 16)), a2, acc[ih][r][j]);
-            acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wl[j], hi_mask)), a1, acc[il][r][j]);
-            acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wh[j], hi_mask)), a3, acc[ih][r][j]);
-          }
-#endif
-        }
+        fma_quad<MR, NB, S>(acc, a, q + h, wl, wh, il, ih);
       }
     }
 #pragma GCC unroll 2
@@ -1205,9 +1215,6 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
     }
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
   const __m512i mask = _mm512_set1_epi16(0x0F);
-#if !defined(LK_VBF16)
-  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
-#endif
   const int ngroups = kp / 32;
   for (int g = 0; g < ngroups; ++g) {
 #pragma GCC unroll 8
@@ -1224,30 +1231,7 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
         wh[j] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
       }
       const int il = (2 * q) % S, ih = (2 * q + 1) % S;
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        const uint16_t* ar = a[r] + 4 * q;
-        const __m512i a01 = bcast_pair(ar), a23 = bcast_pair(ar + 2);
-#if defined(LK_VBF16)
-#pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) {
-          acc[il][r][j] = _mm512_dpbf16_ps(acc[il][r][j], (__m512bh)a01, (__m512bh)wl[j]);
-          acc[ih][r][j] = _mm512_dpbf16_ps(acc[ih][r][j], (__m512bh)a23, (__m512bh)wh[j]);
-        }
-#else
-        const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a01, 16));
-        const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a01, hi_mask));
-        const __m512 a2 = _mm512_castsi512_ps(_mm512_slli_epi32(a23, 16));
-        const __m512 a3 = _mm512_castsi512_ps(_mm512_and_si512(a23, hi_mask));
-#pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) {
-          acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wl[j], 16)), a0, acc[il][r][j]);
-          acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wh[j], 16)), a2, acc[ih][r][j]);
-          acc[il][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wl[j], hi_mask)), a1, acc[il][r][j]);
-          acc[ih][r][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wh[j], hi_mask)), a3, acc[ih][r][j]);
-        }
-#endif
-      }
+      fma_quad<MR, NB, S>(acc, a, q, wl, wh, il, ih);
     }
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
