@@ -7,6 +7,10 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8 or w4a16 for the
+quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked
+against transformers' own MXFP4 dequantization).
+
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
 experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.
 """
@@ -21,7 +25,7 @@ from typing import Dict
 
 import torch
 
-ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral")
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -44,6 +48,10 @@ SHAPES = {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048, shared=1, dense=1),
         "big": dict(H=5120, L=92, nh=96, nkv=8, hd=128, E=160, K=8, I=1536, dense_I=12288, V=151552,
                     shared=1, dense=3, ctx=131072),
+    },
+    "gpt_oss": {  # MXFP4 experts always (its checkpoints ship them so)
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, V=2048),
+        "big": dict(H=2880, L=36, nh=64, nkv=8, hd=64, E=128, K=4, I=2880, V=201088, ctx=131072),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
@@ -84,7 +92,60 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
                     num_local_experts=s["E"], num_experts_per_tok=s["K"], rope_theta=1000000.0,
                     sliding_window=None, router_aux_loss_coef=0.02)
+    if arch == "gpt_oss":
+        return dict(common, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
+                    num_local_experts=s["E"], num_experts_per_tok=s["K"], experts_per_token=s["K"],
+                    sliding_window=128, layer_types=["sliding_attention", "full_attention"] * (s["L"] // 2),
+                    rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                       "beta_slow": 1.0, "truncate": False,
+                                                       "original_max_position_embeddings": 4096},
+                    swiglu_limit=7.0, attention_bias=True, rms_norm_eps=1e-5,
+                    quantization_config={"quant_method": "mxfp4",
+                                         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                    "model.embed_tokens", "lm_head"]})
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def quantize_mxfp4(w: torch.Tensor):
+    """fp32 [..., N, K] -> (blocks uint8 [..., N, K/32, 16], scales uint8 [..., N, K/32]): per 32 inputs
+    an e8m0 scale 2^(s-127) and e2m1 codes (sign bit 3, magnitude index bits 0-2), two per byte,
+    element 2i in the low nibble (the OCP MX layout of gpt-oss checkpoints)."""
+    *lead, N, K = w.shape
+    g = w.reshape(*lead, N, K // 32, 32)
+    amax = g.abs().amax(dim=-1).clamp(min=2.0 ** -100)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    x = g / torch.exp2(e)[..., None]
+    idx = (x.abs()[..., None] - _E2M1).abs().argmin(dim=-1)
+    codes = (idx | ((x < 0) & (idx > 0)).to(torch.int64) << 3).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+def _gpt_oss_weights(s: dict, vocab: int, w) -> None:
+    H, E, I = s["H"], s["E"], s["I"]
+    for i in range(s["L"]):
+        p = f"model.layers.{i}"
+        w.norm(f"{p}.input_layernorm", H)
+        w.norm(f"{p}.post_attention_layernorm", H)
+        a = f"{p}.self_attn"
+        w.linear(f"{a}.q_proj", s["nh"] * s["hd"], H, bias=True)
+        w.linear(f"{a}.k_proj", s["nkv"] * s["hd"], H, bias=True)
+        w.linear(f"{a}.v_proj", s["nkv"] * s["hd"], H, bias=True)
+        w.linear(f"{a}.o_proj", H, s["nh"] * s["hd"], bias=True)
+        w.t[f"{a}.sinks"] = torch.randn(s["nh"], generator=w.g).to(torch.bfloat16)
+        w.linear(f"{p}.mlp.router", E, H, bias=True)
+        m = f"{p}.mlp.experts"
+        gate_up = torch.randn(E, 2 * I, H, generator=w.g) / H ** 0.5  # rows interleaved: gate_j, up_j
+        down = torch.randn(E, H, I, generator=w.g) / I ** 0.5
+        for name, t in (("gate_up_proj", gate_up), ("down_proj", down)):
+            blocks, scales = quantize_mxfp4(t)
+            w.t[f"{m}.{name}_blocks"] = blocks
+            w.t[f"{m}.{name}_scales"] = scales
+            w.t[f"{m}.{name}_bias"] = (0.1 * torch.randn(E, t.shape[1], generator=w.g)).to(torch.bfloat16)
 
 
 class _Weights:
@@ -114,6 +175,9 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
     # Logits of std ~3: fewer near-ties between the top tokens than unit-std logits would give.
     w.linear("lm_head", vocab, H, gain=3.0)
     w.norm("model.norm", H)
+    if arch == "gpt_oss":
+        _gpt_oss_weights(s, vocab, w)
+        return w.t
     for i in range(s["L"]):
         p = f"model.layers.{i}"
         w.norm(f"{p}.input_layernorm", H)
@@ -265,6 +329,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
     if quant != "bf16" and size != "tiny":
         raise ValueError("quantized variants are written for --size tiny only")
+    if arch == "gpt_oss" and quant != "bf16":
+        raise ValueError("gpt_oss checkpoints always hold MXFP4 experts (as released); use the default quant")
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in ("tiny", "big"):

@@ -46,6 +46,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_have_gpu_and_vllm()), re
 ARCHS = {"qwen3_moe": 0, "deepseek_v3": 1, "glm4_moe": 1, "mixtral": 0}
 # Quantized checkpoints (expert formats of the formats issue), CPU prefill for now.
 QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16")]
+# Architectures whose checkpoints ship quantized experts (gpt-oss: MXFP4, biases, swigluoai).
+NATIVE = ["gpt_oss"]
 PARALLEL = 10  # vLLM runs at a time (each is two processes of a few GB of host RAM)
 STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver,lora_hf_hub_resolver"}  # every plugin but ours
 OFF = {"LVLLM_MOE_NUMA_ENABLED": "0"}
@@ -131,6 +133,8 @@ def runs(tmp_path_factory):
         specs += [(arch, "off", OFF, kv), (arch, "cpu", CPU, kv), (arch, "gpu", _gpu_env(arch), kv)]
     for arch, quant in QUANTIZED:
         specs += [(arch, "off", OFF, kv, quant), (arch, "cpu", CPU, kv, quant)]
+    for arch in NATIVE:
+        specs += [(arch, "off", OFF, kv), (arch, "cpu", CPU, kv)]
     return _run_all(workdir, specs)
 
 
@@ -193,6 +197,15 @@ def test_quantized_experts_match_switch_off(runs, arch, quant):
     off, on = _get(runs, f"{arch}-{quant}-off"), _get(runs, f"{arch}-{quant}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"]
     _check(off, on, f"{arch} {quant} cpu-prefill")
+
+
+@pytest.mark.parametrize("arch", NATIVE)
+def test_gpt_oss_mxfp4_experts_match_switch_off(runs, arch):
+    """gpt-oss as released: MXFP4 experts with biases and the clamped SwiGLU, interleaved gate/up
+    rows, hidden/intermediate sizes vLLM would pad for its kernels (the engine keeps them unpadded)."""
+    off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
+    assert "lk_moe: hybrid MoE layers" in on["log"]
+    _check(off, on, f"{arch} cpu-prefill")
 
 
 def _gpus() -> int:
