@@ -21,6 +21,39 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _run(cmd, cwd=ROOT):
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def write_build_info(path: Path, build_dir: Path) -> None:
+    """What this build holds, readable at run time (lk_moe.build_info(), `lvllm doctor`)."""
+    import json
+    import re
+
+    import torch
+
+    cache = (build_dir / "CMakeCache.txt").read_text() if (build_dir / "CMakeCache.txt").exists() else ""
+    archs = re.search(r"^LK_CUDA_ARCHS:STRING=(.*)$", cache, re.M)
+    cuda_built = (path.parent / "_lk_cuda.so").exists()
+    nvcc = re.search(r"release ([0-9.]+)", _run(["nvcc", "--version"])) if cuda_built else None
+    info = {
+        "version": _run([sys.executable, "-c", "import tomllib;print(tomllib.load(open('pyproject.toml','rb'))"
+                         "['project']['version'])"]),
+        "git_commit": _run(["git", "rev-parse", "--short=12", "HEAD"]) or "unknown",
+        "git_dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "built_at": __import__("datetime").datetime.now(__import__("datetime").timezone.utc).isoformat(timespec="seconds"),
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+        "torch": torch.__version__,
+        "cpu_tiers": ["generic", "avx2", "avx512", "avx512_bf16", "amx"],
+        "cuda_toolkit": nvcc.group(1) if nvcc else None,
+        "cuda_archs": [a.split("-")[0] for a in archs.group(1).split(";")] if (archs and cuda_built) else [],
+    }
+    path.write_text(json.dumps(info, indent=1) + "\n")
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import torch
@@ -58,9 +91,13 @@ class CMakeBuild(build_ext):
             subprocess.run(["cmake", str(ROOT), *gen, *args], cwd=build_dir, check=True)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
         subprocess.run(["cmake", "--build", ".", "-j", jobs], cwd=build_dir, check=True)
+        write_build_info(out_dir / "_build_info.json", build_dir)
 
     def copy_extensions_to_source(self) -> None:
         super().copy_extensions_to_source()
+        info = Path(self.build_lib) / "lk_moe" / "_build_info.json"
+        if info.exists():
+            shutil.copy2(info, ROOT / "lk_moe" / "_build_info.json")
         # The GPU fallback kernels (built only where nvcc exists) are a plain shared library that
         # setuptools does not know about: bring it along for in-place builds too.
         built = Path(self.build_lib) / "lk_moe" / "_lk_cuda.so"

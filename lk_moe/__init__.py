@@ -19,7 +19,19 @@ def __getattr__(name):
 
 __version__ = "0.1.0.dev0"
 
+
+def build_info() -> dict:
+    """What this build holds: version, git commit, CUDA toolkit and GPU architectures of the
+    fallback kernels, CPU tiers, the torch it was built against (written by setup.py)."""
+    import json
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_info.json")
+    if not os.path.exists(path):
+        return {"version": __version__, "note": "built without setup.py: no build record"}
+    with open(path) as f:
+        return json.load(f)
+
 __all__ = [
     "ConfigError", "EngineConfig", "ForwardHandle", "MoELayer",
-    "default_pool", "isa", "make_pool", "set_isa", "supported_isas", "__version__",
+    "build_info", "default_pool", "isa", "make_pool", "set_isa", "supported_isas", "__version__",
 ]

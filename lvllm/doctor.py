@@ -74,8 +74,21 @@ def _version(pkg: str) -> Optional[str]:
         return None
 
 
+def build_line() -> Line:
+    try:
+        import lk_moe
+        b = lk_moe.build_info()
+    except Exception as e:  # the engine may not be built in this environment
+        return Line("FAIL", "lvllm", f"lk_moe engine not importable ({type(e).__name__}: {e})")
+    gpu = (f"GPU fallback kernels sm_{', sm_'.join(b['cuda_archs'])} (CUDA {b.get('cuda_toolkit')})"
+           if b.get("cuda_archs") else "no GPU fallback kernels (built without nvcc)")
+    return Line("info", "lvllm", f"{b.get('version')} (commit {b.get('git_commit', '?')}"
+                                 f"{', modified' if b.get('git_dirty') else ''}, built {b.get('built_at', '?')} "
+                                 f"for torch {b.get('torch', '?')}); CPU tiers {', '.join(b.get('cpu_tiers', []))}; {gpu}")
+
+
 def machine_checks() -> List[Line]:
-    lines = []
+    lines = [build_line()]
     cpus = os.sched_getaffinity(0)
     try:
         import lk_moe
