@@ -10,6 +10,7 @@ never the in-tree GPU conversion) and `apply` (the engine through `lk_moe.Hybrid
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 
@@ -84,6 +85,7 @@ class HybridMoEMixin:
                                    "(the lvllm loading hook is not active)")
             tensors[name] = p.data
         moe = layer.moe_config
+        t0 = time.perf_counter()
         engine_layer = lk_moe.MoELayer.from_checkpoint(plan.format, tensors, pool=rt.pool,
                                                        block_size=plan.block_size, **_format_args(layer, plan))
         # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
@@ -107,6 +109,7 @@ class HybridMoEMixin:
                                     io=rt.io(max_tokens, engine_layer.hidden_size, top_k, dtype))
         self._lk_runtime = rt
         rt.add_layer(plan, self._lk_hybrid)
+        rt.layer_loaded(engine_layer.nbytes, time.perf_counter() - t0)
 
     # -- forward
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):

@@ -87,9 +87,8 @@ def _install(cfg: LvllmConfig) -> None:
         plan = plan_for(prefix, method, self, moe_config, cfg)
         if plan.kind == "hybrid":
             make_hybrid(method, self, plan, cfg)
-        else:
-            from .runtime import get_runtime
-            get_runtime(cfg).add_resident(plan)
+        from .runtime import get_runtime
+        get_runtime(cfg).note_planned(plan)
         logger.debug("lk_moe: %s -> %s%s", prefix, plan.kind, f" ({plan.format})" if plan.format else "")
         return method
 

@@ -8,6 +8,7 @@ import threading
 from typing import List, Optional
 
 from .config import LvllmConfig, from_env
+from .progress import LoadProgress
 from .threads import ThreadPlan, plan_threads
 
 logger = logging.getLogger("vllm.lvllm")
@@ -61,6 +62,19 @@ class WorkerRuntime:
         self.gpu_bytes_saved = 0
         self._last = None  # the hybrid layer built last: the next one is linked to it for prefetch
         self._summary_logged = False
+        self.planned_hybrid = 0  # counted as vLLM builds the layers, before any is loaded
+        self.progress: Optional[LoadProgress] = None
+
+    def note_planned(self, plan) -> None:
+        if plan.kind == "hybrid":
+            self.planned_hybrid += 1
+        else:
+            self.add_resident(plan)
+
+    def layer_loaded(self, nbytes: int, seconds: float) -> None:
+        if self.progress is None:
+            self.progress = LoadProgress(self.planned_hybrid or None, lambda line: logger.info("%s", line))
+        self.progress.layer_done(nbytes, seconds)
 
     def io(self, max_tokens: int, hidden: int, top_k: int, dtype):
         from lk_moe.cpu_path import PinnedIO

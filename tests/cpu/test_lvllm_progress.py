@@ -1,0 +1,39 @@
+"""Startup progress lines: every few seconds and at the last layer, with size and speed."""
+from lvllm.progress import LoadProgress
+
+
+def test_lines_every_interval_and_at_the_end():
+    t = [0.0]
+    lines = []
+    p = LoadProgress(total_layers=4, log=lines.append, every_s=5.0, clock=lambda: t[0])
+    for step in (1.0, 2.0, 6.5, 7.0):
+        t[0] = step
+        p.layer_done(1 << 30, 0.5)
+    assert len(lines) == 2  # at 6.5 s (5 s after the start) and at the last layer
+    assert lines[0].startswith("lk_moe: experts of 3/4") and "3.0 GiB" in lines[0]
+    assert lines[1].startswith("lk_moe: experts of all 4/4") and "repacked at 2.1 GB/s" in lines[1]
+
+
+def test_unknown_total():
+    lines = []
+    p = LoadProgress(total_layers=None, log=lines.append, every_s=0.0)
+    p.layer_done(1 << 29, 0.25)
+    assert lines == ["lk_moe: experts of 1 hybrid MoE layers in host RAM (0.5 GiB, repacked at 2.1 GB/s)"]
+
+
+def test_runtime_counts_planned_layers_and_logs_the_last(caplog):
+    import logging
+
+    from lvllm.config import from_env
+    from lvllm.policy import LayerPlan
+    from lvllm.runtime import WorkerRuntime
+
+    rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1"}))
+    rt.note_planned(LayerPlan("model.layers.0.mlp.experts", 0, "gpu_resident"))
+    for i in (1, 2):
+        rt.note_planned(LayerPlan(f"model.layers.{i}.mlp.experts", i, "hybrid", "bf16"))
+    assert rt.planned_hybrid == 2 and rt.resident_layers == [0]
+    with caplog.at_level(logging.INFO, logger="vllm.lvllm"):
+        rt.layer_loaded(1 << 30, 0.5)
+        rt.layer_loaded(1 << 30, 0.5)
+    assert "lk_moe: experts of all 2/2 hybrid MoE layers in host RAM (2.0 GiB" in caplog.text
