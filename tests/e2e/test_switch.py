@@ -123,19 +123,29 @@ def _run_all(workdir, specs, parallel=PARALLEL, timeout=900):
     return results
 
 
+KV = ["--kv-bytes", str(2 << 30)]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """All comparison runs, started together; {tag: result}."""
-    workdir = tmp_path_factory.mktemp("e2e")
-    kv = ["--kv-bytes", str(2 << 30)]
-    specs = [("qwen3_moe", "stock", STOCK, kv)]
+    """The bf16 comparison runs (stock, switch off, CPU prefill, GPU prefill + resident), started
+    together; {tag: result}."""
+    specs = [("qwen3_moe", "stock", STOCK, KV)]
     for arch in ARCHS:
-        specs += [(arch, "off", OFF, kv), (arch, "cpu", CPU, kv), (arch, "gpu", _gpu_env(arch), kv)]
+        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", _gpu_env(arch), KV)]
+    return _run_all(tmp_path_factory.mktemp("e2e"), specs)
+
+
+@pytest.fixture(scope="module")
+def quantized_runs(tmp_path_factory):
+    """Quantized checkpoints (FP8 block, W4A16 int4, gpt-oss MXFP4), switch off and on: a fixture
+    of its own so `-k quantized or gpt_oss` starts only these."""
+    specs = []
     for arch, quant in QUANTIZED:
-        specs += [(arch, "off", OFF, kv, quant), (arch, "cpu", CPU, kv, quant)]
+        specs += [(arch, "off", OFF, KV, quant), (arch, "cpu", CPU, KV, quant)]
     for arch in NATIVE:
-        specs += [(arch, "off", OFF, kv), (arch, "cpu", CPU, kv)]
-    return _run_all(workdir, specs)
+        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV)]
+    return _run_all(tmp_path_factory.mktemp("e2e-quant"), specs)
 
 
 def _get(runs, tag):
@@ -190,20 +200,20 @@ def test_gpu_prefill_and_resident_match_switch_off(runs, arch):
 
 
 @pytest.mark.parametrize("arch,quant", QUANTIZED)
-def test_quantized_experts_match_switch_off(runs, arch, quant):
+def test_quantized_experts_match_switch_off(quantized_runs, arch, quant):
     """The engine reads vLLM's quantized expert tensors as loaded (FP8 block: codes + 128x128
     scales) and computes with them; vLLM's own FP8 kernel is the reference (it also quantizes
     activations to FP8, the engine does not: same criterion, measured differences printed)."""
-    off, on = _get(runs, f"{arch}-{quant}-off"), _get(runs, f"{arch}-{quant}-cpu")
+    off, on = _get(quantized_runs, f"{arch}-{quant}-off"), _get(quantized_runs, f"{arch}-{quant}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"]
     _check(off, on, f"{arch} {quant} cpu-prefill")
 
 
 @pytest.mark.parametrize("arch", NATIVE)
-def test_gpt_oss_mxfp4_experts_match_switch_off(runs, arch):
+def test_gpt_oss_mxfp4_experts_match_switch_off(quantized_runs, arch):
     """gpt-oss as released: MXFP4 experts with biases and the clamped SwiGLU, interleaved gate/up
     rows, hidden/intermediate sizes vLLM would pad for its kernels (the engine keeps them unpadded)."""
-    off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
+    off, on = _get(quantized_runs, f"{arch}-off"), _get(quantized_runs, f"{arch}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"]
     _check(off, on, f"{arch} cpu-prefill")
 
@@ -221,8 +231,7 @@ def _gpus() -> int:
 def test_tensor_parallel_2_matches_tp1(tmp_path, arch):
     """Each rank's engine holds its shard of every expert, on its own CPU share; vLLM all-reduces
     the partial outputs. TP=2 against TP=1, both with the switch on (same criterion)."""
-    procs = [_launch(tmp_path, arch, "cpu-tp1", CPU, ["--kv-bytes", str(2 << 30)]),
-             _launch(tmp_path, arch, "cpu-tp2", CPU, ["--kv-bytes", str(2 << 30), "--tp", "2"])]
+    procs = [_launch(tmp_path, arch, "cpu-tp1", CPU, KV), _launch(tmp_path, arch, "cpu-tp2", CPU, KV + ["--tp", "2"])]
     res = _collect(tmp_path, procs)
     tp1, tp2 = _get(res, f"{arch}-cpu-tp1"), _get(res, f"{arch}-cpu-tp2")
     assert "rank 1/2" in tp2["log"], "the second rank did not report its own CPU share"
