@@ -250,13 +250,15 @@ def _is_router(name: str) -> bool:
     return name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight"))
 
 
-def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128) -> Dict[str, torch.Tensor]:
+def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128,
+                       experts_only: bool = False) -> Dict[str, torch.Tensor]:
     """The layout of DeepSeek-V3 / Qwen3-FP8 checkpoints: every projection weight as float8_e4m3fn
     with `weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)] (dequantized = code * scale); router,
     embeddings, norms, biases and lm_head stay as they are."""
     out = {}
     for name, w in tensors.items():
-        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")):
+        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")) \
+                or (experts_only and ".experts." not in name):
             out[name] = w
             continue
         N, K = w.shape
@@ -272,7 +274,10 @@ def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128) -> Di
 
 
 def _fp8_config(tensors: Dict[str, torch.Tensor]) -> dict:
-    keep = sorted(n[:-len(".weight")] for n in tensors if _is_router(n)) + ["lm_head"]
+    # Everything left in bf16 (router, lm_head, and with experts_only every other projection).
+    keep = sorted(n[:-len(".weight")] for n, t in tensors.items()
+                  if n.endswith(".weight") and t.dim() == 2 and t.dtype != torch.float8_e4m3fn
+                  and not n.startswith("model.embed"))
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [128, 128], "modules_to_not_convert": keep}
 
@@ -321,7 +326,7 @@ def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
 
 
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
-                    quant: str = "bf16") -> str:
+                    quant: str = "bf16", fp8_experts_only: bool = False) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
     quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8) or "w4a16" (int4 experts,
     compressed-tensors, like Kimi-K2-Thinking); quantized variants: tiny only."""
@@ -344,7 +349,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
     if quant == "fp8":
-        tensors = quantize_fp8_block(tensors)
+        tensors = quantize_fp8_block(tensors, experts_only=fp8_experts_only)
         config["quantization_config"] = _fp8_config(tensors)
     elif quant == "w4a16":
         config["quantization_config"] = _w4a16_config(tensors)

@@ -1,0 +1,111 @@
+"""Helper process for test_plugin_loads_checkpoints.py: build a tiny checkpoint's model with the
+real vLLM 0.26.0 (CPU platform lent for construction; no GPU here), the plugin switched on, and
+its real loader; then compare one hybrid layer's engine output with a reference computed
+straight from the checkpoint files (their own layout, not vLLM's). Prints one JSON line.
+
+Only lvllm's own GPU wrapper (lk_moe.HybridMoE, which needs CUDA) is replaced, by a holder of
+the engine layer it would have wrapped."""
+import json
+import os
+import sys
+
+import torch
+
+os.environ["LVLLM_MOE_NUMA_ENABLED"] = "1"
+os.environ.setdefault("LK_THREADS", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import vllm.platforms as platforms  # noqa: E402
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
+
+platforms._current_platform = CpuPlatform()
+
+import lk_moe.hybrid  # noqa: E402
+import lvllm.runtime  # noqa: E402
+
+
+class EngineLayerHolder:
+    def __init__(self, w13, w2, *, layer, **kwargs):
+        self.layer, self.streamer, self.kwargs = layer, None, kwargs
+
+
+lk_moe.hybrid.HybridMoE = EngineLayerHolder
+lvllm.runtime.WorkerRuntime.io = lambda self, *a, **k: None  # pinned buffers need CUDA
+
+from safetensors.torch import load_file  # noqa: E402
+from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
+from vllm.model_executor.model_loader import get_model  # noqa: E402
+from vllm.plugins import load_general_plugins  # noqa: E402
+
+from lk_moe.reference import moe_reference, random_routing  # noqa: E402
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def expert_weight(t, base, quant):
+    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors."""
+    if quant == "bf16":
+        return t[base + "weight"].float()
+    if quant == "fp8":
+        q, s = t[base + "weight"].float(), t[base + "weight_scale_inv"]
+        return q * s.repeat_interleave(128, 0)[:q.shape[0]].repeat_interleave(128, 1)[:, :q.shape[1]]
+    if quant == "w4a16":  # weight_packed [N, K/8] int32, 8 codes per word along K, code = q + 8
+        p, s = t[base + "weight_packed"].to(torch.int64) & 0xFFFFFFFF, t[base + "weight_scale"].float()
+        codes = torch.stack([(p >> (4 * i)) & 15 for i in range(8)], dim=-1).reshape(p.shape[0], -1)
+        return (codes - 8).float() * s.repeat_interleave(codes.shape[1] // s.shape[1], dim=1)
+    raise ValueError(quant)
+
+
+def reference_layer(model_dir, arch, quant, layer_idx):
+    t = load_file(os.path.join(model_dir, "model.safetensors"))
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    prefix = f"model.layers.{layer_idx}.{'block_sparse_moe' if arch == 'mixtral' else 'mlp'}.experts"
+    if arch == "gpt_oss":
+        def mx(name):
+            b, s = t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"]
+            E, N, G, _ = b.shape
+            codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(E, N, G, 32).long()
+            return (E2M1[codes] * torch.exp2(s.float() - 127)[..., None]).reshape(E, N, G * 32)
+        return dict(w13=mx("gate_up_proj"), w2=mx("down_proj"), w13_bias=t[f"{prefix}.gate_up_proj_bias"].float(),
+                    w2_bias=t[f"{prefix}.down_proj_bias"].float(), activation="swigluoai", interleaved=True,
+                    swiglu_limit=cfg.get("swiglu_limit", 7.0))
+    E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg["num_local_experts"]
+    names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    w13 = torch.stack([torch.cat([expert_weight(t, f"{prefix}.{e}.{names[0]}.", quant),
+                                  expert_weight(t, f"{prefix}.{e}.{names[1]}.", quant)]) for e in range(E)])
+    w2 = torch.stack([expert_weight(t, f"{prefix}.{e}.{names[2]}.", quant) for e in range(E)])
+    return dict(w13=w13, w2=w2)
+
+
+def main():
+    model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    load_general_plugins()
+    vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
+                    load_config=LoadConfig())
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{sys.argv[5]}")
+        initialize_model_parallel(1)
+        model = get_model(vllm_config=vc)
+    hybrid = {name: m.quant_method for name, m in model.named_modules()
+              if getattr(getattr(m, "quant_method", None), "lk_keep_on_host", False)}
+    method = next(qm for name, qm in hybrid.items() if f".layers.{layer_idx}." in name)
+    engine = method._lk_hybrid.layer
+    ref = reference_layer(model_dir, arch, quant, layer_idx)
+    w13, w2 = ref.pop("w13"), ref.pop("w2")
+    g = torch.Generator().manual_seed(0)
+    M = 37
+    K = json.load(open(os.path.join(model_dir, "config.json")))["num_experts_per_tok"]
+    x = torch.randn(M, w2.shape[1], generator=g).to(torch.bfloat16)
+    ids, wts = random_routing(M, w13.shape[0], K, generator=g)
+    out = engine.forward(x, ids, wts).float()
+    want = moe_reference(x, w13, w2, ids, wts, **ref)
+    rel = ((out - want).norm() / want.norm()).item()
+    print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rel_rms": rel,
+                                  "method": type(method).__name__}))
+
+
+if __name__ == "__main__":
+    main()
