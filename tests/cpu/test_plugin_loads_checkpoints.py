@@ -9,9 +9,10 @@ Tolerance: relative RMS <= 0.01. The engine rounds the layer input and the SwiGL
 gate/up, wrong nibble or scale) gives O(1).
 
 Each case runs in its own process (vLLM's distributed state is per process). vLLM's CPU platform
-stands in for the GPU one during construction; W4A16 (vLLM's CPU build lacks its int4 type), MLA
-models (DeepSeek: no CPU MLA) and models with dense MLP layers (GLM-4.5: the CPU platform wants
-vLLM's compiled SiluAndMul) are covered by tests/e2e on the GPU machine instead."""
+stands in for the GPU one during construction (and answers the W4A16 backend question as a CUDA
+machine would: Marlin); MLA models (DeepSeek: no CPU MLA) and models with dense MLP layers
+(GLM-4.5: the CPU platform wants vLLM's compiled SiluAndMul) are covered by tests/e2e on the GPU
+machine instead."""
 import json
 import os
 import subprocess
@@ -30,6 +31,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "bf16", 0, "bf16"),
     ("mixtral", "bf16", 0, "bf16"),
     ("qwen3_moe", "fp8", 0, "fp8_block"),
+    ("qwen3_moe", "w4a16", 0, "wna16_int4"),
     ("gpt_oss", "bf16", 0, "mxfp4"),
 ]
 

@@ -79,8 +79,20 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     return dict(w13=w13, w2=w2)
 
 
+def lend_marlin_backend():
+    """vLLM's CPU platform cannot pick a WNA16 MoE backend (its int4 scalar type is missing
+    without vLLM's compiled ops). Answer that one question as a CUDA machine would (Marlin, whose
+    host tensors are K-first); the method, its create_weights and the loader stay vLLM's own."""
+    from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import WNA16MoEBackend
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16_marlin as marlin)
+    marlin.select_wna16_moe_backend = lambda *a, **k: (WNA16MoEBackend.MARLIN, None)
+
+
 def main():
     model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    if quant == "w4a16":
+        lend_marlin_backend()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
                     load_config=LoadConfig())
