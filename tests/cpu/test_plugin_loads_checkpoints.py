@@ -52,3 +52,28 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     print(f"{arch} {quant}: {r}")
     assert r["format"] == fmt and r["hybrid_layers"] >= 3
     assert r["rel_rms"] <= 0.01, r
+
+
+TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16")]
+
+
+@pytest.mark.parametrize("i,arch,quant", [(i, *c) for i, c in enumerate(TP_CASES)], ids=[f"{a}-{q}" for a, q in TP_CASES])
+def test_tensor_parallel_shards_sum_to_the_layer(tmp_path, i, arch, quant):
+    """TP=2 (two processes, gloo): vLLM narrows each expert for its rank (gpt-oss: its own loader,
+    interleaved rows, w2_bias only on rank 0); each rank's engine holds that shard; vLLM would
+    all-reduce the partial outputs: their sum must be the whole layer, each alone must not."""
+    import torch
+    model = make_checkpoint(arch, str(tmp_path / arch), quant=quant, fp8_experts_only=(quant == "fp8"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
+    env["LK_THREADS"] = "1"
+    port = str(30100 + (os.getpid() % 200) * 5 + i)
+    procs = [subprocess.Popen([sys.executable, HELPER, model, arch, quant, "0", port, "2", str(r), str(tmp_path)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    ref = torch.load(tmp_path / "reference.pt")
+    rel = ((ranks[0] + ranks[1] - ref).norm() / ref.norm()).item()
+    alone = ((ranks[0] - ref).norm() / ref.norm()).item()
+    print(f"{arch} {quant} TP=2: rel RMS of the sum {rel:.4f}, of rank 0 alone {alone:.3f}")
+    assert rel <= 0.01 and alone > 0.1

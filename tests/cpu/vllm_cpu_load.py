@@ -96,10 +96,16 @@ def main():
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
                     load_config=LoadConfig())
+    # Optional: tensor parallelism, one process per rank (argv 6, 7 = world size, rank; argv 8 =
+    # where to save this rank's partial output; rank 0 also saves the reference).
+    world = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    rank = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    vc.parallel_config.tensor_parallel_size = world
+    vc.parallel_config.world_size = world
     with set_current_vllm_config(vc):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+        init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{sys.argv[5]}")
-        initialize_model_parallel(1)
+        initialize_model_parallel(world)
         model = get_model(vllm_config=vc)
     hybrid = {name: m.quant_method for name, m in model.named_modules()
               if getattr(getattr(m, "quant_method", None), "lk_keep_on_host", False)}
@@ -113,6 +119,13 @@ def main():
     x = torch.randn(M, w2.shape[1], generator=g).to(torch.bfloat16)
     ids, wts = random_routing(M, w13.shape[0], K, generator=g)
     out = engine.forward(x, ids, wts).float()
+    if world > 1:
+        torch.save(out, f"{sys.argv[8]}/rank{rank}.pt")
+        if rank == 0:
+            torch.save(moe_reference(x, w13, w2, ids, wts, **ref), f"{sys.argv[8]}/reference.pt")
+        print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rank": rank,
+                                      "intermediate": engine.intermediate_size}))
+        return
     want = moe_reference(x, w13, w2, ids, wts, **ref)
     rel = ((out - want).norm() / want.norm()).item()
     print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rel_rms": rel,
