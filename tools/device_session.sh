@@ -2,6 +2,13 @@
 # On the GPU machine (see ../shared/device/README.md): install the carried vLLM payload once per
 # machine, build lk_moe there, then run what follows as a command, logging into $OUT.
 #   bash tools/device_session.sh python3 -m pytest -s tests/e2e -k qwen3
+# A session that fits the 10-minute runs (after the 9 payload-part runs, back to back):
+#   1. ... timeout 480 python3 -m pytest -q -s -p no:cacheprovider --basetemp=/root/e2e-tmp tests/e2e \
+#          -k "not quantized and not gpt_oss and not tensor_parallel"        (serve, KV, 4 archs x 3)
+#   2. ... python3 -m pytest -q -s ... tests/e2e -k "quantized or gpt_oss"; python3 -m pytest -q tests/gpu
+#   3. ... python3 benchmarks/e2e_decode.py --modes hybrid --results /root/bench.json --log-dir $OUT
+#      then --modes offload, --modes stock (same --results file: the last run prints all ratios)
+#   TP=2: the nvidia-h200-x2 machine, pytest tests/e2e -k tensor_parallel
 set -uo pipefail
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 LVLLM_USE_SYSTEM_PYTHON=1
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}"
