@@ -31,15 +31,15 @@ class LvllmConfig:
         return layer_index in self.resident_layers
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+TRUE_VALUES = {"1", "true", "yes", "on"}
+FALSE_VALUES = {"0", "false", "no", "off", ""}
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
     raw = env.get(name, "").strip().lower()
-    if raw in _TRUE:
+    if raw in TRUE_VALUES:
         return True
-    if raw in _FALSE:
+    if raw in FALSE_VALUES:
         return False
     raise LvllmConfigError(f"{name}={env[name]!r} is not a boolean (use 1/0, true/false)")
 

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from .threads import physical_cores
+
 PINS = {"vllm": "0.26.0", "torch": "2.11.0"}
 GiB = 1 << 30
 
@@ -54,11 +56,6 @@ def _cpu_model() -> str:
     return "unknown CPU"
 
 
-def _physical_cores(cpus) -> int:
-    from .threads import _physical_cores
-    return _physical_cores(sorted(cpus))
-
-
 def _numa_nodes() -> int:
     base = "/sys/devices/system/node"
     try:
@@ -96,7 +93,7 @@ def machine_checks() -> List[Line]:
     except Exception as e:  # the engine may not be built in this environment
         isa = f"lk_moe engine not importable ({type(e).__name__}: {e})"
     lines.append(Line("info", "cpu", f"{_cpu_model()}; {len(cpus)} logical CPUs usable, "
-                                     f"{_physical_cores(cpus)} physical cores, {_numa_nodes()} NUMA node(s); {isa}"))
+                                     f"{physical_cores(sorted(cpus))} physical cores, {_numa_nodes()} NUMA node(s); {isa}"))
     mem = _meminfo()
     lines.append(Line("info", "memory", f"{mem.get('MemTotal', 0) / GiB:.1f} GiB total, "
                                         f"{mem.get('MemAvailable', 0) / GiB:.1f} GiB available"))
@@ -186,7 +183,7 @@ def model_checks(path: str, tp: int) -> List[Line]:
 
 def suggest(info, tp: int) -> List[Line]:
     cpus = os.sched_getaffinity(0)
-    threads = max(1, _physical_cores(cpus) // max(tp, 1) - 1)
+    threads = max(1, physical_cores(sorted(cpus)) // max(tp, 1) - 1)
     env = ["LVLLM_MOE_NUMA_ENABLED=1", f"LK_THREADS={threads}"]
     out = []
     try:

@@ -15,7 +15,7 @@ import time
 import torch
 
 from .padding import current_padding_rows, drop_padding
-from .policy import LayerPlan
+from .policy import LayerPlan, enum_value
 
 
 def _fixed(value):
@@ -140,7 +140,7 @@ def _format_args(layer, plan: LayerPlan) -> dict:
     """What the tensors cannot say: the activation and its constants, the real (unpadded) sizes."""
     if plan.format != "mxfp4":
         return {}
-    act = str(getattr(layer.activation, "value", layer.activation)).lower()
+    act = enum_value(layer.activation)
     args = {"activation": act, "interleaved": act == "swigluoai",
             "hidden_size": int(layer.hidden_size), "intermediate_size": int(layer.intermediate_size_per_partition)}
     # gpt-oss leaves them unset on the layer; its kernels take 1.702 and 7.0 (the engine's defaults).

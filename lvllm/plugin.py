@@ -20,7 +20,7 @@ import inspect
 import logging
 import os
 
-from .config import LvllmConfig, LvllmConfigError, from_env
+from .config import FALSE_VALUES, LvllmConfig, LvllmConfigError, from_env
 
 logger = logging.getLogger("vllm.lvllm")
 
@@ -33,8 +33,8 @@ class PluginError(RuntimeError):
 
 
 def _switch_is_on() -> bool:
-    raw = os.environ.get("LVLLM_MOE_NUMA_ENABLED", "").strip().lower()
-    return raw not in ("", "0", "false", "no", "off")
+    # Anything but an off value counts as on here; from_env then refuses a non-boolean by name.
+    return os.environ.get("LVLLM_MOE_NUMA_ENABLED", "").strip().lower() not in FALSE_VALUES
 
 
 def _params(fn) -> tuple:

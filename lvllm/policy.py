@@ -40,13 +40,18 @@ def layer_index_of(prefix: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def _enum_value(x) -> str:
+def enum_value(x) -> str:
     return str(getattr(x, "value", x)).lower()
 
 
 def _strategy(method, attr: str) -> str:
     q = getattr(method, attr, None)
-    return _enum_value(getattr(q, "strategy", "")) if q is not None else ""
+    return enum_value(getattr(q, "strategy", "")) if q is not None else ""
+
+
+# compressed-tensors methods whose per-channel variant the engine reads
+_CHANNEL_FORMATS = {"CompressedTensorsW8A8Fp8MoEMethod": "fp8_channel",
+                    "CompressedTensorsW8A8Int8MoEMethod": "int8_channel"}
 
 
 def engine_format(method) -> tuple:
@@ -61,24 +66,19 @@ def engine_format(method) -> tuple:
         raise UnsupportedMoELayer(
             "Fp8MoEMethod with per-tensor weight scales is not supported by lk_moe yet "
             "(block-quantized FP8, as in DeepSeek-V3/Qwen3-FP8 checkpoints, is)")
-    if name == "CompressedTensorsW8A8Fp8MoEMethod":
+    if name in _CHANNEL_FORMATS:
         if _strategy(method, "weight_quant") == "channel":
-            return "fp8_channel", None
+            return _CHANNEL_FORMATS[name], None
         raise UnsupportedMoELayer(
             f"{name} with weight strategy {_strategy(method, 'weight_quant')!r} is not supported by "
             "lk_moe yet (per-channel is)")
-    if name == "CompressedTensorsW8A8Int8MoEMethod":
-        if _strategy(method, "weight_quant") == "channel":
-            return "int8_channel", None
-        raise UnsupportedMoELayer(f"{name} with weight strategy {_strategy(method, 'weight_quant')!r} "
-                                  "is not supported by lk_moe yet (per-channel is)")
     if name in ("CompressedTensorsWNA16MarlinMoEMethod", "CompressedTensorsWNA16MoEMethod"):
         bits = getattr(method, "num_bits", None)
         if bits != 4:
             raise UnsupportedMoELayer(f"{name} with {bits}-bit weights is not supported by lk_moe yet (4-bit is)")
-        if _enum_value(getattr(method, "actorder", None) or "") == "group":
+        if enum_value(getattr(method, "actorder", None) or "") == "group":
             raise UnsupportedMoELayer(f"{name} with act order (actorder='group') is not supported by lk_moe yet")
-        if "flashinfer" in _enum_value(getattr(method, "wna16_backend", "")):
+        if "flashinfer" in enum_value(getattr(method, "wna16_backend", "")):
             raise UnsupportedMoELayer(f"{name} on the FlashInfer-TRTLLM backend keeps N-first tensors, which "
                                       "lk_moe does not read yet")
         return "wna16_int4", None
@@ -114,7 +114,7 @@ def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
     """Refuse what the engine or the hybrid method does not do, with the way out."""
     objs = {"config": moe_config, "layer": layer, "parallel": getattr(moe_config, "moe_parallel_config", None)}
     problems = []
-    activation = _enum_value(getattr(moe_config, "activation", "silu"))
+    activation = enum_value(getattr(moe_config, "activation", "silu"))
     allowed = _ACTIVATIONS.get(fmt, ("silu",))
     if activation not in allowed:
         problems.append(f"activation {activation!r} with {fmt} experts (the engine runs {', '.join(allowed)})")

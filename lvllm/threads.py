@@ -20,7 +20,7 @@ class ThreadPlan:
     physical_cores: int
 
 
-def _physical_cores(cpus: Sequence[int], sysfs_root: str = "/sys") -> int:
+def physical_cores(cpus: Sequence[int], sysfs_root: str = "/sys") -> int:
     cores = set()
     for c in cpus:
         base = f"{sysfs_root}/devices/system/cpu/cpu{c}/topology"
@@ -50,7 +50,7 @@ def plan_threads(local_rank: int, local_world: int, lk_threads: Optional[int],
     """lk_threads: LK_THREADS (None = default)."""
     allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
     cpus = rank_cpus(allowed, local_rank, local_world)
-    phys = _physical_cores(cpus, sysfs_root)
+    phys = physical_cores(cpus, sysfs_root)
     if lk_threads is None:
         threads = max(1, phys - 1)
     else:

@@ -125,6 +125,16 @@ def quantize_mxfp4(w: torch.Tensor):
     return packed.contiguous(), (e + 127).to(torch.uint8).contiguous()
 
 
+def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The inverse of quantize_mxfp4: blocks [..., N, K/32, 16] + scales [..., N, K/32] -> fp32
+    [..., N, K] (exact). Written from the same convention; the tests check it against
+    transformers' own MXFP4 dequantization."""
+    codes = torch.stack([blocks & 15, blocks >> 4], dim=-1).long()
+    mags = _E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    vals = mags.reshape(*blocks.shape[:-1], 32) * torch.exp2(scales.float() - 127)[..., None]
+    return vals.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32)
+
+
 def _gpt_oss_weights(s: dict, vocab: int, w) -> None:
     H, E, I = s["H"], s["E"], s["I"]
     for i in range(s["L"]):

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from lvllm.tiny_checkpoint import ARCHS, make_checkpoint, quantize_mxfp4
+from lvllm.tiny_checkpoint import ARCHS, decode_mxfp4, make_checkpoint, quantize_mxfp4
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -33,10 +33,7 @@ def test_gpt_oss_mxfp4_matches_transformers(tmp_path):
     assert not any(info.values()), info
     t = load_file(f"{path}/model.safetensors")
     b, sc = t["model.layers.0.mlp.experts.gate_up_proj_blocks"], t["model.layers.0.mlp.experts.gate_up_proj_scales"]
-    E, N, G, _ = b.shape
-    codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(E, N, G, 32).long()
-    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-    ours = (lut[codes] * torch.exp2(sc.float() - 127)[..., None]).reshape(E, N, G * 32)
+    ours = decode_mxfp4(b, sc)
     theirs = model.model.layers[0].mlp.experts.gate_up_proj.float().transpose(1, 2)  # HF keeps [E, H, 2I]
     assert torch.equal(ours, theirs)
 
@@ -44,9 +41,7 @@ def test_gpt_oss_mxfp4_matches_transformers(tmp_path):
 def test_mxfp4_encoder_round_trip():
     w = torch.randn(4, 128) * 3
     b, sc = quantize_mxfp4(w)
-    codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(4, 4, 32).long()
-    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-    deq = (lut[codes] * torch.exp2(sc.float() - 127)[..., None]).reshape(4, 128)
+    deq = decode_mxfp4(b, sc)
     # e2m1 has 1 mantissa bit: nearest rounding is within 1/4 of the group's largest value
     assert ((deq - w).abs() <= w.abs().reshape(4, 4, 32).amax(-1).repeat_interleave(32, 1) / 4 + 1e-6).all()
 

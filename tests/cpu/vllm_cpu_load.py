@@ -40,9 +40,7 @@ from vllm.model_executor.model_loader import get_model  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
-
-E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-
+from lvllm.tiny_checkpoint import decode_mxfp4  # noqa: E402
 
 def expert_weight(t, base, quant):
     """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors."""
@@ -64,10 +62,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     prefix = f"model.layers.{layer_idx}.{'block_sparse_moe' if arch == 'mixtral' else 'mlp'}.experts"
     if arch == "gpt_oss":
         def mx(name):
-            b, s = t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"]
-            E, N, G, _ = b.shape
-            codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(E, N, G, 32).long()
-            return (E2M1[codes] * torch.exp2(s.float() - 127)[..., None]).reshape(E, N, G * 32)
+            return decode_mxfp4(t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"])
         return dict(w13=mx("gate_up_proj"), w2=mx("down_proj"), w13_bias=t[f"{prefix}.gate_up_proj_bias"].float(),
                     w2_bias=t[f"{prefix}.down_proj_bias"].float(), activation="swigluoai", interleaved=True,
                     swiglu_limit=cfg.get("swiglu_limit", 7.0))
