@@ -33,6 +33,7 @@ class HybridMoEMixin:
         self._lk_cfg = cfg
         self._lk_hybrid = None
         self._lk_runtime = None
+        self._lk_dummy = False
 
     # -- what vLLM's runner and loaders ask the method (forced: no kernel of vLLM's own here).
     # Not monolithic (the router runs first), no EPLB, no modular kernel; shared experts then
@@ -56,8 +57,13 @@ class HybridMoEMixin:
         return None
 
     def create_weights(self, layer, *args, **kwargs):
+        from .dummy_weights import load_format_is_dummy
+
         # The innermost device context wins over the loader's `with torch.device("cuda")`.
-        with torch.device("cpu"):
+        # Dummy weights: meta tensors, filled at hand-over (see dummy_weights: vLLM's filler
+        # would take minutes on host tensors).
+        self._lk_dummy = load_format_is_dummy()
+        with torch.device("meta" if self._lk_dummy else "cpu"):
             self._lk_base.create_weights(self, layer, *args, **kwargs)
 
     # -- after loading: the tensors go to the engine; vLLM's copies are released
@@ -69,6 +75,9 @@ class HybridMoEMixin:
 
         plan, cfg = self._lk_plan, self._lk_cfg
         rt = get_runtime(cfg)
+        if self._lk_dummy:
+            from .dummy_weights import materialize
+            materialize(layer)
         params = dict(layer.named_parameters(recurse=False))
         required, optional = lk_moe.MoELayer.tensor_names(plan.format)
         # Optional tensors (zero points) exist only when the method created them; g_idx is never

@@ -56,7 +56,19 @@ def expert_weight(t, base, quant):
     raise ValueError(quant)
 
 
+def dummy_reference(model_dir, arch):
+    """`--load-format dummy`: the plugin fills host experts itself (lvllm.dummy_weights); every
+    tensor gets the same deterministic tile, so the reference is that fill of each full shape."""
+    from lvllm.dummy_weights import fill_
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    E, H, I = cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    return dict(w13=fill_(torch.empty(E, 2 * I, H, dtype=torch.bfloat16)).float(),
+                w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float())
+
+
 def reference_layer(model_dir, arch, quant, layer_idx):
+    if quant == "dummy":
+        return dummy_reference(model_dir, arch)
     t = load_file(os.path.join(model_dir, "model.safetensors"))
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     prefix = f"model.layers.{layer_idx}.{'block_sparse_moe' if arch == 'mixtral' else 'mlp'}.experts"
@@ -90,7 +102,7 @@ def main():
         lend_marlin_backend()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
-                    load_config=LoadConfig())
+                    load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))
     # Optional: tensor parallelism, one process per rank (argv 6, 7 = world size, rank; argv 8 =
     # where to save this rank's partial output; rank 0 also saves the reference).
     world = int(sys.argv[6]) if len(sys.argv) > 6 else 1
