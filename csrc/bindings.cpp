@@ -411,7 +411,7 @@ struct HostCall {
   at::Tensor x, ids, weights, out;
 
   HostCall(const Layer& layer, const at::Tensor& x_h, const at::Tensor& ids_h, const at::Tensor& w_h,
-           const at::Tensor& out_h, int64_t tokens) {
+           const at::Tensor& out_h, int64_t tokens, std::shared_ptr<lk::HostCallCounters> counters) {
     const auto& sh = layer.impl->shape();
     const DType xt = half_type(x_h, "x_host");
     if (out_h.scalar_type() != x_h.scalar_type()) throw py::type_error("out_host must have x_host's dtype");
@@ -435,7 +435,7 @@ struct HostCall {
     a.weights = w_h.data_ptr<float>();
     a.out = out_h.data_ptr();
     a.out_type = xt;
-    impl = std::make_unique<lk::HostForward>(layer.impl, a);
+    impl = std::make_unique<lk::HostForward>(layer.impl, a, std::move(counters));
     x = x_h;
     ids = ids_h;
     weights = w_h;
@@ -532,10 +532,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     bool ok = lk::cuda_runtime_available(&why);
     return py::make_tuple(ok, why);
   });
+  py::class_<lk::HostCallCounters, std::shared_ptr<lk::HostCallCounters>>(
+      m, "HostCallCounters", "running totals of the host-node runs of the HostCalls given this object")
+      .def(py::init<>())
+      .def("read", [](const lk::HostCallCounters& c) {
+        // Three relaxed loads: a run finishing in between may show in one total and not yet in another.
+        return py::make_tuple(c.calls.load(std::memory_order_relaxed), c.rows.load(std::memory_order_relaxed),
+                              c.ns.load(std::memory_order_relaxed));
+      }, "(calls, rows with an expert id, nanoseconds)");
   py::class_<HostCall>(m, "HostCall")
-      .def(py::init<const Layer&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t>(),
+      .def(py::init<const Layer&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                    std::shared_ptr<lk::HostCallCounters>>(),
            py::arg("layer"), py::arg("x_host"), py::arg("ids_host"), py::arg("weights_host"), py::arg("out_host"),
-           py::arg("tokens"))
+           py::arg("tokens"), py::arg("counters") = py::none())
       .def("enqueue", [](HostCall& h, uintptr_t stream) { h.impl->enqueue(stream); }, py::arg("stream"),
            "add the engine call to a CUDA stream (host-function node when capturing)")
       .def("enqueue_mailbox", [](HostCall& h, uintptr_t stream) { h.impl->enqueue_mailbox(stream); },

@@ -64,13 +64,19 @@ class CpuExpertPath:
         self.io = io
         self._x, self._ids, self._w, self._out = io.x, io.ids, io.w, io.out
         self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
+        self.counters = _C.HostCallCounters()  # shared by this path's calls, graph replays included
 
     def _call(self, tokens: int):
         call = self._calls.get(tokens)
         if call is None:
-            call = _C.HostCall(self.layer._impl, self._x, self._ids, self._w, self._out, tokens)
+            call = _C.HostCall(self.layer._impl, self._x, self._ids, self._w, self._out, tokens, self.counters)
             self._calls[tokens] = call
         return call
+
+    def engine_totals(self):
+        """(calls, tokens, nanoseconds) of the engine runs so far, counted by the host function:
+        eager calls and CUDA-graph replays alike; tokens leave out rows of graph padding."""
+        return self.counters.read()
 
     def check_errors(self) -> None:
         """Raise if a host-node run since the last check saw an invalid expert id (outputs were NaN)."""

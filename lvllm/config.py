@@ -6,6 +6,8 @@ LVLLM_GPU_PREFILL_MIN_BATCH_SIZE  smallest batch (tokens) whose routed experts r
 LVLLM_GPU_PREFETCH_WINDOW         layers whose experts are copied ahead during GPU prefill (0 or 1,
                                   default 1; the staging ring holds at most 2 layers)
 LVLLM_GPU_RESIDENT_MOE_LAYERS     MoE layers kept on the GPU, e.g. "0-3,40" (default: none)
+LVLLM_STATS_INTERVAL              seconds between the runtime statistics log lines of each rank
+                                  (default 60; 0 = off)
 
 A bad value raises LvllmConfigError (a ValueError) naming the variable and what it accepts.
 """
@@ -26,6 +28,7 @@ class LvllmConfig:
     gpu_prefill_min_batch: int = 0
     prefetch_window: int = 1
     resident_layers: FrozenSet[int] = field(default_factory=frozenset)
+    stats_interval: int = 60  # seconds; 0 = no statistics
 
     def is_resident(self, layer_index: int) -> bool:
         return layer_index in self.resident_layers
@@ -85,4 +88,5 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
         gpu_prefill_min_batch=_int(env, "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE", 0, 0, 1 << 24),
         prefetch_window=_int(env, "LVLLM_GPU_PREFETCH_WINDOW", 1, 0, 1),
         resident_layers=parse_layer_set(env.get("LVLLM_GPU_RESIDENT_MOE_LAYERS", "")),
+        stats_interval=_int(env, "LVLLM_STATS_INTERVAL", 60, 0, 86_400),
     )

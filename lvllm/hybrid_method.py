@@ -138,8 +138,14 @@ class HybridMoEMixin:
             # host-function node) is capturable; the streamed GPU path syncs to plan its copies.
             # Rows vLLM padded to a graph size cost no expert reads.
             topk_ids = drop_padding(topk_ids, current_padding_rows(x.shape[0]))
-            return hybrid.cpu_path(x, topk_ids, topk_weights)
-        return hybrid.forward(x, topk_ids, topk_weights)
+            return hybrid.cpu_path(x, topk_ids, topk_weights)  # counted by the engine (lvllm.stats)
+        stats = self._lk_runtime.stats
+        if stats is None:
+            return hybrid.forward(x, topk_ids, topk_weights)
+        mark = stats.gpu_begin(hybrid, x.shape[0])
+        out = hybrid.forward(x, topk_ids, topk_weights)
+        stats.gpu_end(mark)
+        return out
 
 
 _MEMBERS = {k: v for k, v in vars(HybridMoEMixin).items() if not (k.startswith("__") and k.endswith("__"))}

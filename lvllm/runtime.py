@@ -1,6 +1,6 @@
 """Per-worker state shared by the hybrid MoE layers of one model: the engine's thread pool, the
-pinned I/O buffers of the CPU path, the GPU staging ring, the layer chain for prefetch, and the
-startup summary."""
+pinned I/O buffers of the CPU path, the GPU staging ring, the layer chain for prefetch, the
+startup summary and the runtime statistics."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from .config import LvllmConfig, from_env
 from .progress import LoadProgress
+from .stats import WorkerStats
 from .threads import ThreadPlan, plan_threads
 
 logger = logging.getLogger("vllm.lvllm")
@@ -64,6 +65,9 @@ class WorkerRuntime:
         self._summary_logged = False
         self.planned_hybrid = 0  # counted as vLLM builds the layers, before any is loaded
         self.progress: Optional[LoadProgress] = None
+        self.stats: Optional[WorkerStats] = None
+        if cfg.stats_interval > 0:
+            self.stats = WorkerStats(local_rank, cfg.stats_interval, lambda line: logger.info("%s", line))
 
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
@@ -102,6 +106,8 @@ class WorkerRuntime:
         self._last = hybrid
         if plan.layer_index is not None:
             self.hybrid_layers.append(plan.layer_index)
+        if self.stats is not None:
+            self.stats.add_layer(plan.layer_index, hybrid)
         self.host_bytes += hybrid.layer.nbytes
         self.gpu_bytes_saved += hybrid.layer.expert_bytes
 
@@ -122,9 +128,12 @@ class WorkerRuntime:
                    else "prefill on the CPU"))
 
     def log_summary_once(self) -> None:
+        """At the first forward: the summary, and the statistics start."""
         if not self._summary_logged:
             self._summary_logged = True
             logger.info("%s", self.summary())
+            if self.stats is not None:
+                self.stats.start()
 
 
 _lock = threading.Lock()

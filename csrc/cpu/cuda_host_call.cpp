@@ -204,8 +204,9 @@ void unregister_host_memory(void* ptr) {
   if (r.host_unregister && r.host_unregister(ptr) != 0 && r.get_last_error) r.get_last_error();
 }
 
-HostForward::HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args)
-    : layer_(std::move(layer)), args_(args) {
+HostForward::HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args,
+                         std::shared_ptr<HostCallCounters> counters)
+    : layer_(std::move(layer)), args_(args), counters_(std::move(counters)) {
   std::string why;
   if (!cuda_runtime_available(&why)) throw std::runtime_error("CPU expert path needs CUDA: " + why);
 }
@@ -225,7 +226,16 @@ void HostForward::run(void* p) {
   const ForwardArgs& a = self->args_;
   const int E = self->layer_->shape().experts;
   bool ok = true;
-  for (int64_t i = 0; i < a.tokens * a.top_k; ++i) ok &= a.ids[i] >= -1 && a.ids[i] < E;
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    bool used = false;
+    for (int k = 0; k < a.top_k; ++k) {
+      const int32_t id = a.ids[t * a.top_k + k];
+      ok &= id >= -1 && id < E;
+      used |= id >= 0;
+    }
+    rows += used;
+  }
   if (!ok) {
     self->errors_.fetch_add(1);
     fill_nan(a, self->layer_->shape().hidden);
@@ -238,8 +248,14 @@ void HostForward::run(void* p) {
       fill_nan(a, self->layer_->shape().hidden);
     }
   }
-  self->last_us_.store(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
-                       std::memory_order_relaxed);
+  const auto dt = std::chrono::steady_clock::now() - t0;
+  self->last_us_.store(std::chrono::duration<double, std::micro>(dt).count(), std::memory_order_relaxed);
+  if (HostCallCounters* c = self->counters_.get()) {
+    c->calls.fetch_add(1, std::memory_order_relaxed);
+    c->rows.fetch_add(uint64_t(rows), std::memory_order_relaxed);
+    c->ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count()),
+                    std::memory_order_relaxed);
+  }
 }
 
 }  // namespace lk

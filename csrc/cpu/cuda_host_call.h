@@ -18,11 +18,20 @@
 
 namespace lk {
 
+// Running totals of the host-node runs of one layer's calls, shared by its HostForwards. Counted
+// in the host function itself, so CUDA-graph replays (where no Python runs) are included.
+struct HostCallCounters {
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> rows{0};  // rows with at least one expert id (vLLM's graph padding is all -1)
+  std::atomic<uint64_t> ns{0};    // wall time of the runs: wait for the pool + compute
+};
+
 // One immutable call: fixed pinned buffers and a fixed token count, so a graph that captured
 // it replays exactly this call. The engine writes out_host; the caller's stream copies it back.
 class HostForward {
  public:
-  HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args);
+  HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args,
+              std::shared_ptr<HostCallCounters> counters = nullptr);
   // Enqueue the engine call on a CUDA stream (cudaStream_t as an integer) as a host-function node.
   void enqueue(uintptr_t stream);
   // The same through a mailbox in mapped pinned memory: stream memory operations ring a
@@ -44,6 +53,7 @@ class HostForward {
   ForwardArgs args_;
   std::atomic<uint32_t> errors_{0};
   std::atomic<double> last_us_{0};
+  std::shared_ptr<HostCallCounters> counters_;
 };
 
 bool cuda_runtime_available(std::string* why);

@@ -7,7 +7,7 @@ from lvllm.config import LvllmConfigError, from_env, parse_layer_set
 def test_defaults_are_stock_vllm():
     cfg = from_env({})
     assert not cfg.enabled and cfg.gpu_prefill_min_batch == 0 and cfg.prefetch_window == 1
-    assert cfg.resident_layers == frozenset()
+    assert cfg.resident_layers == frozenset() and cfg.stats_interval == 60
 
 
 def test_values():
@@ -16,6 +16,8 @@ def test_values():
     assert cfg.enabled and cfg.gpu_prefill_min_batch == 2048 and cfg.prefetch_window == 0
     assert cfg.resident_layers == {0, 1, 2, 3, 40} and cfg.is_resident(2) and not cfg.is_resident(4)
     assert from_env({"LVLLM_MOE_NUMA_ENABLED": "false"}).enabled is False
+    assert from_env({"LVLLM_STATS_INTERVAL": "10"}).stats_interval == 10
+    assert from_env({"LVLLM_STATS_INTERVAL": "0"}).stats_interval == 0  # off
 
 
 def test_layer_sets():
@@ -31,6 +33,8 @@ def test_layer_sets():
     ({"LVLLM_GPU_PREFETCH_WINDOW": "2"}, "LVLLM_GPU_PREFETCH_WINDOW=2 is out of range"),
     ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "3-1"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS: range '3-1' must be ascending"),
     ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "a,b"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS: 'a' is not a layer index"),
+    ({"LVLLM_STATS_INTERVAL": "-5"}, "LVLLM_STATS_INTERVAL=-5 is out of range"),
+    ({"LVLLM_STATS_INTERVAL": "1.5"}, "LVLLM_STATS_INTERVAL='1.5' is not an integer"),
 ])
 def test_bad_values_name_the_variable(env, words):
     with pytest.raises(LvllmConfigError) as ei:

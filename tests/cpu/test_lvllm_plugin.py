@@ -30,6 +30,7 @@ def test_switch_off_imports_nothing():
     ({"LVLLM_MOE_NUMA_ENABLED": "maybe"}, "LVLLM_MOE_NUMA_ENABLED='maybe' is not a boolean"),
     ({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFETCH_WINDOW": "3"}, "LVLLM_GPU_PREFETCH_WINDOW=3"),
     ({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_RESIDENT_MOE_LAYERS": "x"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS"),
+    ({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_STATS_INTERVAL": "1m"}, "LVLLM_STATS_INTERVAL='1m'"),
 ])
 def test_bad_settings_stop_startup_naming_the_variable(env, words):
     r = _run("import lvllm.plugin as p; p.register()", **env)

@@ -106,3 +106,27 @@ def test_bad_inputs(experts):
         path(x5.cuda(), ids5.cuda(), w5.cuda())
     with pytest.raises(TypeError, match="int32"):
         path(x.cuda(), ids.long().cuda(), w.cuda())
+
+
+@pytest.mark.parametrize("signal", CpuExpertPath.SIGNALS)
+def test_engine_totals_count_graph_replays_and_skip_padding(experts, signal):
+    """The counters live in the host function: replays count like eager calls; rows whose ids
+    are all -1 (vLLM's graph padding after drop_padding) are no tokens."""
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=8, top_k=K, signal=signal)
+    x, ids, w = _inputs(4, 3)
+    ids[3] = -1  # one padded row
+    xc, idc, wc = x.cuda(), ids.cuda(), w.cuda()
+    path(xc, idc, wc)  # eager (and warm-up)
+    torch.cuda.synchronize()
+    assert path.engine_totals()[:2] == (1, 3)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        path(xc, idc, wc)
+    torch.cuda.synchronize()
+    assert path.engine_totals()[:2] == (1, 3)  # capturing runs nothing
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    calls, tokens, ns = path.engine_totals()
+    assert (calls, tokens) == (6, 18) and ns > 0

@@ -1,0 +1,146 @@
+"""Runtime statistics of one worker process, logged as one line per rank every
+LVLLM_STATS_INTERVAL seconds (vLLM 0.26's /metrics cannot take metrics from worker processes).
+
+What is counted, and where:
+- CPU path: by the engine's host function (lk_moe HostCallCounters), so decode steps replayed
+  from CUDA graphs, where no Python runs, are counted too. A step is a call of the model's first
+  hybrid layer; tokens are its rows without graph padding; engine time sums all hybrid layers.
+- GPU (streamed) path: always eager, counted in Python per call. Its time is taken with CUDA
+  events around each layer's forward and read once they completed (no added sync); H2D GB/s =
+  bytes the layers streamed / time the main stream spent in them, so copies that overlap other
+  work (prefetch) make it an effective rate.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Callable, Optional
+
+
+@dataclass
+class Totals:
+    """Counts since the worker started (or, after `minus`, over an interval)."""
+    cpu_steps: int = 0
+    cpu_tokens: int = 0
+    cpu_calls: int = 0  # MoE layer calls
+    cpu_ns: int = 0  # engine wall time, all layers
+    gpu_steps: int = 0
+    gpu_tokens: int = 0
+    gpu_calls: int = 0
+    gpu_bytes: int = 0  # streamed bytes whose layer time is known (gpu_ms)
+    gpu_ms: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return self.cpu_steps + self.gpu_steps
+
+    def minus(self, other: "Totals") -> "Totals":
+        return Totals(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+
+def format_line(rank: int, seconds: float, d: Totals) -> str:
+    engine = f"{d.cpu_ns / d.cpu_steps / 1e6:.1f} ms/step engine" if d.cpu_steps else "no engine time"
+    h2d = (f"{d.gpu_bytes / 1e9:.1f} GB at {d.gpu_bytes / d.gpu_ms / 1e6:.1f} GB/s H2D" if d.gpu_ms > 0
+           else "no H2D timed")
+    return (f"lk_moe stats (rank {rank}, last {seconds:.0f} s): {d.steps} steps; "
+            f"CPU path {d.cpu_steps} steps, {d.cpu_tokens} tokens, {d.cpu_calls} layer calls, {engine}; "
+            f"GPU path {d.gpu_steps} steps, {d.gpu_tokens} tokens, {d.gpu_calls} layer calls, {h2d}")
+
+
+def _timing_event():
+    import torch
+    return torch.cuda.Event(enable_timing=True)  # recorded on the current stream
+
+
+class WorkerStats:
+    def __init__(self, rank: int, interval: float, log: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic, new_event: Optional[Callable[[], object]] = None):
+        self.rank, self.interval, self.log, self.clock = rank, interval, log, clock
+        self._new_event = new_event or _timing_event
+        self._layers = []  # (layer index, HybridMoE), in the order they were built
+        self.first = None  # the hybrid layer that runs first in a step
+        self._gpu = Totals()  # the GPU-path fields only; the CPU ones come from the engine
+        self._lock = threading.Lock()  # the reporting thread reads what apply writes
+        self._pending = collections.deque()  # (start event, end event, bytes) not yet completed
+        self._since = clock()
+        self._last = Totals()
+        self._thread = None
+        self._stop = threading.Event()
+
+    def add_layer(self, layer_index: Optional[int], hybrid) -> None:
+        self._layers.append((layer_index, hybrid))
+        indexed = [(i, h) for i, h in self._layers if i is not None]
+        self.first = min(indexed, key=lambda p: p[0])[1] if indexed else self._layers[0][1]
+
+    # -- the GPU path, called from apply around hybrid.forward (eager only)
+    def gpu_begin(self, hybrid, tokens: int):
+        with self._lock:
+            if hybrid is self.first:
+                self._gpu.gpu_steps += 1
+                self._gpu.gpu_tokens += tokens
+            self._gpu.gpu_calls += 1
+        start = self._new_event()
+        start.record()
+        st = hybrid.streamer
+        return start, st, (st.bytes_copied if st is not None else 0)
+
+    def gpu_end(self, mark) -> None:
+        start, st, bytes_before = mark
+        end = self._new_event()
+        end.record()
+        self._pending.append((start, end, (st.bytes_copied if st is not None else 0) - bytes_before))
+        self._drain()
+
+    def _drain(self) -> None:
+        # Only completed events are read (query does not block). The streamed path syncs once per
+        # layer, so the earlier layers' events are done by now; a step's last layer is read at the
+        # next GPU-path call. Runs on the forward thread only: a CUDA call from the reporting
+        # thread would open a context on device 0 in every rank's process.
+        while self._pending and self._pending[0][1].query():
+            start, end, nbytes = self._pending.popleft()
+            ms = start.elapsed_time(end)
+            with self._lock:
+                self._gpu.gpu_ms += ms
+                self._gpu.gpu_bytes += nbytes
+
+    # -- reporting
+    def totals(self) -> Totals:
+        with self._lock:
+            t = Totals(**{f.name: getattr(self._gpu, f.name) for f in fields(Totals)})
+        for _, hybrid in self._layers:
+            calls, rows, ns = hybrid.cpu_path.engine_totals()
+            t.cpu_calls += calls
+            t.cpu_ns += ns
+            if hybrid is self.first:
+                t.cpu_steps, t.cpu_tokens = calls, rows
+        return t
+
+    def tick(self) -> Optional[str]:
+        """The line for the interval just ended, once `interval` seconds have passed since the last
+        one; None before that, and for an interval without a forward step (idle servers stay quiet)."""
+        now = self.clock()
+        if now - self._since < self.interval:
+            return None
+        t = self.totals()
+        d, seconds = t.minus(self._last), now - self._since
+        self._last, self._since = t, now
+        return format_line(self.rank, seconds, d) if d.steps else None
+
+    def start(self) -> None:
+        """A daemon thread that logs the line: `apply` cannot do it, since it does not run while CUDA
+        graphs replay (decode), which would leave long decode-only stretches without a line."""
+        if self._thread is None:
+            self._since, self._last = self.clock(), self.totals()
+            self._thread = threading.Thread(target=self._run, name="lk_moe-stats", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.05, self._since + self.interval - self.clock())):
+            line = self.tick()
+            if line:
+                self.log(line)
