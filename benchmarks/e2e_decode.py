@@ -127,6 +127,7 @@ def main() -> int:
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if mode.startswith("hybrid"):
             env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill))
+            env.setdefault("LVLLM_STATS_INTERVAL", "15")  # the engine's own per-step numbers in the log
         if mode == "hybrid-mailbox":
             env["LK_CPU_SIGNAL"] = "mailbox"
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
@@ -139,7 +140,7 @@ def main() -> int:
             os.makedirs(a.log_dir, exist_ok=True)
         # The child's log streams to a file, and its milestones to our stdout as they happen.
         milestones = ("Loading weights took", "Model loading took", "lk_moe:", "torch.compile took",
-                      "KV cache size", "init engine", "Graph capturing finished", "RESULT", "Error", "error")
+                      "KV cache size", "init engine", "Graph capturing finished", "lk_moe stats", "RESULT", "Error", "error")
         rc, lines = None, []
         with open(log_path, "w") as log:
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
