@@ -52,9 +52,16 @@ def main() -> int:
         vocab = len(json.load(f)["model"]["vocab"])
     t0 = time.time()
     mem_args = {"kv_cache_memory_bytes": a.kv_bytes} if a.kv_bytes else {"gpu_memory_utilization": a.gpu_util}
+    extra = {}
+    if a.tp > 1:
+        # vLLM 0.26 fuses all-reduce + RMSNorm through FlashInfer and picks its "mnnvl" backend,
+        # which wants NVLink multicast. The GPU machine keeps multicast off (it can take shared
+        # GPUs down); there the TP=2 run died with illegal memory accesses. The fusion is a speed
+        # pass only: the all-reduce stays NCCL/custom all-reduce, the math the same.
+        extra["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,
               max_num_seqs=4, max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=True,
-              seed=0, **mem_args)
+              seed=0, **mem_args, **extra)
     startup_s = time.time() - t0
     mem = gpu_memory_used_mib()
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=5, ignore_eos=True)
