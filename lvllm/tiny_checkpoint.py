@@ -465,8 +465,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
+    ap.add_argument("--experts-only", action="store_true",
+                    help="fp8/nvfp4: quantize the routed experts only (other projections stay bf16)")
     a = ap.parse_args(argv)
-    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
     return 0

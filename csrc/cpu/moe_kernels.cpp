@@ -14,7 +14,8 @@
 // - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
 //   expert has >= kAmxMinRows tokens.
 // - int4 (wna16_int4): dot_tile_q4 for decode, dequantized groups for prefill (see the int4 section).
-// - mxfp4 (gpt-oss): dot_tile_fp4 for decode, dequantized segments for prefill (see the mxfp4 section).
+// - mxfp4 (gpt-oss) and nvfp4 (ModelOpt): dot_tile_fp4 for decode, dequantized segments for prefill
+//   (see the mxfp4 section).
 #include <cstring>
 
 #include "cpu/kernel_table.h"
@@ -1059,7 +1060,7 @@ void down_q4(const DownTask& t) {
   }
 }
 
-// ---------------------------------------------------------------- mxfp4 (gpt-oss)
+// ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
 // Strategy. Decode (m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
@@ -1076,6 +1077,9 @@ void down_q4(const DownTask& t) {
 // probe swings between runs (43-79 GB/s), so the ratio was 0.38-0.77 (0.77 against the 44 GB/s of the
 // same run as the numbers above). Prefill M=256: 208 ms (0.25 TFLOP/s). Decode prefetch distance:
 // 96 quads measured best of 48/96/192/384 (noisy). nbytes / checkpoint bytes: 1.0027.
+// nvfp4 (ModelOpt) runs the same code with NV = true: 16-input groups (4 quads), fp8 e4m3fn scales
+// (fp8x16_to_f32 / fp8_to_f32), and the per-expert global scales applied by gate_up_fp4 / down_fp4 to
+// the fp32 results. Conventions and measurements: moe_layer.h (kNVFP4).
 
 // e2m1 code -> bf16 bits (sign bit 3, magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6}); 32 entries for vpermw.
 struct Fp4Lut {

@@ -134,6 +134,19 @@ struct MoEShape {
 //    multiples of 16. Non-gated experts (w13_num_shards = 1) are refused.
 // Repacked into the Fp4Weights blocks with one fp8 byte per (row, 16 inputs): the checkpoint's bytes,
 // plus 12 bytes of global scales per expert (H, I not multiples of 32 pad one zero group per row).
+// Kernels (moe_kernels.cpp, mxfp4 section, shared with mxfp4): decode (<= 4 rows per expert, AVX-512
+// tiers) converts codes to bf16 in registers through the 16-entry vpermw table, accumulates each
+// 16-input group in fp32 (vdpbf16ps, or the exact even/odd fp32 split on plain AVX-512) with 2 chains
+// per (row, block) at one row, then multiplies the group's 16 fp8 scales (converted in registers:
+// magnitude << 20 times 2^120, NaN kept) into the total; prefill and the generic/avx2 tiers dequantize
+// code x fp8 scale into bf16 per 256-input segment (exact, see fp4_dequant_seg_t) and run the bf16
+// tiles. The global scale multiplies the fp32 sums: gate/up before the activation, w2 folded into the
+// router weight. Measured (2-core Zen4 VM, avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
+// nvfp4 --shapes qwen3-30b-a3b: E=128, K=8, H=2048, I=768, 4 packed copies rotated; read bandwidth of
+// that run 41.9 GB/s): M=1 0.765 ms = 27.7 GB/s of NVFP4 bytes = 0.66 of read; M=4 2.81 ms (0.66);
+// M=16 7.14 ms (0.73); prefill M=256 59.8 ms (0.32 TFLOP/s); nbytes / checkpoint bytes 1.0000
+// (docs/results/2026-11-30_epyc2c_nvfp4_moe_layer.log). Chains at one row: 2 measured better than 4 on
+// LLC-resident experts (49 vs 34-42 GB/s, the VM is noisy); DRAM-bound runs could not tell them apart.
 struct WeightSource {
   DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4
   const void* w13 = nullptr;  // [E, 2I, H]

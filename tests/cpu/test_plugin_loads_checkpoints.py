@@ -9,8 +9,9 @@ Tolerance: relative RMS <= 0.01. The engine rounds the layer input and the SwiGL
 gate/up, wrong nibble or scale) gives O(1).
 
 Each case runs in its own process (vLLM's distributed state is per process). vLLM's CPU platform
-stands in for the GPU one during construction (and answers the W4A16 backend question as a CUDA
-machine would: Marlin); MLA models (DeepSeek: no CPU MLA) and models with dense MLP layers
+stands in for the GPU one during construction (and answers the W4A16 and NVFP4 backend questions as
+a CUDA machine would: Marlin; on the CPU platform ModelOptNvFp4FusedMoE's constructor finds no NVFP4
+backend and raises, see vllm_cpu_load.lend_nvfp4_backend); MLA models (DeepSeek: no CPU MLA) and models with dense MLP layers
 (GLM-4.5: the CPU platform wants vLLM's compiled SiluAndMul) are covered by tests/e2e on the GPU
 machine instead."""
 import json
