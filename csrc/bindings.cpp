@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -354,6 +355,144 @@ struct Layer {
     return build(std::move(pool), src, E, I, H, act);
   }
 
+  // nvfp4: ModelOpt NVFP4 experts as vLLM's ModelOptNvFp4FusedMoE holds them after loading (see
+  // lk::WeightSource): w13_weight uint8 [E, 2I, H/2], w2_weight uint8 [E, H, I/2], w13_weight_scale /
+  // w2_weight_scale float8_e4m3fn [E, 2I, H/16] / [E, H, I/16], w13_weight_scale_2 float32 [E, 2] (gate, up),
+  // w2_weight_scale_2 float32 [E]; optional w13_input_scale float32 [E', 2] / w2_input_scale [E'] (E' >= E),
+  // checked and ignored (W4A16 compute). Every problem is a ValueError naming the tensor.
+  static Layer nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                     const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
+                     std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation) {
+    if (activation != "silu")
+      throw py::value_error("activation '" + activation + "' is not supported for nvfp4 (supported: silu)");
+    auto need_dtype = [](const at::Tensor& t, const char* name, at::ScalarType want, const char* what) {
+      if (t.scalar_type() != want)
+        throw py::value_error(std::string(name) + " must be " + what + ", got " + dtype_name(t));
+    };
+    auto dims = [](std::initializer_list<int64_t> v) {
+      std::string r = "[";
+      for (int64_t x : v) r += (r.size() > 1 ? ", " : "") + std::to_string(x);
+      return r + "]";
+    };
+    need_dtype(w13, "w13_weight", at::kByte, "uint8 (two e2m1 codes per byte)");
+    need_dtype(w2, "w2_weight", at::kByte, "uint8 (two e2m1 codes per byte)");
+    need_dtype(s13, "w13_weight_scale", at::kFloat8_e4m3fn, "float8_e4m3fn (one scale per 16 inputs)");
+    need_dtype(s2, "w2_weight_scale", at::kFloat8_e4m3fn, "float8_e4m3fn (one scale per 16 inputs)");
+    need_dtype(g13, "w13_weight_scale_2", at::kFloat, "float32 (per-expert global scales)");
+    need_dtype(g2, "w2_weight_scale_2", at::kFloat, "float32 (per-expert global scales)");
+    if (w13.dim() != 3 || w13.size(0) < 1 || w13.size(1) < 2 || w13.size(1) % 2 || w13.size(2) < 1)
+      throw py::value_error("w13_weight must be [E, 2*I, H/2] (uint8, two e2m1 codes per byte), got " + shape_str(w13));
+    const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2) * 2;
+    if (E > (1 << 20) || I > (1 << 20) || H > (1 << 20))
+      throw py::value_error("expert dimensions are implausibly large: w13_weight " + shape_str(w13));
+    if (H % 16)
+      throw py::value_error("w13_weight " + shape_str(w13) + " gives H = " + std::to_string(H) +
+                            ", not a multiple of the NVFP4 group size 16");
+    if (I % 16)
+      throw py::value_error("w13_weight " + shape_str(w13) + " gives I = " + std::to_string(I) +
+                            ", not a multiple of the NVFP4 group size 16");
+    require_shape(w2, "w2_weight", {E, H, I / 2}, ("[E, H, I/2] = " + dims({E, H, I / 2})).c_str());
+    require_shape(s13, "w13_weight_scale", {E, 2 * I, H / 16}, ("[E, 2I, H/16] = " + dims({E, 2 * I, H / 16})).c_str());
+    require_shape(s2, "w2_weight_scale", {E, H, I / 16}, ("[E, H, I/16] = " + dims({E, H, I / 16})).c_str());
+    if (g13.dim() == 2 && g13.size(0) == E && g13.size(1) == 1)
+      throw py::value_error("w13_weight_scale_2 is [E, 1]: non-gated experts (one w13 shard) are not supported");
+    require_shape(g13, "w13_weight_scale_2",
+                  {E, 2}, ("[E, 2] = " + dims({E, 2}) + " (gate, up; as loaded, before vLLM's "
+                           "process_weights_after_loading keeps one)").c_str());
+    require_shape(g2, "w2_weight_scale_2", {E}, ("[E] = " + dims({E})).c_str());
+    if (a13.has_value() != a2.has_value())
+      throw py::value_error(std::string("nvfp4 input scales come in pairs; ") +
+                            (a13 ? "w2_input_scale" : "w13_input_scale") + " is missing");
+    if (a13) {
+      need_dtype(*a13, "w13_input_scale", at::kFloat, "float32");
+      need_dtype(*a2, "w2_input_scale", at::kFloat, "float32");
+      if (a13->dim() != 2 || a13->size(0) < E || a13->size(1) != 2)
+        throw py::value_error("w13_input_scale must be [E', 2] with E' >= E = " + std::to_string(E) + ", got " +
+                              shape_str(*a13));
+      if (a2->dim() != 1 || a2->size(0) < E)
+        throw py::value_error("w2_input_scale must be [E'] with E' >= E = " + std::to_string(E) + ", got " +
+                              shape_str(*a2));
+    }
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
+                           std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"},
+                           std::pair{&g13, "w13_weight_scale_2"}, std::pair{&g2, "w2_weight_scale_2"}})
+      require_cpu_contiguous(*t, name);
+    lk::WeightSource src;
+    src.type = lk::DType::kNVFP4;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
+    src.e13 = static_cast<const uint8_t*>(s13.data_ptr());
+    src.e2 = static_cast<const uint8_t*>(s2.data_ptr());
+    src.r13 = int(2 * I);
+    src.c13 = int(H / 2);
+    src.cs13 = int(H / 16);
+    src.r2 = int(H);
+    src.c2 = int(I / 2);
+    src.cs2 = int(I / 16);
+    src.interleaved = false;
+    src.g13 = g13.data_ptr<float>();
+    src.g2 = g2.data_ptr<float>();
+    return build(std::move(pool), src, E, I, H);
+  }
+
+  // fp4 layers: the weights the engine computes with, decoded from its packed blocks to fp32
+  // ([E, 2I, H] rows [gate; up], [E, H, I]): e2m1 x block scale (x global scale for nvfp4, one fp32
+  // rounding of the exact product; mxfp4 biases are not included).
+  py::tuple dequantized() const {
+    const auto& sh = impl->shape();
+    if (!sh.fp4) throw py::value_error("dequantized() is available for mxfp4 / nvfp4 layers");
+    const int E = sh.experts, I = sh.intermediate, H = sh.hidden, grp = sh.nv ? 16 : 32;
+    at::Tensor w13 = at::zeros({E, 2 * I, H}, at::kFloat), w2 = at::zeros({E, H, I}, at::kFloat);
+    static const float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    auto scale_of = [&](uint8_t s) -> double {
+      if (sh.nv) {  // fp8 e4m3fn
+        const int mag = s & 0x7F, e = mag >> 3, m = mag & 7;
+        if (mag == 0x7F) return NAN;
+        const double v = e ? std::ldexp(1.0 + m / 8.0, e - 7) : std::ldexp(double(m), -9);
+        return s & 0x80 ? -v : v;
+      }
+      return s == 255 ? NAN : std::ldexp(1.0, int(s) - 127);
+    };
+    // One packed block (16 rows x kp inputs) -> rows of `out` (row n of the block -> out + n * ld).
+    auto decode = [&](const uint8_t* codes, const uint8_t* sc, int kp, int k, int rows_valid, double gs, float* out,
+                      int64_t ld) {
+      for (int n = 0; n < rows_valid; ++n)
+        for (int kk = 0; kk < k; ++kk) {
+          const int q = kk / 4, j = kk % 4;  // quad q: byte 2n + (j & 1), low nibble for j < 2
+          const uint8_t byte = codes[size_t(q) * 32 + 2 * n + (j & 1)];
+          const int code = j < 2 ? byte & 15 : byte >> 4;
+          const double v = (code & 8 ? -kMag[code & 7] : kMag[code & 7]) * scale_of(sc[(kk / grp) * 16 + n]);
+          out[n * ld + kk] = float(v * gs);  // v has <= 6 significant bits: v * gs is exact in double
+        }
+    };
+    float* p13 = w13.data_ptr<float>();
+    float* p2 = w2.data_ptr<float>();
+    const size_t bb1 = size_t(sh.kp1) * lk::kBlockN / 2, bb2 = size_t(sh.kp2) * lk::kBlockN / 2;
+    const size_t sb1 = size_t(sh.kp1 / grp) * lk::kBlockN, sb2 = size_t(sh.kp2 / grp) * lk::kBlockN;
+    for (const auto& sl : impl->slices()) {
+      const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+      for (int e = 0; e < E; ++e) {
+        for (int lb = 0; lb < nbi; ++lb)
+          for (int h = 0; h < 2; ++h) {
+            const size_t b = (size_t(e) * nbi + lb) * 2 + h;
+            const int r0 = (sl.ib0 + lb) * lk::kBlockN;
+            if (r0 >= I) continue;
+            const double gs = sh.nv ? impl->global_scales13()[2 * size_t(e) + h] : 1.0;
+            decode(sl.w13.as<uint8_t>() + b * bb1, sl.s13.as<uint8_t>() + b * sb1, sh.kp1, H,
+                   std::min(lk::kBlockN, I - r0), gs, p13 + (size_t(e) * 2 * I + size_t(h) * I + r0) * H, H);
+          }
+        for (int lb = 0; lb < nbh; ++lb) {
+          const size_t b = size_t(e) * nbh + lb;
+          const int r0 = (sl.hb0 + lb) * lk::kBlockN;
+          const double gs = sh.nv ? impl->global_scales2()[e] : 1.0;
+          decode(sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * sb2, sh.kp2, I,
+                 std::min(lk::kBlockN, H - r0), gs, p2 + (size_t(e) * H + r0) * I, I);
+        }
+      }
+    }
+    return py::make_tuple(w13, w2);
+  }
+
   Layer() = default;
 
   Handle submit(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& out) {
@@ -571,9 +710,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("w2_bias") = py::none(), py::arg("activation") = "swigluoai", py::arg("hidden_size") = 0,
                   py::arg("intermediate_size") = 0, py::arg("interleaved") = true, py::arg("swiglu_alpha") = 1.702,
                   py::arg("swiglu_limit") = 7.0)
+      .def_static("nvfp4", &Layer::nvfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
+                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_weight_scale_2"),
+                  py::arg("w2_weight_scale_2"), py::arg("w13_input_scale") = py::none(),
+                  py::arg("w2_input_scale") = py::none(), py::arg("activation") = "silu")
+      .def("dequantized", &Layer::dequantized)
       .def_property_readonly("format", [](const Layer& l) {
         const auto& sh = l.impl->shape();
-        if (sh.fp4) return "mxfp4";
+        if (sh.fp4) return sh.nv ? "nvfp4" : "mxfp4";
         if (sh.int4) return "wna16_int4";
         if (!sh.byte_weights) return "bf16";
         if (sh.per_row) return sh.int8 ? "int8_channel" : "fp8_channel";

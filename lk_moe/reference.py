@@ -208,3 +208,54 @@ def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swi
         y = F.linear(act, w2, None if b2 is None else b2[e, :H].to(x.dtype))
         out.index_add_(0, tok, y.float() * topk_weights[tok, k].unsqueeze(1))
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------- nvfp4 (ModelOpt NVFP4)
+# Convention (vLLM 0.26.0 ModelOptNvFp4FusedMoE, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code
+# pairs as for mxfp4 (element 2i in the low nibble of byte i); one float8_e4m3fn block scale per 16
+# consecutive inputs of a row; one fp32 global scale (weight_scale_2) per expert projection.
+# weight = e2m1(code) * float(block scale) * global scale.
+
+def dequantize_nvfp4(codes: torch.Tensor, scale: torch.Tensor, global_scale) -> torch.Tensor:
+    """uint8 [..., N, K/2], float8_e4m3fn [..., N, K/16] and the global scale (a number, or a tensor
+    broadcastable to [..., N, 1], e.g. [E, 1, 1]) -> fp32 [..., N, K]. The exact product code * scale *
+    global (<= 30 significant bits: exact in float64) is rounded to fp32 once."""
+    lo = (codes & 0x0F).long()
+    hi = (codes >> 4).long()
+    c = torch.stack((lo, hi), dim=-1).flatten(-2)  # element 2i: low nibble, 2i + 1: high nibble
+    mag = torch.tensor(E2M1_VALUES, dtype=torch.float64)[c & 7]
+    v = torch.where((c & 8) != 0, -mag, mag)
+    s = scale.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=-1)[..., :v.shape[-1]]
+    g = global_scale.double() if isinstance(global_scale, torch.Tensor) else float(global_scale)
+    return (v * s * g).float()
+
+
+def dequantize_nvfp4_experts(tensors: dict):
+    """vLLM's nvfp4 tensors -> fp32 (w13 [E, 2I, H] with rows [gate; up], w2 [E, H, I]); gate and up use
+    their own global scale (w13_weight_scale_2[:, 0] and [:, 1])."""
+    q13, s13, g13 = tensors["w13_weight"], tensors["w13_weight_scale"], tensors["w13_weight_scale_2"]
+    q2, s2, g2 = tensors["w2_weight"], tensors["w2_weight_scale"], tensors["w2_weight_scale_2"]
+    I = q13.shape[1] // 2
+    g13_rows = g13.float().repeat_interleave(I, dim=1)[:, :, None]  # [E, 2I, 1]: gate rows, then up rows
+    return dequantize_nvfp4(q13, s13, g13_rows), dequantize_nvfp4(q2, s2, g2.float()[:, None, None])
+
+
+def moe_torch_baseline_nvfp4(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch for nvfp4 experts: dequantize each routed expert to the
+    activations' dtype, then the bf16 baseline's GEMMs (silu)."""
+    M, H = x.shape
+    q13, s13, g13 = tensors["w13_weight"], tensors["w13_weight_scale"], tensors["w13_weight_scale_2"]
+    q2, s2, g2 = tensors["w2_weight"], tensors["w2_weight_scale"], tensors["w2_weight_scale_2"]
+    I = q13.shape[1] // 2
+    out = torch.zeros(M, H, dtype=torch.float32)
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+        w13 = torch.cat([dequantize_nvfp4(q13[e, :I], s13[e, :I], g13[e, 0]),
+                         dequantize_nvfp4(q13[e, I:], s13[e, I:], g13[e, 1])]).to(x.dtype)
+        w2 = dequantize_nvfp4(q2[e], s2[e], g2[e]).to(x.dtype)
+        h = F.linear(x[tok], w13)
+        act = F.silu(h[:, :I]) * h[:, I:]
+        out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
+    return out.to(x.dtype)

@@ -84,10 +84,14 @@ def engine_format(method) -> tuple:
         return "wna16_int4", None
     if name in ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"):
         return "mxfp4", None
+    if name == "ModelOptNvFp4FusedMoE":
+        # quant_algo NVFP4 (W4A4 on GPUs) and W4A16_NVFP4 hold the same weight tensors; the engine
+        # computes W4A16-style either way (the activation scales are ignored).
+        return "nvfp4", None
     raise UnsupportedMoELayer(
         f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
         "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel, "
-        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss). "
+        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss), ModelOpt NVFP4. "
         "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 

@@ -85,6 +85,23 @@ def test_resident_layers_keep_vllms_method():
                     moe_config(activation=Act.SWIGLUOAI, has_bias=True), ON).kind == "gpu_resident"
 
 
+def test_modelopt_nvfp4_maps_to_nvfp4():
+    for algo in ("NVFP4", "W4A16_NVFP4"):
+        m = method("ModelOptNvFp4FusedMoE", quant_config=SimpleNamespace(quant_method=algo))
+        assert engine_format(m) == ("nvfp4", None)
+        p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), ON)
+        assert (p.kind, p.format) == ("hybrid", "nvfp4")
+    # silu only, no biases, gated: what the engine's nvfp4 layer computes
+    for over, words in ((dict(activation=Act.SWIGLUOAI), "activation 'swigluoai' with nvfp4 experts"),
+                        (dict(has_bias=True), "expert biases with nvfp4 experts"),
+                        (dict(is_act_and_mul=False), "non-gated experts")):
+        with pytest.raises(UnsupportedMoELayer, match=words):
+            plan_for("model.layers.3.mlp.experts", method("ModelOptNvFp4FusedMoE"), LAYER, moe_config(**over), ON)
+    # the other ModelOpt MoE methods are not nvfp4
+    with pytest.raises(UnsupportedMoELayer, match="ModelOptMxFp8FusedMoE is not supported"):
+        engine_format(method("ModelOptMxFp8FusedMoE"))
+
+
 def test_mxfp4_takes_gpt_oss_activation_and_biases():
     gpt_oss = moe_config(activation=Act.SWIGLUOAI, has_bias=True)
     p = plan_for("model.layers.3.mlp.experts", method("GptOssMxfp4MoEMethod"), LAYER, gpt_oss, ON)
