@@ -407,6 +407,66 @@ def _nvfp4_hf_quant_config(qc: dict) -> dict:
                                                          "group_size": qc["group_size"], "exclude_modules": qc["ignore"]}}
 
 
+def decode_fp8_block(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """float8_e4m3fn [N, K] and fp32 [ceil(N/b), ceil(K/b)] -> fp32 [N, K] = code * block scale."""
+    N, K = weight.shape
+    s = scale_inv.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :K]
+    return weight.float() * s
+
+
+def decode_w4a16(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors pack-quantized int32 [N, K/8] (codes q+8, input 8w+i in bits 4i..4i+3)
+    and scales [N, K/group] -> fp32 [N, K] = q * scale."""
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    codes = torch.stack([(p >> (4 * i)) & 15 for i in range(8)], dim=-1).reshape(p.shape[0], -1)
+    return (codes - 8).float() * scale.float().repeat_interleave(codes.shape[1] // scale.shape[1], dim=1)
+
+
+def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
+    """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4), read from the file's own tensors."""
+    if base + "weight_packed" in tensors:
+        return decode_w4a16(tensors[base + "weight_packed"], tensors[base + "weight_scale"])
+    w = tensors[base + "weight"]
+    if base + "weight_scale_inv" in tensors:
+        return decode_fp8_block(w, tensors[base + "weight_scale_inv"])
+    if w.dtype == torch.uint8 and base + "weight_scale_2" in tensors:
+        return decode_nvfp4(w, tensors[base + "weight_scale"], tensors[base + "weight_scale_2"])
+    return w.float()
+
+
+_QUANT_SUFFIXES = ("weight_scale_inv", "weight_packed", "weight_scale", "weight_shape", "weight_scale_2",
+                   "input_scale")
+
+
+def write_dequantized_twin(src: str, out: str) -> str:
+    """The bf16 twin of a tiny checkpoint whose routed experts are quantized (the others bf16):
+    the same model with each expert weight replaced by its dequantized value (rounded to bf16),
+    no quantization_config. Stock vLLM on the twin computes the math the engine does on the
+    quantized file (bf16 activations), independently of vLLM's quantized kernels (FP8 block
+    MoE, for one, also quantizes the activations to FP8)."""
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    bases = {n[:n.rindex(".") + 1] for n in tensors if ".experts." in n}
+    if any(n.endswith(_QUANT_SUFFIXES) and ".experts." not in n for n in tensors):
+        raise ValueError(f"{src}: projections outside the routed experts are quantized; the twin needs them in bf16")
+    twin = {n: t for n, t in tensors.items() if ".experts." not in n}
+    for base in bases:
+        twin[base + "weight"] = decode_projection(tensors, base).to(torch.bfloat16)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config.pop("quantization_config", None)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if os.path.exists(os.path.join(src, name)):
+            with open(os.path.join(src, name)) as f_in, open(os.path.join(out, name), "w") as f_out:
+                f_out.write(f_in.read())
+    save_file(twin, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
                     quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).

@@ -91,3 +91,31 @@ def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
     ours = decode_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
     # vLLM multiplies code * (scale * global): the same value up to the order of two fp32 roundings
     torch.testing.assert_close(theirs, ours, rtol=2.5e-7, atol=0)
+
+
+@pytest.mark.parametrize("quant", ["fp8", "w4a16", "nvfp4"])
+def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
+    """The e2e reference for quantized experts: a bf16 checkpoint whose experts are the decoded
+    quantized ones (bf16-rounded), everything else unchanged, loadable as a plain bf16 model."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lvllm.tiny_checkpoint import decode_projection, make_checkpoint, write_dequantized_twin
+    src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant=quant, experts_only=True)
+    twin = write_dequantized_twin(src, str(tmp_path / "twin"))
+    q, t = load_file(f"{src}/model.safetensors"), load_file(f"{twin}/model.safetensors")
+    assert "quantization_config" not in json.load(open(f"{twin}/config.json"))
+    base = "model.layers.0.mlp.experts.3.down_proj."
+    assert t[base + "weight"].dtype == torch.bfloat16
+    assert torch.equal(t[base + "weight"], decode_projection(q, base).to(torch.bfloat16))
+    assert not any(n.endswith(("_scale", "_scale_inv", "_packed", "_scale_2")) for n in t)
+    assert torch.equal(t["model.layers.0.self_attn.q_proj.weight"], q["model.layers.0.self_attn.q_proj.weight"])
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(twin, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_twin_refuses_quantized_non_expert_projections(tmp_path):
+    from lvllm.tiny_checkpoint import make_checkpoint, write_dequantized_twin
+    src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant="fp8")  # attention FP8 too
+    with pytest.raises(ValueError, match="outside the routed experts"):
+        write_dequantized_twin(src, str(tmp_path / "twin"))

@@ -40,22 +40,13 @@ from vllm.model_executor.model_loader import get_model  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
-from lvllm.tiny_checkpoint import decode_mxfp4, decode_nvfp4  # noqa: E402
+from lvllm.tiny_checkpoint import decode_mxfp4, decode_projection  # noqa: E402
+
 
 def expert_weight(t, base, quant):
-    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors."""
-    if quant == "bf16":
-        return t[base + "weight"].float()
-    if quant == "fp8":
-        q, s = t[base + "weight"].float(), t[base + "weight_scale_inv"]
-        return q * s.repeat_interleave(128, 0)[:q.shape[0]].repeat_interleave(128, 1)[:, :q.shape[1]]
-    if quant == "w4a16":  # weight_packed [N, K/8] int32, 8 codes per word along K, code = q + 8
-        p, s = t[base + "weight_packed"].to(torch.int64) & 0xFFFFFFFF, t[base + "weight_scale"].float()
-        codes = torch.stack([(p >> (4 * i)) & 15 for i in range(8)], dim=-1).reshape(p.shape[0], -1)
-        return (codes - 8).float() * s.repeat_interleave(codes.shape[1] // s.shape[1], dim=1)
-    if quant == "nvfp4":  # ModelOpt: weight uint8 [N, K/2], weight_scale fp8 [N, K/16], weight_scale_2 fp32 []
-        return decode_nvfp4(t[base + "weight"], t[base + "weight_scale"], t[base + "weight_scale_2"])
-    raise ValueError(quant)
+    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors (the writer's
+    decoders: file layouts, independent of lk_moe)."""
+    return decode_projection(t, base)
 
 
 def dummy_reference(model_dir, arch):
