@@ -260,6 +260,14 @@ def _is_router(name: str) -> bool:
     return name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight"))
 
 
+def _quantized_projection(name: str, w: torch.Tensor, experts_only: bool) -> bool:
+    """Whether a quantized checkpoint holds this tensor quantized: projection weights, never the
+    router, embeddings or lm_head (and with experts_only the routed experts alone)."""
+    if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")):
+        return False
+    return not experts_only or ".experts." in name
+
+
 def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128,
                        experts_only: bool = False) -> Dict[str, torch.Tensor]:
     """The layout of DeepSeek-V3 / Qwen3-FP8 checkpoints: every projection weight as float8_e4m3fn
@@ -267,8 +275,7 @@ def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128,
     embeddings, norms, biases and lm_head stay as they are."""
     out = {}
     for name, w in tensors.items():
-        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")) \
-                or (experts_only and ".experts." not in name):
+        if not _quantized_projection(name, w, experts_only):
             out[name] = w
             continue
         N, K = w.shape
@@ -377,8 +384,7 @@ def quantize_nvfp4(tensors: Dict[str, torch.Tensor], experts_only: bool = False,
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, w in tensors.items():
-        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")) \
-                or (experts_only and ".experts." not in name):
+        if not _quantized_projection(name, w, experts_only):
             out[name] = w
             continue
         base = name[:-len("weight")]

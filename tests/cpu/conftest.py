@@ -58,3 +58,14 @@ def assert_matches_reference(out, x, w13, w2, ids, weights):
     rel_rms = (err.pow(2).mean().sqrt() / rms).item()
     assert rel_rms <= 2 ** -8, f"relative RMS error {rel_rms:.4g} > 2^-8"
     return rel_rms, worst
+
+
+def with_changes(tensors: dict, **changes) -> dict:
+    """A copy of a from_checkpoint tensor dict with entries replaced (None: removed)."""
+    t = dict(tensors)
+    for k, v in changes.items():
+        if v is None:
+            t.pop(k)
+        else:
+            t[k] = v
+    return t

@@ -22,7 +22,7 @@ import lk_moe
 from lk_moe.reference import (dequantize_nvfp4, dequantize_nvfp4_experts, moe_torch_baseline_nvfp4,
                               random_routing)
 
-from .conftest import assert_matches_reference
+from .conftest import assert_matches_reference, with_changes
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7 (code | 8: negative)
 NAMES = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
@@ -231,13 +231,7 @@ def test_nvfp4_rejects_bad_inputs():
     tensors, *_ = make_nvfp4(2, 96, 64)
 
     def bad(**kw):
-        t = dict(tensors)
-        for k, v in kw.items():
-            if v is None:
-                t.pop(k)
-            else:
-                t[k] = v
-        return t
+        return with_changes(tensors, **kw)
 
     # missing tensors
     for name in NAMES:
