@@ -2,13 +2,15 @@
 # On the GPU machine (see ../shared/device/README.md): install the carried vLLM payload once per
 # machine, build lk_moe there, then run what follows as a command, logging into $OUT.
 #   bash tools/device_session.sh python3 -m pytest -s tests/e2e -k qwen3
-# A session that fits the 10-minute runs (after the 9 payload-part runs, back to back):
-#   1. ... timeout 480 python3 -m pytest -q -s -p no:cacheprovider --basetemp=/root/e2e-tmp tests/e2e \
-#          -k "not quantized and not gpt_oss and not tensor_parallel"        (serve, KV, 4 archs x 3)
-#   2. ... python3 -m pytest -q -s ... tests/e2e -k "quantized or gpt_oss"; python3 -m pytest -q tests/gpu
-#   3. ... python3 benchmarks/e2e_decode.py --modes hybrid --results /root/bench.json --log-dir $OUT
-#      then --modes offload, --modes stock (same --results file: the last run prints all ratios)
-#   TP=2: the nvidia-h200-x2 machine, pytest tests/e2e -k tensor_parallel
+# A session that fits the 10-minute runs and the 30-minute budget (learned 2026-11-30): the payload
+# costs ~80 s held, install + build ~110 s of the first run; the machine is given back after 30 s
+# idle, so have every command ready before the first part goes. Keep results coming back with
+# inner `timeout`s shorter than the run's limit (a run killed by the limit loses the tail of its script).
+#   1. ... timeout 480 python3 benchmarks/e2e_decode.py --modes hybrid --results $OUT/bench.json --log-dir $OUT --timeout 470
+#      (then --modes offload; stock: the reference numbers exist)
+#   2. ... e2e bf16 suite on GPU 0 and the quantized suite on GPU 1 at once (nvidia-h200-x2), each with
+#      its own --basetemp and `timeout`; then `-k tensor_parallel` (both GPUs)
+#   3. bash tools/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
 set -uo pipefail
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 LVLLM_USE_SYSTEM_PYTHON=1
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}"
