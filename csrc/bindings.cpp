@@ -736,8 +736,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
              if (sh.byte_weights || sh.int4 || sh.fp4)
-               throw py::value_error("GPU streaming and GPU-resident layers take bf16/fp16 experts only so far; this "
-                                     "layer is quantized (use the CPU path: gpu_min_batch=0, resident=False)");
+               throw py::value_error(sh.byte_weights
+                                         ? "packed_slices() gives bf16/fp16 experts; this layer has byte weights "
+                                           "(fp8/int8 codes + fp32 scales): use quant_slices()"
+                                         : "GPU streaming and GPU-resident layers take bf16/fp16, fp8_block, "
+                                           "fp8_channel and int8_channel experts; this layer is int4/fp4 (use the "
+                                           "CPU path: gpu_min_batch=0, resident=False)");
              py::list out;
              auto keep = l.impl;
              auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);

@@ -59,6 +59,91 @@ def streamed_expert_bytes(layer: MoELayer) -> int:
     the engine's packed, block-padded copy (byte formats: codes + fp32 scales)."""
     return sum(_bytes_per_expert(t) for srcs in gpu_sources(layer) for t in srcs)
 
+
+def _runs(chunk: List[int]):
+    """Sorted expert ids -> [start, end) runs of consecutive ids."""
+    runs = []
+    start = prev = chunk[0]
+    for e in chunk[1:]:
+        if e != prev + 1:
+            runs.append((start, prev + 1))
+            start = e
+        prev = e
+    runs.append((start, prev + 1))
+    return runs
+
+
+class GpuCopyLayout:
+    """How one layer's experts travel to the GPU and become plain bf16 matrices there. Pure torch on
+    any device (the CPU tests run it with CPU buffers and the torch twin of the dequant kernel).
+
+    A chunk of n experts in a staging buffer: per NUMA slice, each source of `gpu_sources` (bf16: w13,
+    w2; byte formats: w13 codes, w13 scales, w2 codes, w2 scales) for the chunk's experts in order,
+    n * expert_bytes in all. Every piece is a multiple of 4 bytes, so each lies 4-byte aligned."""
+
+    def __init__(self, layer: MoELayer, dequant_impl: str = "torch"):
+        self.format = layer.format
+        self.sources = gpu_sources(layer)
+        self.kp1, self.kp2, self.h_pad = layer._impl.padded_dims
+        self.codes, self.seg = layer._impl.byte_codes or (None, 0)
+        if dequant_impl not in gpu_dequant.IMPLS:
+            raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {dequant_impl!r}")
+        self.dequant_impl = dequant_impl if self.codes is not None else None
+        for srcs in self.sources:
+            for t in srcs:
+                if _bytes_per_expert(t) % 4:
+                    raise AssertionError(f"packed piece of {_bytes_per_expert(t)} bytes per expert breaks alignment")
+        self.expert_bytes = sum(_bytes_per_expert(t) for srcs in self.sources for t in srcs)
+
+    def chunk_sources(self, chunk: List[int]):
+        """The host tensors of a chunk (sorted expert ids), in buffer order."""
+        runs = _runs(chunk)
+        for srcs in self.sources:
+            for t in srcs:
+                for a, b in runs:
+                    yield t[a:b]
+
+    def chunk_bytes(self, n: int) -> int:
+        return n * self.expert_bytes
+
+    def copy_chunk(self, buf: torch.Tensor, chunk: List[int], non_blocking: bool = False) -> int:
+        """Copy a chunk's bytes into the uint8 buffer `buf` (on the current stream); returns the bytes."""
+        off = 0
+        for src in self.chunk_sources(chunk):
+            n = src.numel() * src.element_size()
+            if n:
+                buf[off:off + n].view(src.dtype).view(src.shape).copy_(src, non_blocking=non_blocking)
+            off += n
+        return off
+
+    def slot_views(self, buf: torch.Tensor, n: int):
+        """A chunk of n experts in `buf`, as per-slice tensors shaped like `gpu_sources`."""
+        off = 0
+        per_slice = []
+        for srcs in self.sources:
+            views = []
+            for t in srcs:
+                size = n * _bytes_per_expert(t)
+                views.append(buf[off:off + size].view(t.dtype).view((n,) + tuple(t.shape[1:])))
+                off += size
+            per_slice.append(views)
+        return per_slice
+
+    def unpack(self, per_slice):
+        """Per NUMA slice, one chunk's tensors (shaped like `gpu_sources`, n experts, on one device) ->
+        plain bf16 w13 [n, 2*kp2, kp1], w2 [n, h_pad, kp2]. Byte formats: each weight code x scale
+        rounded to bf16 once (lk_moe.gpu_dequant)."""
+        if self.codes is None:
+            return unpack_w13([v[0] for v in per_slice]), unpack_w2([v[1] for v in per_slice])
+        return (gpu_dequant.dequant_w13([(v[0], v[1]) for v in per_slice], self.kp1, self.seg, self.codes,
+                                        self.dequant_impl),
+                gpu_dequant.dequant_w2([(v[2], v[3]) for v in per_slice], self.kp2, self.seg, self.codes,
+                                       self.dequant_impl))
+
+    def unpack_slot(self, buf: torch.Tensor, n: int):
+        return self.unpack(self.slot_views(buf, n))
+
+
 class ExpertStreamer:
     """A bounded ring of GPU staging slots fed by one copy stream, shared by the layers of a model.
 
@@ -89,14 +174,9 @@ class ExpertStreamer:
         buf = self.slots[slot]
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(self.freed[slot])
-            off = 0
-            for src in layer._chunk_sources(chunk):
-                n = src.numel() * src.element_size()
-                if n:  # every piece is a multiple of 4 bytes (checked by HybridMoE): offsets stay aligned
-                    buf[off:off + n].view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
-                off += n
+            layer.copy_layout.copy_chunk(buf, chunk, non_blocking=True)
             self.copied[slot].record(self.copy_stream)
-        self.bytes_copied += layer._chunk_bytes(len(chunk))
+        self.bytes_copied += layer.copy_layout.chunk_bytes(len(chunk))
         return slot
 
     def consume(self, slot: int) -> torch.Tensor:
@@ -137,25 +217,21 @@ class HybridMoE:
         # The packed host copy is needed only by the GPU paths.
         needs_gpu_copy = resident or gpu_min_batch > 0
         self.gpu_path, self.gpu_path_reason = None, None
-        self._codes, self._seg, self.dequant_impl = None, 0, None
-        self._sources = gpu_sources(self.layer) if needs_gpu_copy else []
+        self.copy_layout: Optional[GpuCopyLayout] = None
         if needs_gpu_copy:
+            gpu_sources(self.layer)  # a format without a GPU path: ValueError naming it
             self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback)
-            if self.gpu_path == "native":  # not reachable today: NATIVE_KERNELS is empty
-                raise NotImplementedError(f"native GPU kernel for {self.format} is listed but not wired")
-            if self.gpu_path == "fallback":
-                self._codes, self._seg = self.layer._impl.byte_codes
-                self.dequant_impl = self._pick_dequant(dequant)
-        for srcs in self._sources:
-            for t in srcs:
-                if _bytes_per_expert(t) % 4:
-                    raise AssertionError(f"packed piece of {_bytes_per_expert(t)} bytes per expert breaks alignment")
-        self.expert_bytes = sum(_bytes_per_expert(t) for srcs in self._sources for t in srcs)
+            if self.gpu_path == "native":  # not reachable today: gpu_dequant.NATIVE_KERNELS is empty
+                raise NotImplementedError(f"a native GPU kernel for {self.format} is listed but not wired")
+            impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"
+            self.copy_layout = GpuCopyLayout(self.layer, impl)
+        self.dequant_impl = self.copy_layout.dequant_impl if self.copy_layout else None
+        self.expert_bytes = self.copy_layout.expert_bytes if self.copy_layout else 0
         self.resident = resident
         self._resident_w = None
         self.streamer = streamer
         if resident:
-            self._resident_w = self._unpack([[t.cuda() for t in srcs] for srcs in self._sources])
+            self._resident_w = self.copy_layout.unpack([[t.cuda() for t in srcs] for srcs in self.copy_layout.sources])
         elif gpu_min_batch > 0:
             # Page-lock the engine's own copy in place (fast async H2D, no second host copy);
             # unregistered when the layer is freed.
@@ -165,7 +241,7 @@ class HybridMoE:
                 self.streamer = ExpertStreamer(per_slot * self.expert_bytes, slots=4)
             if self.streamer.slot_bytes < self.expert_bytes:
                 raise ValueError("staging slot smaller than one expert")
-        self.experts_per_chunk = (self.streamer.slot_bytes // self.expert_bytes) if self.streamer else 0
+        self.experts_per_chunk = (self.streamer.slot_bytes // self.expert_bytes) if self.streamer and self.expert_bytes else 0
 
     def _pick_dequant(self, want: str) -> str:
         if want not in gpu_dequant.IMPLS:
@@ -179,51 +255,6 @@ class HybridMoE:
         logger.warning("lk_moe: %s experts: GPU dequantization kernel unavailable (%s); using its torch twin "
                        "(same result, slower)", self.format, why)
         return "torch"
-
-    def _unpack(self, per_slice):
-        """Per NUMA slice, one chunk's tensors on the GPU (as `gpu_sources`, n experts) -> plain bf16
-        w13 [n, 2*kp2, kp1], w2 [n, h_pad, kp2]."""
-        if self._codes is None:
-            return unpack_w13([v[0] for v in per_slice]), unpack_w2([v[1] for v in per_slice])
-        return (gpu_dequant.dequant_w13([(v[0], v[1]) for v in per_slice], self.kp1, self._seg, self._codes,
-                                        self.dequant_impl),
-                gpu_dequant.dequant_w2([(v[2], v[3]) for v in per_slice], self.kp2, self._seg, self._codes,
-                                       self.dequant_impl))
-
-    # -- layout of a chunk in a staging slot: per NUMA slice, each source (bf16: w13, w2; byte formats:
-    # w13 codes, w13 scales, w2 codes, w2 scales) for the chunk's experts, runs of consecutive experts
-    def _chunk_sources(self, chunk: List[int]):
-        runs = []
-        start = prev = chunk[0]
-        for e in chunk[1:]:
-            if e != prev + 1:
-                runs.append((start, prev + 1))
-                start = e
-            prev = e
-        runs.append((start, prev + 1))
-        for srcs in self._sources:
-            for t in srcs:
-                for a, b in runs:
-                    yield t[a:b]
-
-    def _chunk_bytes(self, n: int) -> int:
-        return n * self.expert_bytes
-
-    def _slot_views(self, buf: torch.Tensor, n: int):
-        """The chunk of n experts in a staging slot, as per-slice tensors shaped like `gpu_sources`."""
-        off = 0
-        per_slice = []
-        for srcs in self._sources:
-            views = []
-            for t in srcs:
-                size = n * _bytes_per_expert(t)
-                views.append(buf[off:off + size].view(t.dtype).view((n,) + tuple(t.shape[1:])))
-                off += size
-            per_slice.append(views)
-        return per_slice
-
-    def _unpack_slot(self, buf: torch.Tensor, n: int):
-        return self._unpack(self._slot_views(buf, n))
 
     def link_next(self, other: "HybridMoE") -> None:
         """The layer that runs after this one: its first chunks are prefetched during this one."""
@@ -294,7 +325,7 @@ class HybridMoE:
         for i in range(len(todo)):
             chunk, slot = todo[i]
             buf = st.consume(slot)
-            u13, u2 = self._unpack_slot(buf, len(chunk))
+            u13, u2 = self.copy_layout.unpack_slot(buf, len(chunk))
             if chunk == list(range(chunk[0], chunk[0] + len(chunk))):
                 experts_forward(x_pad, batch, u13, u2, chunk[0], acc)
             else:
