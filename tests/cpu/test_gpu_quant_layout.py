@@ -26,6 +26,28 @@ from .test_fp8_block import make_fp8_experts
 BYTE_FORMATS = ("fp8_block", "fp8_channel", "int8_channel")
 
 
+def assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w):
+    """Budget of the fallback path (weights bf16(code x scale), then a bf16 layer's roundings) against
+    the fp32 reference on the fp32 dequantized checkpoint weights d13, d2. Two terms of the same size:
+    a bf16 layer's roundings (bounded per element by assert_matches_reference with u = 2^-8, relative
+    RMS <= 2^-8; measured 0.0023) and the one bf16 rounding of each weight (<= 2^-8 relative per weight,
+    random signs; adds ~0.003 relative RMS in quadrature). Budget: twice the bf16-layer bound per
+    element and relative RMS <= 2 * 2^-8. Measured on the CPU (E=16, H=2048, I=768, K=8, M=1024):
+    relative RMS 0.0037, worst element 0.08 of this bound, for all three byte formats.
+    The exact check is against the bf16-rounded weights (assert_matches_reference on d.bfloat16())."""
+    from lk_moe.reference import moe_reference
+    ref, mag = moe_reference(x, d13, d2, ids, w, return_magnitude=True)
+    assert out.shape == ref.shape
+    err = (out.float() - ref).abs()
+    u = 2.0 ** -8
+    bound = 2 * (1.01 * u * (mag + ref.abs()) + 1e-5 * mag)
+    worst = (err / bound.clamp_min(1e-30)).max().item()
+    assert worst <= 1.0, f"error exceeds twice the bf16 rounding bound by {worst:.3g}x"
+    rel_rms = (err.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+    assert rel_rms <= 2 * u, f"relative RMS error {rel_rms:.4g} > 2 * 2^-8"
+    return rel_rms, worst
+
+
 def make_layer(fmt, E, H, I, pool=None, seed=0):
     """(layer, checkpoint tensors, fp32 dequantized w13 [E, 2I, H], w2 [E, H, I])."""
     if fmt == "fp8_block":
@@ -183,11 +205,10 @@ def test_formats_without_a_gpu_path_are_refused_clearly():
 @pytest.mark.parametrize("fmt", BYTE_FORMATS)
 def test_fallback_math_on_the_cpu(fmt):
     """The streamed path's compute (experts_forward on the unpacked bf16 matrices, chunk by chunk) run on
-    the CPU. Error budget vs the fp32 reference on the fp32 dequantized weights: the weights rounded to
-    bf16 once (<= 2^-8 relative each, random signs), the SwiGLU output and the result rounded to bf16
-    as for bf16 layers; the bf16-layer bound of assert_matches_reference holds (as for the CPU engine,
-    which rounds the same way). Against the reference on the bf16-rounded weights it is exactly a bf16
-    layer's budget."""
+    the CPU. Error budget: against the fp32 reference on the bf16-rounded dequantized weights, exactly a
+    bf16 layer's (assert_matches_reference); against the fp32 dequantized checkpoint weights, twice that
+    (assert_close_to_dequantized_checkpoint: the one bf16 rounding of each weight adds a term of the
+    same size)."""
     E, H, I, K, M = 8, 512, 384, 4, 60
     layer, _, d13, d2 = make_layer(fmt, E, H, I, seed=5)
     kp1, kp2, h_pad = layer._impl.padded_dims
@@ -204,7 +225,7 @@ def test_fallback_math_on_the_cpu(fmt):
         experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk)
     out = acc[:, :H].bfloat16()
     assert_matches_reference(out, x, d13.bfloat16(), d2.bfloat16(), ids, w)
-    assert_matches_reference(out, x, d13, d2, ids, w)
+    assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w)
 
 
 def test_dequantize_impls():
