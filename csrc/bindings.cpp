@@ -736,8 +736,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
              if (sh.byte_weights || sh.int4 || sh.fp4)
-               throw py::value_error("GPU streaming and GPU-resident layers take bf16/fp16 experts only so far; this "
-                                     "layer is quantized (use the CPU path: gpu_min_batch=0, resident=False)");
+               throw py::value_error(sh.byte_weights
+                                         ? "packed_slices() gives bf16/fp16 experts; this layer has byte weights "
+                                           "(fp8/int8 codes + fp32 scales): use quant_slices()"
+                                         : "GPU streaming and GPU-resident layers take bf16/fp16, fp8_block, "
+                                           "fp8_channel and int8_channel experts; this layer is int4/fp4 (use the "
+                                           "CPU path: gpu_min_batch=0, resident=False)");
              py::list out;
              auto keep = l.impl;
              auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);
@@ -752,14 +756,57 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              }
              return out;
            })
+      .def_property_readonly("byte_codes",
+           [](const Layer& l) -> py::object {
+             // Byte-weight layers: (codes, seg) for lk_moe.gpu_dequant: "fp8_e4m3" or "int8", and
+             // the inputs per scale (0: one scale per row) for both projections; None otherwise.
+             const auto& sh = l.impl->shape();
+             if (!sh.byte_weights) return py::none();
+             return py::make_tuple(sh.int8 ? "int8" : "fp8_e4m3", sh.per_row ? 0 : sh.seg);
+           })
+      .def("quant_slices",
+           [](const Layer& l) {
+             // Byte-weight layers (fp8_block / fp8_channel / int8_channel): per NUMA slice, views of
+             // the packed codes and their fp32 scales, for streaming them to a GPU (each view keeps
+             // the layer's memory alive). (w13 uint8 [E, nbi, 2, kp1/2, 16, 2], s13 fp32
+             // [E, nbi, 2, P1], w2 uint8 [E, nbh, kp2/2, 16, 2], s2 fp32 [E, nbh, P2], i0, i1, h0, h1):
+             // the codes in the bf16 block layout of packed_slices (one byte per weight), P = 16
+             // (one scale per row) or kp/seg (one per segment of seg inputs, shared by the block's rows).
+             const auto& sh = l.impl->shape();
+             if (!sh.byte_weights)
+               throw py::value_error(std::string("quant_slices() is for byte-weight layers (fp8_block, fp8_channel, "
+                                                 "int8_channel); this layer is ") +
+                                     (sh.int4 ? "wna16_int4" : sh.fp4 ? (sh.nv ? "nvfp4" : "mxfp4")
+                                                                      : "bf16 (use packed_slices)"));
+             const int64_t p1 = sh.per_row ? lk::kBlockN : sh.kp1 / sh.seg;
+             const int64_t p2 = sh.per_row ? lk::kBlockN : sh.kp2 / sh.seg;
+             py::list out;
+             auto keep = l.impl;
+             auto u8 = at::TensorOptions().dtype(at::kByte).device(at::kCPU);
+             auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+             for (const auto& sl : l.impl->slices()) {
+               const int64_t nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+               auto view = [&](const lk::HostBuffer& b, at::IntArrayRef shape, const at::TensorOptions& o) {
+                 return torch::from_blob(b.data(), shape, [keep](void*) {}, o);
+               };
+               at::Tensor w13 = view(sl.w13, {sh.experts, nbi, 2, sh.kp1 / 2, 16, 2}, u8);
+               at::Tensor s13 = view(sl.s13, {sh.experts, nbi, 2, p1}, f32);
+               at::Tensor w2 = view(sl.w2, {sh.experts, nbh, sh.kp2 / 2, 16, 2}, u8);
+               at::Tensor s2 = view(sl.s2, {sh.experts, nbh, p2}, f32);
+               out.append(py::make_tuple(w13, s13, w2, s2, sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN,
+                                         sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN));
+             }
+             return out;
+           })
       .def("pin_for_gpu",
            [](Layer& l) {
-             // Page-lock the packed weights once (unregistered when the layer is freed).
+             // Page-lock the packed weights once (unregistered when the layer is freed); byte-weight
+             // layers: their fp32 scales too (separate host buffers, streamed with the codes).
              if (l.impl->pinned) return;
              std::vector<void*> done;
              try {
                for (const auto& sl : l.impl->slices()) {
-                 for (const lk::HostBuffer* b : {&sl.w13, &sl.w2}) {
+                 for (const lk::HostBuffer* b : {&sl.w13, &sl.w2, &sl.s13, &sl.s2}) {
                    if (!b->size()) continue;
                    lk::register_host_memory(b->data(), b->size());
                    done.push_back(b->data());

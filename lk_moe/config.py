@@ -7,6 +7,13 @@ LK_SPIN_US         microseconds a worker busy-waits for the next job before park
 LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: hostfn (default, a host-function
                    node) | mailbox (mapped-memory flags served by a polling thread; lower latency,
                    one CPU core and one GPU thread spin while waiting)
+LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the fallback kernels
+                   (dequantize to bf16 on the GPU, then the bf16 GEMM) even where a native kernel
+                   for the format would be chosen. Today every byte format (fp8_block, fp8_channel,
+                   int8_channel) takes the fallback anyway: no native FP8/INT8 expert GEMM is wired
+                   into lk_moe's GPU path yet (see lk_moe.gpu_dequant.gpu_path); the switch exists so
+                   that a GPU with native support (e.g. FP8 on sm_89+) can be forced onto the
+                   fallback once vLLM's native kernels are wired.
 
 A bad value raises ConfigError (a ValueError) naming the variable.
 """
@@ -32,6 +39,25 @@ class EngineConfig:
     isa: Optional[str] = None  # None: best supported
     spin_us: int = 1000
     cpu_signal: str = "hostfn"
+    force_gpu_fallback: bool = False
+
+
+TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("0", "false", "no", "off", "")
+
+
+def _bool_var(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in TRUE_VALUES:
+        return True
+    if raw in FALSE_VALUES:
+        return False
+    raise ConfigError(f"{name}={env.get(name)!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def force_gpu_fallback(env: Optional[Mapping[str, str]] = None) -> bool:
+    """LK_FORCE_GPU_FALLBACK alone (read by the GPU paths when they are built)."""
+    return _bool_var(os.environ if env is None else env, "LK_FORCE_GPU_FALLBACK")
 
 
 def _int_var(env: Mapping[str, str], name: str, lo: int, hi: int) -> Optional[int]:
@@ -71,5 +97,6 @@ def from_env(env: Optional[Mapping[str, str]] = None, logical_cpus: Optional[int
     if signal not in SIGNALS:
         raise ConfigError(f"LK_CPU_SIGNAL={env.get('LK_CPU_SIGNAL')!r} is not one of {', '.join(SIGNALS)}")
     return EngineConfig(
-        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin, cpu_signal=signal
+        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin, cpu_signal=signal,
+        force_gpu_fallback=force_gpu_fallback(env),
     )

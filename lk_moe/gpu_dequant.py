@@ -15,7 +15,46 @@ from typing import Optional
 
 import torch
 
+from .gpu_layout import rows_w13, rows_w2
+
 CODES = {"fp8_e4m3": 0, "int8": 1}
+
+# Which GPU path a format takes (`gpu_path`). The hardware could run these byte formats natively
+# from the capability listed (FP8 E4M3 tensor-core MMA from sm_89; INT8 MMA from sm_75, which needs
+# int8 activations too, i.e. a W8A8 kernel), but lk_moe wires no native FP8/INT8 expert GEMM into
+# its GPU path yet: NATIVE_KERNELS is empty, so every byte format is dequantized to bf16 on the GPU
+# (this module's kernel) and computed by the bf16 GEMM. LK_FORCE_GPU_FALLBACK=1 keeps it that way
+# once native kernels (e.g. vLLM's) are listed here.
+BYTE_FORMATS = ("fp8_block", "fp8_channel", "int8_channel")
+HARDWARE_NATIVE = {"fp8_block": (8, 9), "fp8_channel": (8, 9), "int8_channel": (7, 5)}
+NATIVE_KERNELS: dict = {}  # format -> callable of a native GPU expert path; none yet
+GPU_FORMATS = ("bf16",) + BYTE_FORMATS  # formats with a GPU path (streamed or resident)
+
+
+def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None):
+    """(path, reason) for `format`'s routed experts on a GPU of `capability` (major, minor; default:
+    the current device's, or None without CUDA): path is "bf16" (plain bf16 GEMM), "native" (a native
+    kernel for the format), "fallback" (dequantize to bf16 on the GPU, then the bf16 GEMM) or "cpu"
+    (no GPU path for the format: prefill stays on the CPU). force_fallback: default
+    LK_FORCE_GPU_FALLBACK."""
+    if format == "bf16":
+        return "bf16", "bf16 experts: bf16 GEMM"
+    if format not in BYTE_FORMATS:
+        return "cpu", (f"{format} experts have no GPU path in lk_moe (GPU paths: {', '.join(GPU_FORMATS)}); "
+                       "they run on the CPU engine")
+    if force_fallback is None:
+        from .config import force_gpu_fallback
+        force_fallback = force_gpu_fallback()
+    if capability is None and torch.cuda.is_available():
+        capability = tuple(torch.cuda.get_device_capability())
+    if force_fallback:
+        return "fallback", f"{format}: LK_FORCE_GPU_FALLBACK=1 (dequantize to bf16 on the GPU + bf16 GEMM)"
+    if format not in NATIVE_KERNELS:
+        return "fallback", f"{format}: no native GPU kernel wired into lk_moe yet (dequantize to bf16 + bf16 GEMM)"
+    need = HARDWARE_NATIVE[format]
+    if capability is None or tuple(capability) < need:
+        return "fallback", f"{format}: native kernel needs sm_{need[0]}{need[1]}+, this GPU is {capability}"
+    return "native", f"{format}: native kernel on sm_{capability[0]}{capability[1]}"
 _lib = None
 _lib_error: Optional[str] = None
 
@@ -78,6 +117,52 @@ def dequant_blocks_reference(packed: torch.Tensor, scales: torch.Tensor, kp: int
     return (vals * s).to(torch.bfloat16).reshape(blocks * 16, kp)
 
 
+IMPLS = ("auto", "kernel", "torch")
+
+
+def kernel_usable(device=None) -> bool:
+    """Whether the CUDA kernel can run here: the library loads and was compiled for this GPU's
+    architecture (or a lower one of the same major version, whose code the driver can run)."""
+    if library() is None or not torch.cuda.is_available():
+        return False
+    return arch_runs(compiled_archs(), torch.cuda.get_device_capability(device))
+
+
+def arch_runs(archs, capability) -> bool:
+    """Whether code built for `archs` (CMake style: "80-real" = SASS only, "120" = SASS + PTX) runs on
+    a GPU of `capability` (major, minor): SASS of the same major and a minor <= the GPU's, or PTX of
+    an architecture <= the GPU's (JIT-compiled by the driver)."""
+    major, minor = capability
+    for a in archs:
+        num, _, kind = a.strip().partition("-")
+        if not num.isdigit() or len(num) < 2:
+            continue
+        amaj, amin = int(num[:-1]), int(num[-1])
+        if amaj == major and amin <= minor:
+            return True
+        if kind != "real" and (amaj, amin) <= (major, minor):
+            return True
+    return False
+
+
+def dequantize(packed: torch.Tensor, scales: torch.Tensor, kp: int, seg: int, codes: str, impl: str = "auto",
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """bf16 [blocks*16, kp] from packed blocks, by `impl`: "kernel" (the CUDA kernel; inputs on a CUDA
+    device), "torch" (the plain-torch twin, any device: the definition, forced e.g. by tests), or "auto"
+    (the kernel for CUDA inputs when `kernel_usable()`, else the twin). Both give the same bits."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        impl = "kernel" if packed.is_cuda and kernel_usable(packed.device) else "torch"
+    if impl == "kernel":
+        return dequant_blocks(packed.reshape(-1), scales.reshape(-1), kp, seg, codes, out=out)
+    res = dequant_blocks_reference(packed, scales, kp, seg, codes)
+    if out is not None:
+        out.view(res.shape).copy_(res)
+        return out
+    return res
+
+
 def dequant_blocks(packed: torch.Tensor, scales: torch.Tensor, kp: int, seg: int, codes: str,
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The CUDA kernel on the current stream (inputs on one CUDA device, contiguous)."""
@@ -101,3 +186,22 @@ def dequant_blocks(packed: torch.Tensor, scales: torch.Tensor, kp: int, seg: int
         raise RuntimeError(f"lk_dequant_blocks failed with CUDA error {err}")
     return out
 
+
+
+def dequant_w13(slices, kp1: int, seg: int, codes: str, impl: str = "auto") -> torch.Tensor:
+    """Per NUMA slice (codes uint8 [e, nbi, 2, kp1/2, 16, 2], scales fp32 [e, nbi, 2, P]), as
+    `Layer.quant_slices()` gives them (or their copies on a GPU) -> bf16 [e, 2*kp2, kp1]."""
+    parts = []
+    for c, s in slices:
+        e, nbi = c.shape[0], c.shape[1]
+        parts.append(dequantize(c, s, kp1, seg, codes, impl).view(e, nbi, 2, 16, kp1))
+    return rows_w13(parts)
+
+
+def dequant_w2(slices, kp2: int, seg: int, codes: str, impl: str = "auto") -> torch.Tensor:
+    """Per NUMA slice (codes uint8 [e, nbh, kp2/2, 16, 2], scales fp32 [e, nbh, P]) -> bf16 [e, h_pad, kp2]."""
+    parts = []
+    for c, s in slices:
+        e, nbh = c.shape[0], c.shape[1]
+        parts.append(dequantize(c, s, kp2, seg, codes, impl).view(e, nbh, 16, kp2))
+    return rows_w2(parts)

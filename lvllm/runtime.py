@@ -64,6 +64,7 @@ class WorkerRuntime:
         self._last = None  # the hybrid layer built last: the next one is linked to it for prefetch
         self._summary_logged = False
         self.planned_hybrid = 0  # counted as vLLM builds the layers, before any is loaded
+        self.cpu_prefill_formats: List[str] = []  # formats kept on CPU prefill despite GPU prefill (warned)
         self.progress: Optional[LoadProgress] = None
         self.stats: Optional[WorkerStats] = None
         if cfg.stats_interval > 0:
@@ -72,8 +73,21 @@ class WorkerRuntime:
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
             self.planned_hybrid += 1
+            self._note_cpu_prefill(plan.format)
         else:
             self.add_resident(plan)
+
+    def _note_cpu_prefill(self, fmt) -> None:
+        """With GPU prefill on, a format without a GPU path keeps its prefill on the CPU engine:
+        said once per model (this worker serves one) and format, never silently."""
+        from .policy import GPU_PREFILL_FORMATS
+        if self.cfg.gpu_prefill_min_batch <= 0 or fmt in GPU_PREFILL_FORMATS or fmt in self.cpu_prefill_formats:
+            return
+        self.cpu_prefill_formats.append(fmt)
+        logger.warning("lk_moe: LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=%d, but %s experts have no GPU path in lk_moe "
+                       "(GPU prefill streams %s experts): prefill of this model's %s MoE layers stays on the CPU "
+                       "engine (correct, slower for long prompts)", self.cfg.gpu_prefill_min_batch, fmt,
+                       ", ".join(GPU_PREFILL_FORMATS), fmt)
 
     def layer_loaded(self, nbytes: int, seconds: float) -> None:
         if self.progress is None:
@@ -125,7 +139,9 @@ class WorkerRuntime:
                 f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
                 f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
                 + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch
-                   else "prefill on the CPU"))
+                   else "prefill on the CPU")
+                + (f" (CPU prefill for {', '.join(self.cpu_prefill_formats)} layers: no GPU path)"
+                   if self.cfg.gpu_prefill_min_batch and self.cpu_prefill_formats else ""))
 
     def log_summary_once(self) -> None:
         """At the first forward: the summary, and the statistics start."""

@@ -32,6 +32,7 @@ def test_values():
         ({"LK_ISA": "avx9"}, "LK_ISA='avx9' is not one of"),
         ({"LK_SPIN_US": "-5"}, "LK_SPIN_US=-5 is out of range"),
         ({"LK_CPU_SIGNAL": "poll"}, "LK_CPU_SIGNAL='poll' is not one of hostfn, mailbox"),
+        ({"LK_FORCE_GPU_FALLBACK": "maybe"}, "LK_FORCE_GPU_FALLBACK='maybe' is not a boolean"),
     ],
 )
 def test_bad_values_name_the_variable(env, words):

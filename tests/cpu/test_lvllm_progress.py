@@ -51,3 +51,37 @@ def test_runtime_counts_planned_layers_and_logs_the_last():
         log.removeHandler(handler)
         log.setLevel(old_level)
     assert any("lk_moe: experts of all 2/2 hybrid MoE layers in host RAM (2.0 GiB" in m for m in seen), seen
+
+
+def test_runtime_warns_once_per_format_that_keeps_cpu_prefill():
+    """GPU prefill on, int4/fp4 layers: one warning per model and format, named; byte formats stream."""
+    import logging
+
+    from lvllm.config import from_env
+    from lvllm.policy import LayerPlan
+    from lvllm.runtime import WorkerRuntime
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+
+    log = logging.getLogger("vllm.lvllm")
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "2048"}))
+        for i, fmt in enumerate(["wna16_int4", "fp8_block", "wna16_int4", "int8_channel", "nvfp4", "wna16_int4"]):
+            rt.note_planned(LayerPlan(f"model.layers.{i}.mlp.experts", i, "hybrid", fmt))
+        off = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1"}))
+        off.note_planned(LayerPlan("model.layers.0.mlp.experts", 0, "hybrid", "mxfp4"))
+    finally:
+        log.removeHandler(handler)
+    warnings = [m for lvl, m in seen if lvl == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "wna16_int4 experts have no GPU path" in warnings[0] and "stays on the CPU" in warnings[0]
+    assert "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=2048" in warnings[0]
+    assert "nvfp4 experts have no GPU path" in warnings[1]
+    assert rt.cpu_prefill_formats == ["wna16_int4", "nvfp4"] and off.cpu_prefill_formats == []
+    assert "(CPU prefill for wna16_int4, nvfp4 layers: no GPU path)" in rt.summary()

@@ -94,3 +94,141 @@ def test_two_layers_on_two_streams(experts):
     torch.cuda.synchronize()
     _check(oa, x, w13, w2, ids, w)
     _check(ob, x, w13b, w2b, ids, w)
+
+
+# -- byte formats (fp8_block, fp8_channel, int8_channel): codes + fp32 scales travel, are dequantized
+# on the GPU to bf16 (the fallback kernel, or its torch twin) and computed by the bf16 GEMMs.
+
+from lk_moe import gpu_dequant  # noqa: E402
+from lk_moe.hybrid import GpuCopyLayout, streamed_expert_bytes  # noqa: E402
+
+from ..cpu.test_gpu_quant_layout import assert_close_to_dequantized_checkpoint  # noqa: E402
+from ..cpu.test_gpu_quant_layout import make_layer as make_quant_layer  # noqa: E402
+
+QFORMATS = ["fp8_block", "fp8_channel", "int8_channel"]
+
+
+@pytest.fixture(scope="module")
+def quant_layers():
+    return {fmt: make_quant_layer(fmt, E, H, I, seed=7) for fmt in QFORMATS}
+
+
+@pytest.fixture
+def forced_fallback(monkeypatch):
+    """The H200 would pick a native FP8 path once one is wired: these tests force the fallback."""
+    monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "1")
+
+
+def _check_quant(out, x, d13, d2, ids, w):
+    """Error budget. The path computes with w = bf16(code x scale) (one rounding of the fp32 product),
+    then exactly a bf16 layer's roundings (fp32 GEMM sums, bf16 SwiGLU output, bf16 result):
+    (a) against the fp32 reference on those bf16 weights: the bf16-layer bound of
+        assert_matches_reference (|err| <= 1.01 u (mag + |ref|) + 1e-5 mag, u = 2^-8, rel RMS <= 2^-8);
+    (b) against the fp32 reference on the fp32 dequantized checkpoint weights: twice that bound and
+        rel RMS <= 2 * 2^-8 (the weight rounding adds a term of the same size; measured on the CPU:
+        rel RMS 0.0037), see tests/cpu/test_gpu_quant_layout.assert_close_to_dequantized_checkpoint."""
+    assert out.is_cuda and out.dtype == torch.bfloat16 and out.shape == x.shape
+    xc, ic, wc = x.cuda(), ids.cuda(), w.cuda()
+    assert_matches_reference(out, xc, d13.bfloat16().cuda(), d2.bfloat16().cuda(), ic, wc)
+    assert_close_to_dequantized_checkpoint(out, xc, d13.cuda(), d2.cuda(), ic, wc)
+
+
+def _bf16_expert_bytes(layer):
+    kp1, kp2, h_pad = layer._impl.padded_dims
+    return 2 * (2 * kp2 * kp1 + h_pad * kp2)
+
+
+@pytest.mark.parametrize("dequant", ["auto", "torch"])
+@pytest.mark.parametrize("M", [2048, 8192])
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_quant_streamed(quant_layers, forced_fallback, fmt, M, dequant):
+    layer, _, d13, d2 = quant_layers[fmt]
+    h = HybridMoE(None, None, layer=layer, max_tokens=64, top_k=K, gpu_min_batch=64, dequant=dequant)
+    assert h.gpu_path == "fallback" and "LK_FORCE_GPU_FALLBACK=1" in h.gpu_path_reason
+    want_impl = "kernel" if dequant == "auto" and gpu_dequant.kernel_usable() else "torch"
+    assert h.dequant_impl == want_impl
+    assert h.expert_bytes == streamed_expert_bytes(layer) < 0.51 * _bf16_expert_bytes(layer)
+    x, ids, w = _inputs(M, M + len(fmt))
+    before = h.streamer.bytes_copied
+    out = h(x.cuda(), ids.cuda(), w.cuda())
+    _check_quant(out, x, d13, d2, ids, w)
+    routed = len(set(ids.reshape(-1).tolist()))
+    assert h.streamer.bytes_copied - before == (E if routed * 2 >= E else routed) * h.expert_bytes
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_quant_resident_kernel_equals_twin(quant_layers, forced_fallback, fmt):
+    """Resident layers hold the dequantized matrices: kernel == torch twin on the GPU == twin on the CPU."""
+    layer, _, d13, d2 = quant_layers[fmt]
+    on_cpu = GpuCopyLayout(layer, "torch")
+    want13, want2 = on_cpu.unpack(on_cpu.sources)
+    impls = ["torch"] + (["kernel"] if gpu_dequant.kernel_usable() else [])
+    for impl in impls:
+        h = HybridMoE(None, None, layer=layer, max_tokens=64, top_k=K, resident=True, dequant=impl)
+        assert h.dequant_impl == impl and h.gpu_path == "fallback"
+        u13, u2 = h._resident_w
+        assert torch.equal(u13.cpu().view(torch.int16), want13.view(torch.int16))
+        assert torch.equal(u2.cpu().view(torch.int16), want2.view(torch.int16))
+        x, ids, w = _inputs(300, 5)
+        _check_quant(h(x.cuda(), ids.cuda(), w.cuda()), x, d13, d2, ids, w)
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_quant_sparse_batch_copies_only_routed_experts(quant_layers, forced_fallback, fmt):
+    layer, _, d13, d2 = quant_layers[fmt]
+    h = HybridMoE(None, None, layer=layer, max_tokens=8, top_k=2, gpu_min_batch=64)
+    M = 100
+    x = torch.randn(M, H).bfloat16()
+    ids = torch.tensor([[1, 9]] * M, dtype=torch.int32)
+    w = torch.rand(M, 2)
+    before = h.streamer.bytes_copied
+    _check_quant(h(x.cuda(), ids.cuda(), w.cuda()), x, d13, d2, ids, w)
+    assert h.streamer.bytes_copied - before == 2 * h.expert_bytes == 2 * streamed_expert_bytes(layer)
+
+
+def test_quant_linked_stack_mixed_formats(quant_layers, experts, forced_fallback):
+    """Byte-format and bf16 layers share a 2-slot ring smaller than one layer, linked for prefetch:
+    each layer's chunks keep their own layout; outputs stay right when the chain is broken."""
+    w13, w2, bf16_layer = experts
+    stack = [(quant_layers["fp8_block"][0], quant_layers["fp8_block"][2:]), (bf16_layer, (w13, w2)),
+             (quant_layers["int8_channel"][0], quant_layers["int8_channel"][2:]),
+             (quant_layers["fp8_channel"][0], quant_layers["fp8_channel"][2:])]
+    biggest = max(streamed_expert_bytes(lay) for lay, _ in stack)
+    ring = ExpertStreamer(slot_bytes=3 * biggest, slots=2)
+    layers = [HybridMoE(None, None, layer=lay, max_tokens=8, top_k=K, gpu_min_batch=32, streamer=ring)
+              for lay, _ in stack]
+    for a, b in zip(layers, layers[1:]):
+        a.link_next(b)
+    x, ids, w = _inputs(300, 6)
+    for order in (range(4), [0, 2, 1, 3, 3]):
+        for i in order:
+            out = layers[i](x.cuda(), ids.cuda(), w.cuda())
+            ref13, ref2 = stack[i][1]
+            if stack[i][0].format == "bf16":
+                _check(out, x, ref13, ref2, ids, w)
+            else:
+                _check_quant(out, x, ref13, ref2, ids, w)
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_quant_three_numa_slices(tmp_path, forced_fallback, fmt):
+    from ..cpu.fake_sysfs import make_sysfs
+    root = make_sysfs(tmp_path, {0: [0, 1], 1: [2, 3], 2: [4, 5]})
+    pool = lk_moe.make_pool(threads=3, binding="NONE", sysfs_root=root, allowed=list(range(6)))
+    layer, _, d13, d2 = make_quant_layer(fmt, 8, 512, 384, pool=pool, seed=3)
+    assert layer.num_slices == 3
+    h = HybridMoE(None, None, layer=layer, max_tokens=8, top_k=4, gpu_min_batch=32)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2048, 512, generator=g).bfloat16()
+    ids, w = random_routing(2048, 8, 4, generator=g)
+    _check_quant(h(x.cuda(), ids.cuda(), w.cuda()), x, d13, d2, ids, w)
+
+
+def test_formats_without_gpu_path_stay_on_the_cpu():
+    from ..cpu.test_wna16 import make_int4_experts
+    tensors, d13, d2 = make_int4_experts(4, 256, 128, 32, False)
+    layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors)
+    with pytest.raises(ValueError, match="this layer is wna16_int4"):
+        HybridMoE(None, None, layer=layer, max_tokens=8, top_k=2, gpu_min_batch=64)
+    h = HybridMoE(None, None, layer=layer, max_tokens=8, top_k=2, gpu_min_batch=0)
+    assert h.gpu_path is None and not h.takes_gpu_path(4096)
