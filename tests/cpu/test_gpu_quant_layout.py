@@ -303,3 +303,22 @@ def test_force_gpu_fallback_bad_value_names_the_variable(monkeypatch):
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "2")
     with pytest.raises(ConfigError, match="LK_FORCE_GPU_FALLBACK='2'"):
         gpu_dequant.gpu_path("int8_channel", capability=(9, 0))
+
+
+def test_bf16_staging_round_trip_gives_the_layer_weights(tmp_path):
+    """The bf16 streamed path after the refactor into GpuCopyLayout: a chunk copied as the streamer
+    does and unpacked is exactly the layer's vLLM-layout weights (zero-padded), expert by expert."""
+    E, H, I = 6, 512, 384
+    w13, w2 = make_experts(E, H, I)
+    for pool in _pools(tmp_path):
+        layer = lk_moe.MoELayer(w13, w2, pool=pool)
+        lay = GpuCopyLayout(layer, "torch")
+        kp1, kp2, h_pad = layer._impl.padded_dims
+        for chunk in ([0, 1, 2], [1, 3, 4], [5], [0, 2, 3, 5]):
+            buf = torch.zeros(lay.chunk_bytes(len(chunk)), dtype=torch.uint8)
+            lay.copy_chunk(buf, chunk)
+            u13, u2 = lay.unpack_slot(buf, len(chunk))
+            assert u13.shape == (len(chunk), 2 * kp2, kp1) and u2.shape == (len(chunk), h_pad, kp2)
+            want = w13[chunk]
+            assert torch.equal(u13[:, :I, :H], want[:, :I]) and torch.equal(u13[:, kp2:kp2 + I, :H], want[:, I:])
+            assert torch.equal(u2[:, :H, :I], w2[chunk])
