@@ -111,6 +111,10 @@ class CpuExpertPath:
         self._x, self._ids, self._w, self._out = io.x, io.ids, io.w, io.out
         self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
         self.counters = _C.HostCallCounters()  # shared by this path's calls, graph replays included
+        if signal == "kernel":
+            # Now, not at the first call (which may be inside a graph capture): the mapped channel page,
+            # its poller thread and the device addresses of the pinned buffers (cached for every M).
+            self._kargs[1] = self._call(1).kernel_args()
 
     def _call(self, tokens: int):
         call = self._calls.get(tokens)

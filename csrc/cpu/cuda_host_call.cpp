@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace lk {
@@ -175,6 +176,8 @@ struct KernelChannel {
   std::mutex mu;
   std::vector<HostForward*> calls{nullptr};  // id -> call (0 unused)
   std::atomic<bool> paused{false};           // test hook: answer nothing
+  std::unordered_map<const void*, uintptr_t> mapped;  // host pointer -> device address (cached, so a
+                                                      // call first made during graph capture needs no CUDA call)
   std::string why;
 };
 
@@ -249,7 +252,10 @@ void poll_kernel_channel(KernelChannel* ch) {
   }
 }
 
-uintptr_t mapped_device_address(const void* host, const char* what) {
+// Called with the channel's lock held.
+uintptr_t mapped_device_address(KernelChannel& ch, const void* host, const char* what) {
+  auto hit = ch.mapped.find(host);
+  if (hit != ch.mapped.end()) return hit->second;
   const CudaRuntime& rt = runtime();
   void* dev = nullptr;
   if (!rt.host_device_pointer || rt.host_device_pointer(&dev, const_cast<void*>(host), 0) != 0) {
@@ -257,6 +263,7 @@ uintptr_t mapped_device_address(const void* host, const char* what) {
     throw std::runtime_error(std::string("the kernel signal needs the pinned ") + what +
                              " buffer mapped into the GPU's address space (cudaHostGetDevicePointer failed)");
   }
+  ch.mapped.emplace(host, reinterpret_cast<uintptr_t>(dev));
   return reinterpret_cast<uintptr_t>(dev);
 }
 
@@ -269,14 +276,14 @@ HostForward::KernelArgs HostForward::kernel_args() {
   KernelChannel& ch = kernel_channel();
   if (!ch.req) throw std::runtime_error("kernel signal unavailable: " + ch.why);
   KernelArgs k;
-  k.x = mapped_device_address(args_.x, "x");
-  k.ids = mapped_device_address(args_.ids, "ids");
-  k.weights = mapped_device_address(args_.weights, "weights");
-  k.out = mapped_device_address(args_.out, "output");
   k.req = ch.req_dev;
   k.done = ch.done_dev;
   {
     std::lock_guard<std::mutex> lock(ch.mu);
+    k.x = mapped_device_address(ch, args_.x, "x");
+    k.ids = mapped_device_address(ch, args_.ids, "ids");
+    k.weights = mapped_device_address(ch, args_.weights, "weights");
+    k.out = mapped_device_address(ch, args_.out, "output");
     if (ch.calls.size() >= kMaxCalls) throw std::runtime_error("too many kernel-signal calls");
     k.call_id = uint32_t(ch.calls.size());
     ch.calls.push_back(this);
