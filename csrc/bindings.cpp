@@ -671,6 +671,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     bool ok = lk::cuda_runtime_available(&why);
     return py::make_tuple(ok, why);
   });
+  m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),
+        "test hook: while paused, the kernel signal's poller answers nothing (the GPU side times out)");
   py::class_<lk::HostCallCounters, std::shared_ptr<lk::HostCallCounters>>(
       m, "HostCallCounters", "running totals of the host-node runs of the HostCalls given this object")
       .def(py::init<>())
@@ -688,6 +690,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "add the engine call to a CUDA stream (host-function node when capturing)")
       .def("enqueue_mailbox", [](HostCall& h, uintptr_t stream) { h.impl->enqueue_mailbox(stream); },
            py::arg("stream"), "the same through a mapped-memory mailbox (stream memory operations)")
+      .def("kernel_args", [](HostCall& h) {
+        const auto k = h.impl->kernel_args();
+        return py::make_tuple(k.req, k.done, k.timeouts, k.call_id, k.x, k.ids, k.weights, k.out);
+      }, "device addresses for the single-kernel signal (lk_cpu_call_kernel in lk_moe/_lk_cuda.so): "
+         "(req, done, timeouts, call_id, x, ids, weights, out); registers the call with the kernel poller")
       .def("take_errors", [](HostCall& h) { return h.impl->take_errors(); })
       .def_property_readonly("last_host_us", [](const HostCall& h) { return h.impl->last_host_us(); });
 

@@ -6,7 +6,10 @@ LK_ISA             generic | avx2 | avx512 | avx512_bf16 | amx (default: best th
 LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 1000)
 LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: hostfn (default, a host-function
                    node) | mailbox (mapped-memory flags served by a polling thread; lower latency,
-                   one CPU core and one GPU thread spin while waiting)
+                   one CPU core and one GPU thread spin while waiting) | kernel (one CUDA kernel per
+                   call moves the data through mapped memory and spins until a polling thread
+                   answers; one CPU core and one GPU block spin while waiting; gives up with NaN
+                   after 10 s; experimental, being measured)
 LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the fallback kernels
                    (dequantize to bf16 on the GPU, then the bf16 GEMM) even where a native kernel
                    for the format would be chosen. Today every byte format (fp8_block, fp8_channel,
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 BINDINGS = ("CPU_CORE", "NUMA_NODE", "NONE")
-SIGNALS = ("hostfn", "mailbox")
+SIGNALS = ("hostfn", "mailbox", "kernel")
 ISAS = ("generic", "avx2", "avx512", "avx512_bf16", "amx")
 
 

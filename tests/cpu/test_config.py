@@ -20,6 +20,13 @@ def test_values():
                    logical_cpus=8)
     assert (cfg.threads, cfg.binding, cfg.isa, cfg.spin_us) == (6, "NUMA_NODE", "avx2", 0)
     assert from_env({"LK_CPU_SIGNAL": "Mailbox"}, logical_cpus=8).cpu_signal == "mailbox"
+    assert from_env({"LK_CPU_SIGNAL": " KERNEL "}, logical_cpus=8).cpu_signal == "kernel"
+
+
+def test_every_signal_is_one_the_cpu_path_takes():
+    from lk_moe.config import SIGNALS
+    from lk_moe.cpu_path import CpuExpertPath
+    assert SIGNALS == CpuExpertPath.SIGNALS and SIGNALS[0] == "hostfn"  # hostfn stays the default
 
 
 @pytest.mark.parametrize(
@@ -31,7 +38,7 @@ def test_values():
         ({"LK_THREAD_BINDING": "socket"}, "LK_THREAD_BINDING='socket' is not one of CPU_CORE, NUMA_NODE, NONE"),
         ({"LK_ISA": "avx9"}, "LK_ISA='avx9' is not one of"),
         ({"LK_SPIN_US": "-5"}, "LK_SPIN_US=-5 is out of range"),
-        ({"LK_CPU_SIGNAL": "poll"}, "LK_CPU_SIGNAL='poll' is not one of hostfn, mailbox"),
+        ({"LK_CPU_SIGNAL": "poll"}, "LK_CPU_SIGNAL='poll' is not one of hostfn, mailbox, kernel"),
         ({"LK_FORCE_GPU_FALLBACK": "maybe"}, "LK_FORCE_GPU_FALLBACK='maybe' is not a boolean"),
     ],
 )
