@@ -97,6 +97,27 @@ struct Mailbox {
 
 void poll_forever(Mailbox* mb);
 
+// A zeroed page of mapped pinned memory that host and GPU both address (mailbox and kernel-signal
+// flags). Returns the host pointer and sets *dev, or nullptr with *why set.
+void* alloc_mapped_page(const CudaRuntime& rt, size_t bytes, uintptr_t* dev, std::string* why) {
+  void* page = nullptr;
+  constexpr unsigned kPortableMapped = 0x1 | 0x2;  // cudaHostAllocPortable | cudaHostAllocMapped
+  if (rt.host_alloc(&page, bytes, kPortableMapped) != 0) {
+    if (rt.get_last_error) rt.get_last_error();
+    *why = "cudaHostAlloc(mapped) failed";
+    return nullptr;
+  }
+  memset(page, 0, bytes);
+  void* d = nullptr;
+  if (rt.host_device_pointer(&d, page, 0) != 0) {
+    if (rt.get_last_error) rt.get_last_error();
+    *why = "cudaHostGetDevicePointer failed";
+    return nullptr;
+  }
+  *dev = reinterpret_cast<uintptr_t>(d);
+  return page;
+}
+
 Mailbox& mailbox() {
   static Mailbox* mb = [] {
     auto* m = new Mailbox;  // lives for the process: the poller thread reads it until exit
@@ -113,21 +134,12 @@ Mailbox& mailbox() {
       m->why = "stream memory operations not found in the CUDA driver";
       return m;
     }
-    void* page = nullptr;
-    constexpr unsigned kPortableMapped = 0x1 | 0x2;
-    if (rt.host_alloc(&page, 64 + kMaxCalls * 4, kPortableMapped) != 0) {
-      m->why = "cudaHostAlloc(mapped) failed";
-      return m;
-    }
-    memset(page, 0, 64 + kMaxCalls * 4);
-    void* dev = nullptr;
-    if (rt.host_device_pointer(&dev, page, 0) != 0) {
-      m->why = "cudaHostGetDevicePointer failed";
-      return m;
-    }
+    uintptr_t dev = 0;
+    void* page = alloc_mapped_page(rt, 64 + kMaxCalls * 4, &dev, &m->why);
+    if (!page) return m;
     m->req = static_cast<volatile uint32_t*>(page);
     m->done = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + 64);
-    m->req_dev = reinterpret_cast<CUdeviceptr>(dev);
+    m->req_dev = static_cast<CUdeviceptr>(dev);
     m->done_dev = m->req_dev + 64;
     std::thread(poll_forever, m).detach();
     return m;
@@ -191,25 +203,13 @@ KernelChannel& kernel_channel() {
       c->why = "the CUDA runtime is not loaded (" + rt.why + ")";
       return c;
     }
-    const size_t bytes = 128 + size_t(kMaxCalls) * 4;
-    void* page = nullptr;
-    constexpr unsigned kPortableMapped = 0x1 | 0x2;  // cudaHostAllocPortable | cudaHostAllocMapped
-    if (rt.host_alloc(&page, bytes, kPortableMapped) != 0) {
-      if (rt.get_last_error) rt.get_last_error();
-      c->why = "cudaHostAlloc(mapped) failed";
-      return c;
-    }
-    memset(page, 0, bytes);
-    void* dev = nullptr;
-    if (rt.host_device_pointer(&dev, page, 0) != 0) {
-      if (rt.get_last_error) rt.get_last_error();
-      c->why = "cudaHostGetDevicePointer failed for the channel page";
-      return c;
-    }
+    uintptr_t dev = 0;
+    void* page = alloc_mapped_page(rt, 128 + size_t(kMaxCalls) * 4, &dev, &c->why);
+    if (!page) return c;
     c->req = static_cast<volatile uint64_t*>(page);
     c->done = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + 64);
     c->timeouts = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + 128);
-    c->req_dev = reinterpret_cast<uintptr_t>(dev);
+    c->req_dev = dev;
     c->done_dev = c->req_dev + 64;
     c->timeouts_dev = c->req_dev + 128;
     std::thread(poll_kernel_channel, c).detach();
