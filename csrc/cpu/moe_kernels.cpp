@@ -868,6 +868,41 @@ inline __attribute__((always_inline)) void fma_quad(__m512 (&acc)[S][MR][NB], co
   }
 }
 
+// The S accumulator chains per (row, block) of the 4-bit decode tiles and their fp32 totals:
+// all start at zero; after each scale group, take_chains sums a (row, block)'s chains and restarts
+// them; store_totals writes the tile (ld 32).
+template <int MR, int NB, int S>
+inline __attribute__((always_inline)) void zero_chains(__m512 (&acc)[S][MR][NB], __m512 (&tot)[MR][NB]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
+    }
+}
+
+template <int MR, int NB, int S>
+inline __attribute__((always_inline)) __m512 take_chains(__m512 (&acc)[S][MR][NB], int r, int j) {
+  __m512 sum = acc[0][r][j];
+  acc[0][r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int i = 1; i < S; ++i) {
+    sum = _mm512_add_ps(sum, acc[i][r][j]);
+    acc[i][r][j] = _mm512_setzero_ps();
+  }
+  return sum;
+}
+
+template <int MR, int NB>
+inline __attribute__((always_inline)) void store_totals(const __m512 (&tot)[MR][NB], float* c) {
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+}
+
 // C[r][j*16 + n] (ld 32) = sum_groups scale_j[g][n] * sum_{k in g} A_r[k] * (u_j[n][k] - z_j[g][n])
 // The code u becomes the bf16 128 + u with one OR (exact: bf16 steps by 1 in [128, 256)); the bf16
 // dot then gives sum A (128 + u), and each group subtracts (128 + z) * sum A in fp32 before its
@@ -878,14 +913,7 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
                         const uint16_t* const* scale, const uint8_t* const* zero, bool fp16, const float* xsum) {
   constexpr int S = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) {
-      tot[r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
-    }
+  zero_chains<MR, NB, S>(acc, tot);
   const __m512i mask = _mm512_set1_epi16(0x0F);
   const __m512i magic = _mm512_set1_epi16(0x4300);  // bf16 128.0
   const int ngroups = kp / group, gq = group / 4;
@@ -914,22 +942,12 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
                               : _mm512_set1_ps(136.0f);  // 128 + z
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        __m512 sum = acc[0][r][j];
-        acc[0][r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int i = 1; i < S; ++i) {
-          sum = _mm512_add_ps(sum, acc[i][r][j]);
-          acc[i][r][j] = _mm512_setzero_ps();
-        }
-        sum = _mm512_fnmadd_ps(off, _mm512_set1_ps(xsum[r * ngroups + s]), sum);
+        const __m512 sum = _mm512_fnmadd_ps(off, _mm512_set1_ps(xsum[r * ngroups + s]), take_chains<MR, NB, S>(acc, r, j));
         tot[r][j] = _mm512_fmadd_ps(sum, sv, tot[r][j]);
       }
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+  store_totals<MR, NB>(tot, c);
 }
 
 template <int NB, bool ASYM>
@@ -1245,14 +1263,7 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
   constexpr int GQ = NV ? 4 : 8;  // quads per scale group
   constexpr int S = MR == 1 ? (NV ? 2 : 4) : (MR <= 2 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) {
-      tot[r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
-    }
+  zero_chains<MR, NB, S>(acc, tot);
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
   const __m512i mask = _mm512_set1_epi16(0x0F);
   const int ngroups = kp / (4 * GQ);
@@ -1277,22 +1288,10 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
     for (int j = 0; j < NB; ++j) {
       const __m512 sv = NV ? fp8x16_to_f32(sc[j] + g * 16) : e8m0x16_to_f32(sc[j] + g * 16);
 #pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        __m512 sum = acc[0][r][j];
-        acc[0][r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int i = 1; i < S; ++i) {
-          sum = _mm512_add_ps(sum, acc[i][r][j]);
-          acc[i][r][j] = _mm512_setzero_ps();
-        }
-        tot[r][j] = _mm512_fmadd_ps(sum, sv, tot[r][j]);
-      }
+      for (int r = 0; r < MR; ++r) tot[r][j] = _mm512_fmadd_ps(take_chains<MR, NB, S>(acc, r, j), sv, tot[r][j]);
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+  store_totals<MR, NB>(tot, c);
 }
 
 template <int NB, bool NV>
