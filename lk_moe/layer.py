@@ -105,6 +105,15 @@ class MoELayer:
         return cls.FORMATS[format], cls._OPTIONAL.get(format, ())
 
     @classmethod
+    def _optional_tensors(cls, format: str, tensors: dict) -> list:
+        """The format's optional tensors in binding order (None where absent), type-checked."""
+        opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
+        for n, t in zip(cls._OPTIONAL[format], opt):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        return opt
+
+    @classmethod
     def from_checkpoint(cls, format: str, tensors: dict, *, activation: str | None = None, pool=None,
                         block_size=None, hidden_size: int | None = None, intermediate_size: int | None = None,
                         interleaved: bool | None = None, swiglu_alpha: float = 1.702,
@@ -137,10 +146,7 @@ class MoELayer:
         self = cls.__new__(cls)
         self._pool = pool if pool is not None else default_pool()
         if format == "mxfp4":
-            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
-            for n, t in zip(cls._OPTIONAL[format], opt):
-                if t is not None and not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            opt = cls._optional_tensors(format, tensors)
             if interleaved is None:
                 interleaved = activation == "swigluoai"
             self._impl = _C.Layer.mxfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
@@ -150,18 +156,12 @@ class MoELayer:
                                         swiglu_limit=float(swiglu_limit))
             names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "nvfp4":
-            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
-            for n, t in zip(cls._OPTIONAL[format], opt):
-                if t is not None and not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            opt = cls._optional_tensors(format, tensors)
             self._impl = _C.Layer.nvfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
             names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "wna16_int4":
             _check_g_idx(tensors)
-            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
-            for n, t in zip(cls._OPTIONAL[format], opt):
-                if t is not None and not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            opt = cls._optional_tensors(format, tensors)
             self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
             names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "fp8_block":
