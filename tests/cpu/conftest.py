@@ -1,3 +1,6 @@
+import contextlib
+import logging
+
 import pytest
 import torch
 
@@ -69,3 +72,24 @@ def with_changes(tensors: dict, **changes) -> dict:
         else:
             t[k] = v
     return t
+
+
+@contextlib.contextmanager
+def lvllm_log_records():
+    """Collect (level, message) of what lvllm logs at INFO and above inside the block. vLLM's logging
+    config (if vLLM was imported) stops propagation at "vllm": listen on lvllm's own logger."""
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+
+    log = logging.getLogger("vllm.lvllm")
+    handler, old_level = Keep(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield seen
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
