@@ -19,7 +19,33 @@ if [ ! -d /root/site/vllm ]; then
   bash .payload/install.sh > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
   tail -1 "$out/install.log"
 fi
-source tools/setup_env.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+# LVLLM_DEVICE_WHEEL=1: build the release wheel here (Python 3.12), install it outside the source
+# tree and run the command from a copy of tests/, benchmarks/ and commands/ in /root/wheel-run, so
+# vLLM loads the plugin through the wheel's own entry point (issue: release). Falls back to the
+# in-place build if the wheel cannot be built.
+in_place=1
+if [ "${LVLLM_DEVICE_WHEEL:-0}" = "1" ]; then
+  if [ ! -d /root/lvllm-wheel/lvllm ]; then
+    mkdir -p "$out/wheel"
+    if PYTHONPATH=/root/site python3 -m pip wheel . --no-build-isolation --no-deps -w "$out/wheel" > "$out/wheel.log" 2>&1 \
+        && python3 -m pip install -q --no-deps --target /root/lvllm-wheel "$out"/wheel/lvllm-*.whl >> "$out/wheel.log" 2>&1; then
+      echo "[device] built and installed $(basename "$out"/wheel/lvllm-*.whl) ($(du -h "$out"/wheel/lvllm-*.whl | cut -f1))"
+    else
+      tail -20 "$out/wheel.log"; echo "[device] wheel build failed: falling back to the in-place build"
+      rm -rf /root/lvllm-wheel
+    fi
+  fi
+  if [ -d /root/lvllm-wheel/lvllm ]; then
+    rm -rf /root/wheel-run && mkdir -p /root/wheel-run && cp -r tests benchmarks commands tools /root/wheel-run/
+    cd /root/wheel-run || exit 1
+    export PYTHONPATH=/root/lvllm-wheel:/root/site
+    python3 -c "import lk_moe, lvllm; print('[device] from the wheel:', lk_moe.__file__, lvllm.__version__)"
+    in_place=0
+  fi
+fi
+if [ $in_place = 1 ]; then
+  source tools/setup_env.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+fi
 set +e
 "$@" 2>&1 | tee -a "$out/session.log"
 rc=${PIPESTATUS[0]}
