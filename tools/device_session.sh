@@ -12,6 +12,8 @@
 #      its own --basetemp and `timeout`; then `-k tensor_parallel` (both GPUs)
 #   3. bash tools/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
 set -uo pipefail
+# Commands can size their inner `timeout`s from the run's end: $((LVLLM_DEVICE_DEADLINE - $(date +%s)))
+export LVLLM_DEVICE_DEADLINE=$(( $(date +%s) + ${LVLLM_DEVICE_LIMIT:-570} ))
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 LVLLM_USE_SYSTEM_PYTHON=1
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}"
 out="${OUT:-/tmp/lvllm-out}"; mkdir -p "$out"
