@@ -10,11 +10,14 @@ Three paths, chosen per call:
 3. Resident (resident=True): the experts are unpacked on the GPU once and stay there.
 
 Formats with a GPU path (`lk_moe.gpu_dequant.GPU_FORMATS`): bf16 (the packed bf16 blocks travel and
-are permuted into plain matrices) and the byte formats fp8_block, fp8_channel, int8_channel: their
+are permuted into plain matrices); the byte formats fp8_block, fp8_channel, int8_channel: their
 one-byte codes and fp32 scales travel as the engine keeps them (about half the bytes of bf16), are
 dequantized on the GPU to bf16 (code x scale rounded to bf16 once: the fallback kernel of
-lk_moe.gpu_dequant, or its torch twin) and computed by the same bf16 GEMMs. wna16_int4, mxfp4 and
-nvfp4 layers have the CPU path only.
+lk_moe.gpu_dequant, or its torch twin) and computed by the same bf16 GEMMs; and the 4-bit formats
+wna16_int4, mxfp4, nvfp4: their 4-bit codes, scales (int4 zero points, mxfp4 biases, nvfp4 global
+scales) travel as the engine keeps them (about a quarter of the bytes of bf16) and are dequantized to
+bf16 on the GPU by plain torch ops (lk_moe.gpu_dequant.dequant4_blocks); mxfp4 layers keep their
+biases and activation (swigluoai) on the GPU too.
 
 The streamed path syncs once per forward (the per-expert token counts) and is meant for eager
 prefill; decode and captured graphs use the CPU path.
@@ -31,21 +34,40 @@ import torch.nn.functional as F
 from . import gpu_dequant
 from .cpu_path import CpuExpertPath, PinnedIO
 from .gpu_experts import RoutedBatch, experts_forward
-from .gpu_layout import unpack_w13, unpack_w2
+from .gpu_layout import rows_w13, rows_w2, unpack_w13, unpack_w2
 from .layer import MoELayer
 
 logger = logging.getLogger(__name__)
 
 
+# The parts of a 4-bit layer's slice (Layer.quant4_slices), in transfer order; a layer has zero
+# points (int4) or biases (mxfp4) in every slice or in none.
+QUANT4_PARTS = ("w13", "s13", "z13", "b13", "w2", "s2", "z2", "b2")
+
+
+def quant4_parts(layer: MoELayer) -> tuple:
+    """The QUANT4_PARTS a 4-bit layer has."""
+    first = layer._impl.quant4_slices()[0]
+    return tuple(k for k in QUANT4_PARTS if k in first)
+
+
 def gpu_sources(layer: MoELayer) -> list:
     """Per NUMA slice, the host tensors one expert's GPU copy is made of, in transfer order, each
     with the expert as dim 0: bf16 (w13, w2) packed blocks; byte formats (w13 codes, w13 scales,
-    w2 codes, w2 scales). ValueError for a format without a GPU path."""
+    w2 codes, w2 scales); 4-bit formats the layer's `quant4_parts`, and for nvfp4 one more entry
+    after the slices: the per-expert global scales (w13 [E, 2], w2 [E]). ValueError for a format
+    without a GPU path."""
     fmt = layer.format
     if fmt == "bf16":
         return [tuple(s[:2]) for s in layer._impl.packed_slices()]
     if fmt in gpu_dequant.BYTE_FORMATS:
         return [tuple(s[:4]) for s in layer._impl.quant_slices()]
+    if fmt in gpu_dequant.FOUR_BIT_FORMATS:
+        parts = quant4_parts(layer)
+        sources = [tuple(d[k] for k in parts) for d in layer._impl.quant4_slices()]
+        if fmt == "nvfp4":
+            sources.append(tuple(layer._impl.global_scales()))
+        return sources
     raise ValueError(f"GPU streaming and GPU-resident layers take {', '.join(gpu_dequant.GPU_FORMATS)} experts; "
                      f"this layer is {fmt} (use the CPU path: gpu_min_batch=0, resident=False)")
 
@@ -56,7 +78,8 @@ def _bytes_per_expert(t: torch.Tensor) -> int:
 
 def streamed_expert_bytes(layer: MoELayer) -> int:
     """Bytes one expert of `layer` takes over PCIe (and in a staging slot) on the streamed GPU path:
-    the engine's packed, block-padded copy (byte formats: codes + fp32 scales)."""
+    the engine's packed, block-padded copy (byte formats: codes + fp32 scales; 4-bit formats: codes,
+    scales, zero points or biases, nvfp4 global scales)."""
     return sum(_bytes_per_expert(t) for srcs in gpu_sources(layer) for t in srcs)
 
 
@@ -78,8 +101,12 @@ class GpuCopyLayout:
     any device (the CPU tests run it with CPU buffers and the torch twin of the dequant kernel).
 
     A chunk of n experts in a staging buffer: per NUMA slice, each source of `gpu_sources` (bf16: w13,
-    w2; byte formats: w13 codes, w13 scales, w2 codes, w2 scales) for the chunk's experts in order,
-    n * expert_bytes in all. Every piece is a multiple of 4 bytes, so each lies 4-byte aligned."""
+    w2; byte formats: w13 codes, w13 scales, w2 codes, w2 scales; 4-bit formats: `quant4_parts`, then
+    the nvfp4 global scales) for the chunk's experts in order, n * expert_bytes in all. Every piece is
+    a multiple of 4 bytes, so each lies 4-byte aligned.
+
+    dequant_impl (byte formats): "kernel", "torch" or "auto" (lk_moe.gpu_dequant.dequantize); the 4-bit
+    formats are dequantized by plain torch ops ("torch"; "kernel" is refused)."""
 
     def __init__(self, layer: MoELayer, dequant_impl: str = "torch"):
         self.format = layer.format
@@ -88,7 +115,13 @@ class GpuCopyLayout:
         self.codes, self.seg = layer._impl.byte_codes or (None, 0)
         if dequant_impl not in gpu_dequant.IMPLS:
             raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {dequant_impl!r}")
-        self.dequant_impl = dequant_impl if self.codes is not None else None
+        self.four_bit = self.format in gpu_dequant.FOUR_BIT_FORMATS
+        self.parts = quant4_parts(layer) if self.four_bit else ()
+        self.num_slices = layer.num_slices
+        if self.four_bit and dequant_impl == "kernel":
+            raise ValueError(f"{self.format} experts have no dequantization kernel: they are dequantized by torch "
+                             "ops on the GPU (dequant='auto' or 'torch')")
+        self.dequant_impl = "torch" if self.four_bit else dequant_impl if self.codes is not None else None
         for srcs in self.sources:
             for t in srcs:
                 if _bytes_per_expert(t) % 4:
@@ -132,13 +165,27 @@ class GpuCopyLayout:
     def unpack(self, per_slice):
         """Per NUMA slice, one chunk's tensors (shaped like `gpu_sources`, n experts, on one device) ->
         plain bf16 w13 [n, 2*kp2, kp1], w2 [n, h_pad, kp2]. Byte formats: each weight code x scale
-        rounded to bf16 once (lk_moe.gpu_dequant)."""
+        rounded to bf16 once (lk_moe.gpu_dequant); 4-bit formats: see gpu_dequant.dequant4_blocks."""
+        if self.four_bit:
+            slices = [dict(zip(self.parts, v)) for v in per_slice[:self.num_slices]]
+            g13, g2 = per_slice[self.num_slices] if self.format == "nvfp4" else (None, None)
+            return (gpu_dequant.dequant4_w13(self.format, [(p["w13"], p["s13"], p.get("z13")) for p in slices], g13),
+                    gpu_dequant.dequant4_w2(self.format, [(p["w2"], p["s2"], p.get("z2")) for p in slices], g2))
         if self.codes is None:
             return unpack_w13([v[0] for v in per_slice]), unpack_w2([v[1] for v in per_slice])
         return (gpu_dequant.dequant_w13([(v[0], v[1]) for v in per_slice], self.kp1, self.seg, self.codes,
                                         self.dequant_impl),
                 gpu_dequant.dequant_w2([(v[2], v[3]) for v in per_slice], self.kp2, self.seg, self.codes,
                                        self.dequant_impl))
+
+    def biases(self, per_slice):
+        """mxfp4 layers with biases: (b13 [n, 2*kp2] gate then up, b2 [n, h_pad]) bf16 from one chunk's
+        tensors (as for `unpack`); None for layers without biases."""
+        if "b13" not in self.parts:
+            return None
+        slices = [dict(zip(self.parts, v)) for v in per_slice[:self.num_slices]]
+        return (rows_w13([p["b13"].unsqueeze(-1) for p in slices]).squeeze(-1),
+                rows_w2([p["b2"].unsqueeze(-1) for p in slices]).squeeze(-1))
 
     def unpack_slot(self, buf: torch.Tensor, n: int):
         return self.unpack(self.slot_views(buf, n))
@@ -199,7 +246,8 @@ class HybridMoE:
         io: the CPU path's pinned buffers, shared by the layers of one model (made if omitted).
         dequant (byte formats): "auto" (the CUDA fallback kernel where it runs on this GPU, else its
         torch twin, with a warning), "kernel" or "torch" (forced). Both give the same bf16 bits.
-        force_fallback: the byte formats' path choice (default LK_FORCE_GPU_FALLBACK), see
+        4-bit formats: "auto" or "torch" (plain torch ops on the GPU; they have no kernel).
+        force_fallback: the quantized formats' path choice (default LK_FORCE_GPU_FALLBACK), see
         lk_moe.gpu_dequant.gpu_path; the fallback is the only GPU path for them today."""
         if not torch.cuda.is_available():
             raise RuntimeError("HybridMoE needs a CUDA device; use lk_moe.MoELayer for CPU-only work")
@@ -223,15 +271,23 @@ class HybridMoE:
             self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback)
             if self.gpu_path == "native":  # not reachable today: gpu_dequant.NATIVE_KERNELS is empty
                 raise NotImplementedError(f"a native GPU kernel for {self.format} is listed but not wired")
-            impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"
+            if self.format in gpu_dequant.FOUR_BIT_FORMATS:  # torch ops; GpuCopyLayout refuses "kernel"
+                impl = "torch" if dequant == "auto" else dequant
+            else:
+                impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"
             self.copy_layout = GpuCopyLayout(self.layer, impl)
+        # The engine's activation (mxfp4 may be swigluoai), applied by the GPU paths too.
+        self.activation = self.layer.activation
+        self.swiglu = tuple(self.layer._impl.swiglu)
         self.dequant_impl = self.copy_layout.dequant_impl if self.copy_layout else None
         self.expert_bytes = self.copy_layout.expert_bytes if self.copy_layout else 0
         self.resident = resident
-        self._resident_w = None
+        self._resident_w = self._resident_b = None
         self.streamer = streamer
         if resident:
-            self._resident_w = self.copy_layout.unpack([[t.cuda() for t in srcs] for srcs in self.copy_layout.sources])
+            on_gpu = [[t.cuda() for t in srcs] for srcs in self.copy_layout.sources]
+            self._resident_w = self.copy_layout.unpack(on_gpu)
+            self._resident_b = self.copy_layout.biases(on_gpu)
         elif gpu_min_batch > 0:
             # Page-lock the engine's own copy in place (fast async H2D, no second host copy);
             # unregistered when the layer is freed.
@@ -285,7 +341,8 @@ class HybridMoE:
         x_pad = F.pad(x, (0, self.kp1 - self.hidden)) if self.kp1 != self.hidden else x
         acc = torch.zeros(M, self.h_pad, dtype=torch.float32, device=x.device)
         if self._resident_w is not None:
-            experts_forward(x_pad, batch, self._resident_w[0], self._resident_w[1], 0, acc)
+            experts_forward(x_pad, batch, self._resident_w[0], self._resident_w[1], 0, acc,
+                            biases=self._resident_b, activation=self.activation, swiglu=self.swiglu)
         else:
             self._streamed(x_pad, batch, acc)
         return acc[:, :self.hidden].to(self.dtype)
@@ -325,11 +382,13 @@ class HybridMoE:
         for i in range(len(todo)):
             chunk, slot = todo[i]
             buf = st.consume(slot)
-            u13, u2 = self.copy_layout.unpack_slot(buf, len(chunk))
+            views = self.copy_layout.slot_views(buf, len(chunk))
+            u13, u2 = self.copy_layout.unpack(views)
+            act = dict(biases=self.copy_layout.biases(views), activation=self.activation, swiglu=self.swiglu)
             if chunk == list(range(chunk[0], chunk[0] + len(chunk))):
-                experts_forward(x_pad, batch, u13, u2, chunk[0], acc)
+                experts_forward(x_pad, batch, u13, u2, chunk[0], acc, **act)
             else:
-                experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk)
+                experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk, **act)
             st.release(slot)
             # The slot just released is the next one the ring hands out: refill it.
             if pos < len(todo):

@@ -112,7 +112,7 @@ class HybridMoEMixin:
         streamer = None
         if gpu_min > 0:
             # Bytes of one expert as it travels: the engine's packed (block-padded) copy; byte
-            # formats: one-byte codes + fp32 scales.
+            # formats: one-byte codes + fp32 scales; 4-bit formats: 4-bit codes + their scales.
             expert_bytes = streamed_expert_bytes(engine_layer)
             streamer = rt.staging_for(expert_bytes, engine_layer.num_experts)
         self._lk_hybrid = HybridMoE(None, None, layer=engine_layer, max_tokens=max_tokens, top_k=top_k,

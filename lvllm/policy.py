@@ -148,12 +148,15 @@ def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig) -> LayerP
 
 # Engine formats whose routed experts can be streamed to the GPU for prefill (lk_moe's
 # gpu_dequant.GPU_FORMATS, kept here as a literal: this module must not import torch). The byte
-# formats travel as one-byte codes + fp32 scales and are dequantized to bf16 on the GPU.
-GPU_PREFILL_FORMATS = ("bf16", "fp8_block", "fp8_channel", "int8_channel")
+# formats travel as one-byte codes + fp32 scales, the 4-bit formats as the engine's 4-bit blocks
+# (+ scales, zero points, biases); both are dequantized to bf16 on the GPU. Every engine format has
+# a GPU path today.
+GPU_PREFILL_FORMATS = ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4")
 
 
 def gpu_prefill_min_batch(fmt: Optional[str], cfg: LvllmConfig) -> int:
     """LVLLM_GPU_PREFILL_MIN_BATCH_SIZE for a hybrid layer of engine format `fmt`: 0 (prefill on the
-    CPU) for formats without a GPU path (wna16_int4, mxfp4, nvfp4). lvllm.runtime logs that once per
-    model and format (`WorkerRuntime.note_planned`): the model still runs, with CPU prefill there."""
+    CPU) for a format without a GPU path (none of the engine's formats today). lvllm.runtime would
+    log that once per model and format (`WorkerRuntime.note_planned`): the model still runs, with
+    CPU prefill there."""
     return cfg.gpu_prefill_min_batch if fmt in GPU_PREFILL_FORMATS else 0

@@ -15,7 +15,7 @@ from lk_moe import gpu_dequant
 from lk_moe.config import ConfigError, force_gpu_fallback, from_env
 from lk_moe.gpu_experts import RoutedBatch, experts_forward
 from lk_moe.gpu_layout import unpack_w13, unpack_w2
-from lk_moe.hybrid import GpuCopyLayout, gpu_sources, streamed_expert_bytes
+from lk_moe.hybrid import GpuCopyLayout, streamed_expert_bytes
 from lk_moe.reference import random_routing
 
 from .conftest import assert_matches_reference, make_experts
@@ -26,7 +26,7 @@ from .test_fp8_block import make_fp8_experts
 BYTE_FORMATS = ("fp8_block", "fp8_channel", "int8_channel")
 
 
-def assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w):
+def assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w, **act):
     """Budget of the fallback path (weights bf16(code x scale), then a bf16 layer's roundings) against
     the fp32 reference on the fp32 dequantized checkpoint weights d13, d2. Two terms of the same size:
     a bf16 layer's roundings (bounded per element by assert_matches_reference with u = 2^-8, relative
@@ -34,9 +34,10 @@ def assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w):
     random signs; adds ~0.003 relative RMS in quadrature). Budget: twice the bf16-layer bound per
     element and relative RMS <= 2 * 2^-8. Measured on the CPU (E=16, H=2048, I=768, K=8, M=1024):
     relative RMS 0.0037, worst element 0.08 of this bound, for all three byte formats.
-    The exact check is against the bf16-rounded weights (assert_matches_reference on d.bfloat16())."""
+    The exact check is against the bf16-rounded weights (assert_matches_reference on d.bfloat16()).
+    act: moe_reference's activation / bias arguments (mxfp4)."""
     from lk_moe.reference import moe_reference
-    ref, mag = moe_reference(x, d13, d2, ids, w, return_magnitude=True)
+    ref, mag = moe_reference(x, d13, d2, ids, w, return_magnitude=True, **act)
     assert out.shape == ref.shape
     err = (out.float() - ref).abs()
     u = 2.0 ** -8
@@ -187,19 +188,19 @@ def test_expert_bytes(fmt):
         assert abs(layer.nbytes / E - want) < 4 * 4096 / E
 
 
-def test_formats_without_a_gpu_path_are_refused_clearly():
+def test_views_of_other_formats_are_refused_clearly():
+    """quant_slices() serves the byte formats only, and names the view the layer's format has (the 4-bit
+    formats' own views are tested in test_gpu_4bit_layout)."""
     from .test_wna16 import make_int4_experts
     tensors = make_int4_experts(2, 256, 128, 32, False)[0]
     layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors)
-    with pytest.raises(ValueError, match="take bf16, fp8_block, fp8_channel, int8_channel experts; this layer is "
-                                         "wna16_int4 .*gpu_min_batch=0"):
-        gpu_sources(layer)
     with pytest.raises(ValueError, match="quant_slices\\(\\) is for byte-weight layers.*wna16_int4"):
         layer._impl.quant_slices()
     assert layer._impl.byte_codes is None
     bf16 = lk_moe.MoELayer(*make_experts(2, 256, 128))
     with pytest.raises(ValueError, match="bf16 \\(use packed_slices\\)"):
         bf16._impl.quant_slices()
+    assert gpu_dequant.gpu_path("fp6_someday", capability=(9, 0))[0] == "cpu"  # a format lk_moe does not know
 
 
 @pytest.mark.parametrize("fmt", BYTE_FORMATS)
@@ -268,10 +269,8 @@ def test_gpu_path_today_every_byte_format_takes_the_fallback():
             assert path == "fallback" and "no native GPU kernel" in why, why
         path, why = gpu_dequant.gpu_path(fmt, capability=(9, 0), force_fallback=True)
         assert path == "fallback" and "LK_FORCE_GPU_FALLBACK=1" in why
-    for fmt in ("wna16_int4", "mxfp4", "nvfp4"):
-        path, why = gpu_dequant.gpu_path(fmt, capability=(9, 0), force_fallback=False)
-        assert path == "cpu" and fmt in why
-    assert gpu_dequant.GPU_FORMATS == ("bf16",) + BYTE_FORMATS
+    # the 4-bit formats: test_gpu_4bit_layout.test_gpu_path_of_the_4bit_formats
+    assert gpu_dequant.GPU_FORMATS == ("bf16",) + BYTE_FORMATS + ("wna16_int4", "mxfp4", "nvfp4")
 
 
 def test_gpu_path_with_a_native_kernel_listed(monkeypatch):

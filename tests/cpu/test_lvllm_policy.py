@@ -125,17 +125,17 @@ def test_unsupported_features_stop_with_the_layer_named(over, words):
 
 
 def test_gpu_prefill_per_format():
-    """Byte formats stream to the GPU for prefill (dequantized there); int4/fp4 keep CPU prefill (the
-    runtime warns once per format, see test_lvllm_progress), never a load failure."""
+    """Every engine format streams to the GPU for prefill (bf16 as is, the byte and 4-bit formats
+    dequantized there); a format without a GPU path would keep CPU prefill (the runtime warns once per
+    format, see test_lvllm_progress), never a load failure."""
     from lvllm.policy import GPU_PREFILL_FORMATS, gpu_prefill_min_batch
     cfg = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "1024"})
     m = method("Fp8MoEMethod", block_quant=True, weight_block_size=[128, 128])
     p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), cfg)
     assert p.format == "fp8_block" and gpu_prefill_min_batch(p.format, cfg) == 1024
-    for fmt in ("bf16", "fp8_block", "fp8_channel", "int8_channel"):
+    for fmt in ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"):
         assert gpu_prefill_min_batch(fmt, cfg) == 1024
-    for fmt in ("wna16_int4", "mxfp4", "nvfp4"):
-        assert gpu_prefill_min_batch(fmt, cfg) == 0
+    assert gpu_prefill_min_batch("fp6_someday", cfg) == 0
     p = plan_for("model.layers.3.mlp.experts", method("ModelOptNvFp4FusedMoE"), LAYER, moe_config(), cfg)
     assert p.format == "nvfp4" and p.kind == "hybrid"
     assert gpu_prefill_min_batch("fp8_block", ON) == ON.gpu_prefill_min_batch

@@ -40,7 +40,8 @@ def test_runtime_counts_planned_layers_and_logs_the_last():
 
 
 def test_runtime_warns_once_per_format_that_keeps_cpu_prefill():
-    """GPU prefill on, int4/fp4 layers: one warning per model and format, named; byte formats stream."""
+    """GPU prefill on: every engine format streams (int4/fp4 too), no warning; a format without a GPU
+    path (made-up names here: the engine has none today) gets one warning per model and format."""
     import logging
 
     from lvllm.config import from_env
@@ -49,14 +50,19 @@ def test_runtime_warns_once_per_format_that_keeps_cpu_prefill():
 
     with lvllm_log_records() as seen:
         rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "2048"}))
-        for i, fmt in enumerate(["wna16_int4", "fp8_block", "wna16_int4", "int8_channel", "nvfp4", "wna16_int4"]):
+        for i, fmt in enumerate(["wna16_int4", "fp8_block", "mxfp4", "int8_channel", "nvfp4", "bf16"]):
             rt.note_planned(LayerPlan(f"model.layers.{i}.mlp.experts", i, "hybrid", fmt))
+    assert not [m for lvl, m in seen if lvl == logging.WARNING] and rt.cpu_prefill_formats == []
+    assert "CPU prefill for" not in rt.summary()
+    with lvllm_log_records() as seen:
+        for i, fmt in enumerate(["fp6_someday", "fp8_block", "fp6_someday", "int3_someday"]):
+            rt.note_planned(LayerPlan(f"model.layers.{i + 6}.mlp.experts", i + 6, "hybrid", fmt))
         off = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1"}))
-        off.note_planned(LayerPlan("model.layers.0.mlp.experts", 0, "hybrid", "mxfp4"))
+        off.note_planned(LayerPlan("model.layers.0.mlp.experts", 0, "hybrid", "fp6_someday"))
     warnings = [m for lvl, m in seen if lvl == logging.WARNING]
     assert len(warnings) == 2, warnings
-    assert "wna16_int4 experts have no GPU path" in warnings[0] and "stays on the CPU" in warnings[0]
+    assert "fp6_someday experts have no GPU path" in warnings[0] and "stays on the CPU" in warnings[0]
     assert "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=2048" in warnings[0]
-    assert "nvfp4 experts have no GPU path" in warnings[1]
-    assert rt.cpu_prefill_formats == ["wna16_int4", "nvfp4"] and off.cpu_prefill_formats == []
-    assert "(CPU prefill for wna16_int4, nvfp4 layers: no GPU path)" in rt.summary()
+    assert "int3_someday experts have no GPU path" in warnings[1]
+    assert rt.cpu_prefill_formats == ["fp6_someday", "int3_someday"] and off.cpu_prefill_formats == []
+    assert "(CPU prefill for fp6_someday, int3_someday layers: no GPU path)" in rt.summary()

@@ -45,10 +45,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_have_gpu_and_vllm()), re
 # First MoE layer of each tiny checkpoint (DeepSeek/GLM start with one dense layer).
 ARCHS = {"qwen3_moe": 0, "deepseek_v3": 1, "glm4_moe": 1, "mixtral": 0}
 # Quantized checkpoints (expert formats of the formats issue; the experts quantized, the rest bf16),
-# CPU prefill for now. Each also gets its bf16 twin (tiny_checkpoint.write_dequantized_twin).
+# CPU prefill. Each also gets its bf16 twin (tiny_checkpoint.write_dequantized_twin).
 QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4")]
-# Quantized checkpoints whose experts also stream to the GPU for prefill (FP8/INT8: the dequant fallback).
-QUANTIZED_GPU = [("qwen3_moe", "fp8")]
+# Quantized checkpoints whose experts also stream to the GPU for prefill (the dequant fallback: FP8
+# codes + scales, int4 and NVFP4 4-bit blocks + scales, dequantized to bf16 on the GPU).
+QUANTIZED_GPU = [("qwen3_moe", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4")]
 GPU_PREFILL = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128"}
 # Architectures whose checkpoints ship quantized experts (gpt-oss: MXFP4, biases, swigluoai).
 NATIVE = ["gpt_oss"]
@@ -229,12 +230,13 @@ def test_quantized_experts_match_switch_off(quantized_runs, arch, quant):
 
 @pytest.mark.parametrize("arch,quant", QUANTIZED_GPU)
 def test_quantized_gpu_prefill_matches_bf16_twin(quantized_runs, arch, quant):
-    """Prompts of >= 128 tokens stream the FP8 codes + scales to the GPU and dequantize there
-    (code x scale rounded to bf16 once, as the twin holds them): the bf16 criterion against the twin."""
+    """Prompts of >= 128 tokens stream the quantized experts (FP8 codes + scales, int4 / NVFP4 4-bit
+    blocks + scales) to the GPU and dequantize there (each weight rounded to bf16 once, as the twin holds
+    them): the bf16 criterion against the twin."""
     on = _get(quantized_runs, f"{arch}-{quant}-gpu")
     twin = _get(quantized_runs, f"{arch}-{quant}-twin-stock")
     assert "GPU prefill from 128 tokens" in on["log"], "the plugin did not plan GPU prefill"
-    assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], "FP8 layers did not stream"
+    assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
     _check(twin, on, f"{arch} {quant} GPU prefill vs bf16 twin")
 
 
