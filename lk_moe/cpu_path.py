@@ -13,6 +13,15 @@ host answers, and loads the output back. One graph node instead of five and no c
 wake-up, for one spinning block on one SM and one spinning host thread. A run that waits longer
 than `kernel_timeout_s` (10 s) gives up: NaN output, reported by `check_errors()`; a dead engine
 therefore cannot hang the GPU.
+
+signal="auto" (the default, LK_CPU_SIGNAL unset) takes the kernel for calls whose inputs fit
+`kernel_copy_max_bytes` (decode sizes, where the wake-up dominates) and the host-function node for
+bigger ones (prefill sizes on the CPU path: compute dominates, and a long CPU prefill never meets
+the kernel's timeout); hostfn for every call where the kernel cannot run (no lk_moe/_lk_cuda.so
+for this GPU). Measured on an H200 host, 16 cores, Qwen3-30B-A3B layer, M = 1, graph-captured,
+14 engine threads: overhead beyond the engine's compute 24.5 us (kernel), 36.5 us (mailbox),
+62.6 us (hostfn); vLLM decode 26.7 tok/s with the kernel vs 23.4 with hostfn
+(docs/results/2026-11-30_h200x2_session4.log).
 """
 from __future__ import annotations
 
@@ -65,16 +74,31 @@ def _kernel_fn():
     return fn
 
 
+def kernel_signal_unusable() -> str | None:
+    """Why the kernel signal cannot run on the current GPU, or None when it can."""
+    if not torch.cuda.is_available():
+        return "signal 'kernel' needs a CUDA device"
+    try:
+        _kernel_fn()
+    except RuntimeError as e:
+        return str(e)
+    if not gpu_dequant.kernel_usable():
+        return (f"signal 'kernel': lk_moe/_lk_cuda.so was built for {gpu_dequant.compiled_archs()}, "
+                f"which cannot run on this GPU (sm {torch.cuda.get_device_capability()})")
+    return None
+
+
 class CpuExpertPath:
-    SIGNALS = ("hostfn", "mailbox", "kernel")
+    SIGNALS = ("auto", "hostfn", "mailbox", "kernel")
 
     def __init__(self, layer: MoELayer, max_tokens: int, top_k: int, dtype=torch.bfloat16,
-                 signal: str = "hostfn", io: PinnedIO | None = None, kernel_timeout_s: float = 10.0,
+                 signal: str = "auto", io: PinnedIO | None = None, kernel_timeout_s: float = 10.0,
                  kernel_copy_max_bytes: int = 256 << 10):
         """signal: how the stream hands the call to the CPU. "hostfn": a host-function node
         (cudaLaunchHostFunc); "mailbox": stream memory operations on mapped pinned memory served
         by a polling thread; "kernel": one CUDA kernel per call that moves the data through mapped
-        memory and spins until a polling thread answers (both experimental, measured against hostfn).
+        memory and spins until a polling thread answers; "auto": the kernel for calls whose inputs
+        fit kernel_copy_max_bytes, hostfn for bigger ones and wherever the kernel cannot run.
         io: pinned buffers shared with other layers that run on the same stream (made if omitted).
         kernel_timeout_s: (kernel) how long a call waits for the engine before giving up with NaN.
         kernel_copy_max_bytes: (kernel) calls whose inputs (x + ids + weights) exceed this move their
@@ -85,13 +109,13 @@ class CpuExpertPath:
         ok, why = _C.cuda_runtime_available()
         if not ok or not torch.cuda.is_available():
             raise RuntimeError(f"the CPU expert path needs a CUDA device ({why or 'torch sees no GPU'})")
-        if signal == "kernel":
-            _kernel_fn()
-            if not gpu_dequant.kernel_usable():
-                raise RuntimeError(f"signal 'kernel': lk_moe/_lk_cuda.so was built for {gpu_dequant.compiled_archs()}, "
-                                   f"which cannot run on this GPU (sm {torch.cuda.get_device_capability()})")
-            if not kernel_timeout_s > 0:
-                raise ValueError("kernel_timeout_s must be > 0")
+        # auto: whether small calls take the kernel (else why not, for the startup log)
+        self.kernel_unusable = kernel_signal_unusable() if signal in ("kernel", "auto") else None
+        if signal == "kernel" and self.kernel_unusable:
+            raise RuntimeError(self.kernel_unusable)
+        self._uses_kernel = signal == "kernel" or (signal == "auto" and self.kernel_unusable is None)
+        if self._uses_kernel and not kernel_timeout_s > 0:
+            raise ValueError("kernel_timeout_s must be > 0")
         self.kernel_timeout_ns = int(kernel_timeout_s * 1e9)
         self.kernel_copy_max_bytes = int(kernel_copy_max_bytes)
         self._kargs = {}  # tokens -> HostCall.kernel_args()
@@ -111,7 +135,7 @@ class CpuExpertPath:
         self._x, self._ids, self._w, self._out = io.x, io.ids, io.w, io.out
         self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
         self.counters = _C.HostCallCounters()  # shared by this path's calls, graph replays included
-        if signal == "kernel":
+        if self._uses_kernel:
             # Now, not at the first call (which may be inside a graph capture): the mapped channel page,
             # its poller thread and the device addresses of the pinned buffers (cached for every M).
             self._kargs[1] = self._call(1).kernel_args()
@@ -150,14 +174,14 @@ class CpuExpertPath:
             raise ValueError(f"topk_ids/topk_weights must be [M, {self.top_k}]")
         if not 1 <= M <= self.max_tokens:
             raise ValueError(f"M={M} is outside 1..max_tokens={self.max_tokens}")
-        if self.signal == "kernel":
+        if self.signal == "kernel" or (self._uses_kernel and self._fits_kernel(M)):
             return self._kernel_call(x, topk_ids, topk_weights, out, M)
         stream = torch.cuda.current_stream()
         self._x[:M].copy_(x, non_blocking=True)
         self._ids[:M].copy_(topk_ids, non_blocking=True)
         self._w[:M].copy_(topk_weights, non_blocking=True)
         call = self._call(M)
-        if self.signal == "hostfn":
+        if self.signal in ("hostfn", "auto"):
             call.enqueue(stream.cuda_stream)
         else:
             call.enqueue_mailbox(stream.cuda_stream)
@@ -165,6 +189,10 @@ class CpuExpertPath:
             out = torch.empty_like(x)
         out.copy_(self._out[:M], non_blocking=True)
         return out
+
+    def _fits_kernel(self, M: int) -> bool:
+        """Whether a call of M tokens moves its data inside the kernel (x + ids + weights bytes)."""
+        return M * (self.layer.hidden_size * self.io.x.element_size() + 2 * self.top_k * 4) <= self.kernel_copy_max_bytes
 
     def _kernel_call(self, x, topk_ids, topk_weights, out, M):
         """One lk_cpu_call_kernel launch on the current stream (graph-capturable)."""
@@ -193,7 +221,7 @@ class CpuExpertPath:
         x_bytes = x.numel() * x.element_size()
         k_bytes = M * self.top_k * 4
         stream = torch.cuda.current_stream(x.device)
-        small = x_bytes + 2 * k_bytes <= self.kernel_copy_max_bytes
+        small = self._fits_kernel(M)
         if small:  # everything through the kernel: zero-copy stores in, zero-copy loads out
             err = fn(req, done, timeouts, call_id, x.data_ptr(), x_h, x_bytes, topk_ids.data_ptr(), ids_h, k_bytes,
                      topk_weights.data_ptr(), w_h, k_bytes, out_h, result.data_ptr(), x_bytes,

@@ -237,7 +237,7 @@ class ExpertStreamer:
 class HybridMoE:
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor, *, max_tokens: int, top_k: int,
                  gpu_min_batch: int = 0, resident: bool = False, streamer: Optional[ExpertStreamer] = None,
-                 dtype=torch.bfloat16, pool=None, signal: str = "hostfn", layer: Optional[MoELayer] = None,
+                 dtype=torch.bfloat16, pool=None, signal: str = "auto", layer: Optional[MoELayer] = None,
                  io: Optional[PinnedIO] = None, dequant: str = "auto", force_fallback: Optional[bool] = None):
         """w13 [E, 2I, H], w2 [E, H, I] on the CPU (vLLM layouts), or an existing `layer` (any format;
         GPU paths for those in lk_moe.gpu_dequant.GPU_FORMATS).

@@ -55,6 +55,7 @@ class WorkerRuntime:
                                      allowed=list(self.threads.cpus))
         self.isa = lk_moe.isa()
         self.cpu_signal = eng.cpu_signal
+        self._kernel_unusable = None  # auto signal: why small calls cannot take the kernel (from the layers)
         self._io = {}
         self.streamer = None
         self.hybrid_layers: List[int] = []
@@ -124,6 +125,15 @@ class WorkerRuntime:
             self.stats.add_layer(plan.layer_index, hybrid)
         self.host_bytes += hybrid.layer.nbytes
         self.gpu_bytes_saved += hybrid.layer.expert_bytes
+        cpu_path = getattr(hybrid, "cpu_path", None)  # (a CPU-only load has none)
+        self._kernel_unusable = getattr(cpu_path, "kernel_unusable", None)
+
+    def signal_text(self) -> str:
+        if self.cpu_signal != "auto":
+            return f"{self.cpu_signal} signal"
+        if self._kernel_unusable:
+            return f"hostfn signal (auto: {self._kernel_unusable})"
+        return "auto signal (kernel for decode-sized calls, hostfn for bigger ones)"
 
     def add_resident(self, plan) -> None:
         if plan.layer_index is not None:
@@ -135,7 +145,7 @@ class WorkerRuntime:
         gib = 1 << 30
         return (f"lk_moe: hybrid MoE layers [{_ranges(self.hybrid_layers)}], GPU-resident [{_ranges(self.resident_layers)}]; "
                 f"rank {self.local_rank}/{self.local_world}: {self.threads.threads} engine threads on CPUs "
-                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}, {self.cpu_signal} signal; "
+                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}, {self.signal_text()}; "
                 f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
                 f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
                 + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch

@@ -40,6 +40,20 @@ def test_eager(experts, M, signal):
     assert_matches_reference(out.cpu(), x, w13, w2, ids, w)
 
 
+def test_auto_signal_takes_the_kernel_for_decode_sizes_only(experts):
+    layer, w13, w2 = experts
+    path = CpuExpertPath(layer, max_tokens=256, top_k=K)  # default: auto
+    assert path.signal == "auto" and path.kernel_unusable is None  # the H200 runs the kernel
+    assert path._fits_kernel(1) and path._fits_kernel(7) and not path._fits_kernel(256)
+    for M in (1, 7, 256):  # 256 x 2048 bf16 = 1 MiB of x: hostfn
+        x, ids, w = _inputs(M, 50 + M)
+        out = path(x.cuda(), ids.cuda(), w.cuda())
+        assert_matches_reference(out.cpu(), x, w13, w2, ids, w)
+    assert 256 not in path._kargs and 7 in path._kargs  # only decode sizes went through the kernel
+    assert path.engine_totals()[0] == 3
+    path.check_errors()
+
+
 @pytest.mark.parametrize("signal", CpuExpertPath.SIGNALS)
 def test_graph_replay_with_changing_inputs(experts, signal):
     layer, w13, w2 = experts
