@@ -9,7 +9,9 @@
 #   1. ... timeout 480 python3 benchmarks/e2e_decode.py --modes hybrid --results $OUT/bench.json --log-dir $OUT --timeout 470
 #      (then --modes offload; stock: the issue's reference numbers exist)
 #   2. ... e2e bf16 suite on GPU 0 and the quantized suite on GPU 1 at once (nvidia-h200-x2), each with
-#      its own --basetemp and `timeout`; then `-k tensor_parallel` (both GPUs)
+#      its own --basetemp=/root/e2e-tmp/<suite>, `taskset` half of the cores and a `timeout`;
+#      then `-k tensor_parallel` (both GPUs). The 2026-11-30 fourth-session runs are quoted with their
+#      commands in docs/results/2026-11-30_h200x2_session4.log (7 runs + payload in 27 minutes).
 #   3. bash tools/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
 set -uo pipefail
 # Commands can size their inner `timeout`s from the run's end: $((LVLLM_DEVICE_DEADLINE - $(date +%s)))
@@ -48,13 +50,15 @@ fi
 if [ $in_place = 1 ]; then
   source tools/setup_env.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi
+mkdir -p /root/e2e-tmp  # parent of the e2e runs' --basetemp=/root/e2e-tmp/<suite>
 set +e
 "$@" 2>&1 | tee -a "$out/session.log"
 rc=${PIPESTATUS[0]}
 # vLLM run logs and results of the e2e tests (the checkpoints stay behind)
 if [ -d /root/e2e-tmp ]; then
   mkdir -p "$out/e2e"
-  find /root/e2e-tmp \( -name '*.log' -o -name '*.json' \) -size -8M | while read -r f; do
+  # <basetemp>/<test>/<tag>.json|log only (not the checkpoints' or compile caches' files below them)
+  find /root/e2e-tmp -mindepth 3 -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -size -8M | while read -r f; do
     cp "$f" "$out/e2e/$(basename "$(dirname "$f")")-$(basename "$f")"
   done
 fi
