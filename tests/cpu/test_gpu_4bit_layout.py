@@ -19,7 +19,7 @@ from lk_moe.hybrid import GpuCopyLayout, gpu_sources, quant4_parts, streamed_exp
 from lk_moe.reference import (dequantize_mxfp4, dequantize_nvfp4_experts, dequantize_wna16_int4,
                               random_routing)
 
-from .test_gpu_quant_layout import _pools, assert_close_to_dequantized_checkpoint
+from .test_gpu_quant_layout import _pools, assert_close_to_dequantized_checkpoint, assert_unpacked_equal_bf16
 from .test_mxfp4 import assert_matches_reference_act, make_mxfp4
 from .test_nvfp4 import make_nvfp4
 from .test_wna16 import make_int4_experts
@@ -120,15 +120,7 @@ def test_dequantized_views_equal_the_checkpoint_in_bf16(tmp_path, fmt, H, I, opt
         kp1, kp2, h_pad = layer._impl.padded_dims
         lay = GpuCopyLayout(layer, "torch")
         u13, u2 = lay.unpack(lay.sources)
-        assert u13.dtype == torch.bfloat16 and u13.shape == (E, 2 * kp2, kp1)
-        assert u2.dtype == torch.bfloat16 and u2.shape == (E, h_pad, kp2)
-        want13, want2 = d13.bfloat16(), d2.bfloat16()
-        assert torch.equal(_bits(u13[:, :I, :H]), _bits(want13[:, :I]))
-        assert torch.equal(_bits(u13[:, kp2:kp2 + I, :H]), _bits(want13[:, I:]))
-        assert torch.equal(_bits(u2[:, :H, :I]), _bits(want2))
-        assert u13[:, :, H:].abs().sum() == 0 and u13[:, I:kp2].abs().sum() == 0
-        assert u13[:, kp2 + I:].abs().sum() == 0
-        assert u2[:, H:].abs().sum() == 0 and u2[:, :, I:].abs().sum() == 0
+        assert_unpacked_equal_bf16(u13, u2, d13, d2, (E, H, I), (kp1, kp2, h_pad))
         b = lay.biases(lay.sources)
         if "w13_bias" in act:
             b13, b2 = b

@@ -126,24 +126,30 @@ def test_quant_slices_views(tmp_path, fmt, H, I):
                     assert torch.equal(s2[e, lb], ck)
 
 
+def assert_unpacked_equal_bf16(u13, u2, d13, d2, ehi, padded_dims):
+    """Plain matrices from the GPU layout ([E, 2*kp2, kp1] gate rows then up rows, [E, h_pad, kp2]) ==
+    bf16 of the fp32 dequantized checkpoint (d13 [E, 2I, H], d2 [E, H, I]) bit for bit; padding zero."""
+    (E, H, I), (kp1, kp2, h_pad) = ehi, padded_dims
+    assert u13.dtype == torch.bfloat16 and u13.shape == (E, 2 * kp2, kp1)
+    assert u2.dtype == torch.bfloat16 and u2.shape == (E, h_pad, kp2)
+    want13, want2 = d13.bfloat16(), d2.bfloat16()
+    assert torch.equal(u13[:, :I, :H].view(torch.int16), want13[:, :I].view(torch.int16))
+    assert torch.equal(u13[:, kp2:kp2 + I, :H].view(torch.int16), want13[:, I:].view(torch.int16))
+    assert torch.equal(u2[:, :H, :I].view(torch.int16), want2.view(torch.int16))
+    assert u13[:, :, H:].abs().sum() == 0 and u13[:, I:kp2].abs().sum() == 0
+    assert u13[:, kp2 + I:].abs().sum() == 0
+    assert u2[:, H:].abs().sum() == 0 and u2[:, :, I:].abs().sum() == 0
+
+
 @pytest.mark.parametrize("fmt,H,I", CASES)
 def test_dequantized_views_equal_the_checkpoint_in_bf16(tmp_path, fmt, H, I):
     """views -> torch twin of the kernel -> plain matrices == bf16(fp32 dequantized checkpoint), bit for bit."""
     E = 3
     for pool in _pools(tmp_path):
         layer, _, d13, d2 = make_layer(fmt, E, H, I, pool=pool, seed=H)
-        kp1, kp2, h_pad = layer._impl.padded_dims
         lay = GpuCopyLayout(layer, "torch")
         u13, u2 = lay.unpack(lay.sources)
-        assert u13.dtype == torch.bfloat16 and u13.shape == (E, 2 * kp2, kp1)
-        assert u2.dtype == torch.bfloat16 and u2.shape == (E, h_pad, kp2)
-        want13, want2 = d13.bfloat16(), d2.bfloat16()
-        assert torch.equal(u13[:, :I, :H].view(torch.int16), want13[:, :I].view(torch.int16))
-        assert torch.equal(u13[:, kp2:kp2 + I, :H].view(torch.int16), want13[:, I:].view(torch.int16))
-        assert torch.equal(u2[:, :H, :I].view(torch.int16), want2.view(torch.int16))
-        assert u13[:, :, H:].abs().sum() == 0 and u13[:, I:kp2].abs().sum() == 0
-        assert u13[:, kp2 + I:].abs().sum() == 0
-        assert u2[:, H:].abs().sum() == 0 and u2[:, :, I:].abs().sum() == 0
+        assert_unpacked_equal_bf16(u13, u2, d13, d2, (E, H, I), layer._impl.padded_dims)
 
 
 @pytest.mark.parametrize("fmt", BYTE_FORMATS)
