@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lvllm.tiny_checkpoint import make_checkpoint
-from tests.e2e.oracle import explain_flip, router_gaps
+from tests.e2e.oracle import explain_flip, router_gaps, swapped_margin
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")
 N_TOKENS = 64
@@ -145,3 +145,15 @@ def test_bad_flip_tokens(ckpts):
         explain_flip(ckpts["qwen3_moe"], [5, 6], 1, 10 ** 6)
     with pytest.raises(ValueError):
         explain_flip(ckpts["qwen3_moe"], [], 1, 2)
+
+
+def test_swapping_the_boundary_expert_moves_the_output(ckpts, results):
+    """The counterfactual: swapping one expert choice at the last token changes the last logits
+    (and only through the swap: the unswapped margin matches router_gaps' fp32 logprobs)."""
+    d, r = ckpts["qwen3_moe"], results["qwen3_moe"]
+    top, second = (int(x) for x in r.logprobs.topk(2).indices)
+    base = float(r.logprobs[top] - r.logprobs[second])
+    moved = [abs(swapped_margin(d, _ids(), top, second, layer) - base) for layer in r.layers]
+    assert max(moved) > 1e-3, moved
+    with pytest.raises(ValueError):
+        swapped_margin(d, _ids(), top, second, layer=99)

@@ -166,6 +166,42 @@ def router_gaps(model_dir: str, token_ids: Sequence[int], device: str = "cpu", n
                       {l: s.cpu() for l, s in scores.items()})
 
 
+def swapped_margin(model_dir: str, token_ids: Sequence[int], tok_a: int, tok_b: int, layer: int,
+                   device: str = "cpu") -> float:
+    """A counterfactual for a router near-tie: logprob(tok_a) - logprob(tok_b) at the last position
+    of an fp32 forward where, at the last token only, `layer`'s router takes the best unselected
+    expert instead of its weakest selected one (same routing weight). If this moves the margin
+    towards tok_b by about the observed spike, the near-tie explains the flip; if the output
+    barely moves, a near-tie at that layer is no explanation."""
+    from transformers import AutoModelForCausalLM
+    ids = _check_tokens(token_ids, _vocab(model_dir))
+    _check_tokens([tok_a, tok_b], _vocab(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    routers = {int(re.search(r"layers\.(\d+)\.", n).group(1)): m for n, m in model.named_modules()
+               if type(m).__name__ in ROUTER_CLASSES}
+    if layer not in routers:
+        raise ValueError(f"layer {layer} has no MoE router (MoE layers: {sorted(routers)})")
+
+    def swap(m, args, out):
+        logits, weights, idx = out
+        score = selection_scores(m, logits[-1].float())
+        chosen = idx[-1]
+        weakest = int(score[chosen].argmin())  # slot of the lowest-scoring selected expert
+        rest = score.clone()
+        rest[chosen] = -math.inf
+        idx = idx.clone()
+        idx[-1, weakest] = rest.argmax()
+        return logits, weights, idx
+
+    h = routers[layer].register_forward_hook(swap)
+    try:
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([ids], device=device), use_cache=False).logits[0, -1].double(), -1)
+    finally:
+        h.remove()
+    return float(lp[tok_a] - lp[tok_b])
+
+
 def _ratio(gap: float, noise: float) -> float:
     if noise > 0:
         return gap / noise
