@@ -157,3 +157,22 @@ def test_swapping_the_boundary_expert_moves_the_output(ckpts, results):
     assert max(moved) > 1e-3, moved
     with pytest.raises(ValueError):
         swapped_margin(d, _ids(), top, second, layer=99)
+
+
+def test_spike_flips_of_a_comparison_get_oracle_notes(ckpts):
+    from tests.e2e.compare import compare_outputs
+    from tests.e2e.oracle import diagnose_spikes
+    prompt = _ids(n=40)
+
+    def run(tokens, top):  # two agreed positions, then a flip where the reference margin is 1.0
+        return [{"tokens": tokens, "logprobs": [{str(tokens[0]): -0.1, "7": -3.0}, {str(tokens[1]): -0.1, "7": -3.0},
+                                                 top]}]
+    ref = run([11, 12, 13], {"13": -0.2, "14": -1.2})
+    test = run([11, 12, 14], {"14": -0.3, "13": -0.9})
+    c = compare_outputs(ref, test)
+    assert list(c.spike_cases) == [(0, 2)] and c.spike_cases[(0, 2)] == ([11, 12], 13, 14)
+    lines = diagnose_spikes({"model": ckpts["qwen3_moe"], "prompts": [prompt]}, c)
+    assert len(lines) == 1 and lines[0].startswith("prompt 0 pos 2 (13 vs 14): fp32 margin")
+    assert "boundary expert swapped the fp32 margin is" in lines[0]
+    with pytest.raises(ValueError, match="no model/prompts"):
+        diagnose_spikes({"runs": []}, c)

@@ -48,6 +48,7 @@ class Comparison:
     allowed_flips: int = 0
     failures: List[str] = field(default_factory=list)
     spike_flips: dict = field(default_factory=dict)  # (prompt, position) -> description
+    spike_cases: dict = field(default_factory=dict)  # (prompt, position) -> (agreed tokens before, ref, test token)
 
     @property
     def positions(self) -> int:
@@ -122,6 +123,7 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
                         f"(|dlogprob| here {c.diffs[-1]:.3f}, earlier max {before:.3f})")
                 if m > flip_margin and before <= TOL:
                     c.spike_flips[(p, i)] = what  # a router spike at this position (see above)
+                    c.spike_cases[(p, i)] = (list(r["tokens"][:i]), rt, tt)
                 elif m > flip_margin:
                     c.failures.append(f"{label} {what}")
                 else:

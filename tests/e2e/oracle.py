@@ -236,6 +236,23 @@ def explain_flip(model_dir: str, token_ids: Sequence[int], tok_a: int, tok_b: in
                            explained=margin < ORACLE_MARGIN or ratios[i] < factor or ratios[i] == 0.0)
 
 
+def diagnose_spikes(ref_result: dict, comparison, device: str = "cpu") -> List[str]:
+    """One line per spike flip of a compare.Comparison (report only; no verdict yet): the oracle's
+    explanation, and the fp32 margin after swapping the tightest router's boundary expert at that
+    token. ref_result: the reference run's JSON (tests/e2e/generate.py: its model and prompts)."""
+    model, prompts = ref_result.get("model"), ref_result.get("prompts")
+    if not model or prompts is None:
+        raise ValueError("the reference run has no model/prompts (generate.py predates the oracle)")
+    lines = []
+    for (p, i), (before, rt, tt) in sorted(comparison.spike_cases.items()):
+        ids = list(prompts[p]) + list(before)
+        e = explain_flip(model, ids, rt, tt, device=device)
+        swapped = swapped_margin(model, ids, rt, tt, e.layer, device=device)
+        lines.append(f"prompt {p} pos {i} ({rt} vs {tt}): {e}; with layer {e.layer}'s boundary expert swapped "
+                     f"the fp32 margin is {swapped:+.3f}")
+    return lines
+
+
 def main(argv) -> int:
     if len(argv) != 4:
         print(__doc__)

@@ -167,10 +167,24 @@ def _get(runs, tag):
     return r
 
 
+def _oracle_lines(ref, c):
+    """fp32 oracle notes on the spike flips (tests/e2e/oracle.py): data for judging them, not yet a
+    verdict. LVLLM_E2E_ORACLE=0 skips it; a failure of the oracle itself is reported, not raised."""
+    if not c.spike_cases or os.environ.get("LVLLM_E2E_ORACLE", "1") == "0":
+        return []
+    try:
+        from .oracle import diagnose_spikes
+        import torch
+        return diagnose_spikes(ref, c, device="cuda" if torch.cuda.is_available() else "cpu")
+    except Exception as e:  # noqa: BLE001 - diagnostics must not mask the comparison's verdict
+        return [f"oracle unavailable: {type(e).__name__}: {e}"]
+
+
 def _check(ref, test, label):
     c = compare_runs(ref, test, label)  # both passes (the second from the prefix cache)
-    print(f"[e2e] {label}: {c.summary()}")
-    assert c.ok(), c.summary()
+    notes = _oracle_lines(ref, c)
+    print(f"[e2e] {label}: {c.summary()}" + "".join(f"\n[e2e]   oracle: {n}" for n in notes))
+    assert c.ok(), c.summary() + "".join(f"; oracle: {n}" for n in notes)
     return c
 
 
