@@ -297,16 +297,53 @@ def dequant4_blocks(format: str, codes: torch.Tensor, scales: torch.Tensor, zero
     return out.flatten(-2)
 
 
-def dequant4_w13(format: str, slices, global_scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+# Experts dequantized per pass: dequant4_blocks' temporaries (both nibbles, int32 lookup indices,
+# values) take ~9 bytes per weight, so a 256 MiB staging slot of 4-bit experts at once would need
+# ~4.5 GiB of GPU memory beside its 1 GiB bf16 result; groups of <= 2^26 weights (~0.6 GiB of
+# temporaries) keep that small on small GPUs for a few more launches per slot.
+DEQUANT4_GROUP_WEIGHTS = 1 << 26
+
+
+def _expert_groups(slices, max_weights: int):
+    """[e0, e1) ranges over the experts (dim 0 of every tensor) of <= max_weights weights each (>= 1 expert)."""
+    experts = slices[0][0].shape[0]
+    if experts == 0:
+        return [(0, 0)]
+    per_expert = sum(c[0].numel() * 2 for c, _, _ in slices)  # two 4-bit weights a byte
+    step = max(1, max_weights // max(per_expert, 1))
+    return [(e0, min(e0 + step, experts)) for e0 in range(0, experts, step)]
+
+
+def _dequant4_grouped(format, slices, g, to_rows, max_weights):
+    max_weights = DEQUANT4_GROUP_WEIGHTS if max_weights is None else max_weights
+
+    def cut(t, e0, e1):
+        return None if t is None else t[e0:e1]
+    groups = _expert_groups(slices, max_weights)
+    out = None
+    for e0, e1 in groups:
+        rows = to_rows([dequant4_blocks(format, c[e0:e1], s[e0:e1], cut(z, e0, e1), cut(g, e0, e1))
+                        for c, s, z in slices])
+        if len(groups) == 1:
+            return rows
+        if out is None:  # the result, filled group by group (no second full-size copy)
+            out = torch.empty((groups[-1][1],) + tuple(rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        out[e0:e1].copy_(rows)
+    return out
+
+
+def dequant4_w13(format: str, slices, global_scales: Optional[torch.Tensor] = None,
+                 max_weights: Optional[int] = None) -> torch.Tensor:
     """Per NUMA slice (codes [e, nbi, 2, kp1/4, 16, 2], scales [e, nbi, 2, kp1/G, 16], zeros or None), as
     Layer.quant4_slices gives them (or their GPU copies); nvfp4: global_scales fp32 [e, 2] (gate, up)
-    -> bf16 [e, 2*kp2, kp1]."""
+    -> bf16 [e, 2*kp2, kp1]. Experts go in groups of <= max_weights weights (default DEQUANT4_GROUP_WEIGHTS)."""
     g = None if global_scales is None else global_scales.reshape(-1, 1, 2, 1, 1)
-    return rows_w13([dequant4_blocks(format, c, s, z, g) for c, s, z in slices])
+    return _dequant4_grouped(format, slices, g, rows_w13, max_weights)
 
 
-def dequant4_w2(format: str, slices, global_scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+def dequant4_w2(format: str, slices, global_scales: Optional[torch.Tensor] = None,
+                max_weights: Optional[int] = None) -> torch.Tensor:
     """Per NUMA slice (codes [e, nbh, kp2/4, 16, 2], scales [e, nbh, kp2/G, 16], zeros or None); nvfp4:
-    global_scales fp32 [e] -> bf16 [e, h_pad, kp2]."""
+    global_scales fp32 [e] -> bf16 [e, h_pad, kp2]. Experts go in groups of <= max_weights weights."""
     g = None if global_scales is None else global_scales.reshape(-1, 1, 1, 1)
-    return rows_w2([dequant4_blocks(format, c, s, z, g) for c, s, z in slices])
+    return _dequant4_grouped(format, slices, g, rows_w2, max_weights)

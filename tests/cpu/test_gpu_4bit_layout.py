@@ -111,6 +111,17 @@ def test_quant4_views(tmp_path, fmt, H, I, opt):
 
 
 @pytest.mark.parametrize("fmt,H,I,opt", CASES, ids=IDS)
+def test_dequantizing_in_expert_groups_gives_the_same_bits(tmp_path, monkeypatch, fmt, H, I, opt):
+    """Bounded temporaries (gpu_dequant.DEQUANT4_GROUP_WEIGHTS): one expert per pass == all at once."""
+    layer = make_4bit_layer(fmt, 3, H, I, seed=H, **opt)[0]
+    lay = GpuCopyLayout(layer, "torch")
+    whole = lay.unpack(lay.sources)
+    monkeypatch.setattr(gpu_dequant, "DEQUANT4_GROUP_WEIGHTS", 1)
+    grouped = lay.unpack(lay.sources)
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(whole, grouped))
+
+
+@pytest.mark.parametrize("fmt,H,I,opt", CASES, ids=IDS)
 def test_dequantized_views_equal_the_checkpoint_in_bf16(tmp_path, fmt, H, I, opt):
     """views -> plain-torch dequantization -> plain matrices == bf16(fp32 dequantized original checkpoint
     tensors), bit for bit, on one NUMA slice and on three; padding zero; biases in [gate; up] order."""
