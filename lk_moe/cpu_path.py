@@ -55,6 +55,13 @@ class PinnedIO:
 
 
 _NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+# The mailbox and the kernel channel each register at most 8192 calls per process (kMaxCalls in
+# csrc/cpu/cuda_host_call.cpp), one per (layer, token count). Eager calls of ever new sizes (CPU
+# prefill chunks on a long-running server) would use them up and then fail; past this budget a new
+# size takes the host-function node instead, which registers nothing.
+SIGNAL_CALL_BUDGET = 6144
+_registered = {"mailbox": 0, "kernel": 0}  # calls registered so far in this process
 _kernel_device = None  # the one CUDA device the kernel signal serves in this process
 
 
@@ -134,11 +141,13 @@ class CpuExpertPath:
         self.io = io
         self._x, self._ids, self._w, self._out = io.x, io.ids, io.w, io.out
         self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
+        self._mailbox_sizes = set()  # token counts registered with the mailbox
         self.counters = _C.HostCallCounters()  # shared by this path's calls, graph replays included
         if self._uses_kernel:
             # Now, not at the first call (which may be inside a graph capture): the mapped channel page,
             # its poller thread and the device addresses of the pinned buffers (cached for every M).
             self._kargs[1] = self._call(1).kernel_args()
+            _registered["kernel"] += 1
 
     def _call(self, tokens: int):
         call = self._calls.get(tokens)
@@ -174,21 +183,29 @@ class CpuExpertPath:
             raise ValueError(f"topk_ids/topk_weights must be [M, {self.top_k}]")
         if not 1 <= M <= self.max_tokens:
             raise ValueError(f"M={M} is outside 1..max_tokens={self.max_tokens}")
-        if self.signal == "kernel" or (self._uses_kernel and self._fits_kernel(M)):
+        if (self.signal == "kernel" or (self._uses_kernel and self._fits_kernel(M))) and self._may_register("kernel", M):
             return self._kernel_call(x, topk_ids, topk_weights, out, M)
         stream = torch.cuda.current_stream()
         self._x[:M].copy_(x, non_blocking=True)
         self._ids[:M].copy_(topk_ids, non_blocking=True)
         self._w[:M].copy_(topk_weights, non_blocking=True)
         call = self._call(M)
-        if self.signal in ("hostfn", "auto"):
-            call.enqueue(stream.cuda_stream)
-        else:
+        if self.signal == "mailbox" and self._may_register("mailbox", M):
+            if M not in self._mailbox_sizes:
+                self._mailbox_sizes.add(M)
+                _registered["mailbox"] += 1
             call.enqueue_mailbox(stream.cuda_stream)
+        else:
+            call.enqueue(stream.cuda_stream)
         if out is None:
             out = torch.empty_like(x)
         out.copy_(self._out[:M], non_blocking=True)
         return out
+
+    def _may_register(self, channel: str, M: int) -> bool:
+        """Whether a call of M tokens may use `channel` (already registered, or within the budget)."""
+        known = M in (self._kargs if channel == "kernel" else self._mailbox_sizes)
+        return known or _registered[channel] < SIGNAL_CALL_BUDGET
 
     def _fits_kernel(self, M: int) -> bool:
         """Whether a call of M tokens moves its data inside the kernel (x + ids + weights bytes)."""
@@ -210,6 +227,7 @@ class CpuExpertPath:
         ka = self._kargs.get(M)
         if ka is None:
             ka = self._kargs[M] = call.kernel_args()
+            _registered["kernel"] += 1
         req, done, timeouts, call_id, x_h, ids_h, w_h, out_h = ka
         x, topk_ids, topk_weights = x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
         result = out

@@ -54,6 +54,23 @@ def test_auto_signal_takes_the_kernel_for_decode_sizes_only(experts):
     path.check_errors()
 
 
+@pytest.mark.parametrize("signal", ["mailbox", "kernel"])
+def test_new_sizes_past_the_registration_budget_take_hostfn(experts, signal, monkeypatch):
+    from lk_moe import cpu_path
+    layer, w13, w2 = experts
+    path = CpuExpertPath(layer, max_tokens=64, top_k=K, signal=signal)
+    x, ids, w = _inputs(3, 3)
+    path(x.cuda(), ids.cuda(), w.cuda())  # registers M=3
+    monkeypatch.setattr(cpu_path, "SIGNAL_CALL_BUDGET", cpu_path._registered[signal])
+    before = dict(cpu_path._registered)
+    for M in (3, 5):  # 3: registered already, keeps its channel; 5: new, past the budget -> hostfn
+        x, ids, w = _inputs(M, 100 + M)
+        out = path(x.cuda(), ids.cuda(), w.cuda())
+        assert_matches_reference(out.cpu(), x, w13, w2, ids, w)
+    assert cpu_path._registered == before and 5 not in path._kargs and 5 not in path._mailbox_sizes
+    path.check_errors()
+
+
 @pytest.mark.parametrize("signal", CpuExpertPath.SIGNALS)
 def test_graph_replay_with_changing_inputs(experts, signal):
     layer, w13, w2 = experts
