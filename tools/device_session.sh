@@ -13,6 +13,7 @@
 #      then `-k tensor_parallel` (both GPUs). The 2026-11-30 fourth-session runs are quoted with their
 #      commands in docs/results/2026-11-30_h200x2_session4.log (7 runs + payload in 27 minutes).
 #   3. bash tools/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
+# tools/device_acceptance.sh {decode,baseline,rest} runs that plan in three parts through this script.
 set -uo pipefail
 # Commands can size their inner `timeout`s from the run's end: $((LVLLM_DEVICE_DEADLINE - $(date +%s)))
 export LVLLM_DEVICE_DEADLINE=$(( $(date +%s) + ${LVLLM_DEVICE_LIMIT:-570} ))
