@@ -26,6 +26,8 @@ for this GPU). Measured on an H200 host, 16 cores, Qwen3-30B-A3B layer, M = 1, g
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 
 import torch
 
@@ -53,6 +55,9 @@ class PinnedIO:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.x, self.ids, self.w, self.out))
 
+
+logger = logging.getLogger(__name__)
+_warned_full_pool = False
 
 _NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
@@ -131,6 +136,7 @@ class CpuExpertPath:
         if max_tokens < 1 or top_k < 1:
             raise ValueError("max_tokens and top_k must be >= 1")
         self.layer = layer
+        self._warn_if_pool_takes_every_cpu()
         self.max_tokens, self.top_k, self.dtype = max_tokens, top_k, dtype
         H = layer.hidden_size
         if io is None:
@@ -148,6 +154,17 @@ class CpuExpertPath:
             # its poller thread and the device addresses of the pinned buffers (cached for every M).
             self._kargs[1] = self._call(1).kernel_args()
             _registered["kernel"] += 1
+
+    def _warn_if_pool_takes_every_cpu(self) -> None:
+        """Driven from a GPU, the engine must leave cores to the thread that waits on the GPU and to
+        the one that hands calls to the pool (both spin): with a worker on every CPU, decode ran
+        several times slower and the 32-core GPU machine looked hung. Once per process."""
+        global _warned_full_pool
+        threads, cpus = self.layer._pool.num_threads, len(os.sched_getaffinity(0))
+        if not _warned_full_pool and threads >= cpus:
+            _warned_full_pool = True
+            logger.warning("lk_moe: the engine's %d worker threads use every CPU this process may use; driven from a "
+                           "GPU, leave two for the GPU and callback threads (LK_THREADS=%d)", threads, max(1, cpus - 2))
 
     def _call(self, tokens: int):
         call = self._calls.get(tokens)

@@ -54,6 +54,20 @@ def test_auto_signal_takes_the_kernel_for_decode_sizes_only(experts):
     path.check_errors()
 
 
+def test_a_pool_on_every_cpu_is_warned_about(monkeypatch, caplog):
+    import os
+    from lk_moe import cpu_path
+    monkeypatch.setattr(cpu_path, "_warned_full_pool", False)
+    cpus = len(os.sched_getaffinity(0))
+    w13, w2 = make_experts(2, 64, 32)
+    full = lk_moe.MoELayer(w13, w2, pool=lk_moe.make_pool(threads=cpus))
+    with caplog.at_level("WARNING", logger="lk_moe.cpu_path"):
+        CpuExpertPath(full, max_tokens=4, top_k=2, signal="hostfn")
+        CpuExpertPath(full, max_tokens=4, top_k=2, signal="hostfn")  # once per process
+    msgs = [r.getMessage() for r in caplog.records if "use every CPU" in r.getMessage()]
+    assert len(msgs) == 1 and f"LK_THREADS={max(1, cpus - 2)}" in msgs[0]
+
+
 @pytest.mark.parametrize("signal", ["mailbox", "kernel"])
 def test_new_sizes_past_the_registration_budget_take_hostfn(experts, signal, monkeypatch):
     from lk_moe import cpu_path
