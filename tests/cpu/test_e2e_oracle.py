@@ -176,3 +176,17 @@ def test_spike_flips_of_a_comparison_get_oracle_notes(ckpts):
     assert "boundary expert swapped the fp32 margin is" in lines[0]
     with pytest.raises(ValueError, match="no model/prompts"):
         diagnose_spikes({"runs": []}, c)
+
+
+def test_grouped_routers_keep_their_groups_for_the_next_candidate():
+    from types import SimpleNamespace
+    from tests.e2e.oracle import _kept_groups
+    router = SimpleNamespace(num_group=2, topk_group=1)
+    scores = torch.tensor([[0.9, 0.8, 0.1, 0.95, 0.05, 0.0]])  # groups {0,1,2} (sum 1.7) and {3,4,5} (1.0)
+    masked, group_scores = _kept_groups(router, scores)
+    assert torch.equal(group_scores, torch.tensor([[1.7, 0.95 + 0.05]], dtype=scores.dtype))
+    assert masked[0, :3].tolist() == pytest.approx([0.9, 0.8, 0.1]) and torch.isinf(masked[0, 3:]).all()
+    # the best expert outside the top-2 {0, 1} within the kept group is 2 (not 3, whose group was dropped)
+    rest = masked[0].clone()
+    rest[[0, 1]] = -math.inf
+    assert int(rest.argmax()) == 2

@@ -137,19 +137,23 @@ def _kth_gap(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.where(torch.isfinite(top[..., k]), gap, torch.full_like(gap, math.inf))
 
 
+def _kept_groups(router, scores: torch.Tensor):
+    """Grouped routers: (scores of experts outside the kept groups set to -inf [T, E], group scores
+    [T, n_group]); groups ranked by the sum of their top-2 scores."""
+    grouped = scores.view(scores.shape[0], router.num_group, -1)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    kept = torch.zeros_like(group_scores, dtype=torch.bool)
+    kept.scatter_(1, group_scores.topk(router.topk_group, dim=-1).indices, True)
+    return grouped.masked_fill(~kept[..., None], -math.inf).reshape(scores.shape), group_scores
+
+
 def boundary_gaps(router, scores: torch.Tensor) -> torch.Tensor:
     """Per position, the top-k boundary gap of this router on its selection scores [T, E]."""
     k = router.top_k
     if type(router).__name__ not in GROUPED:
         return _kth_gap(scores, k)
-    n_group, topk_group = router.num_group, router.topk_group
-    grouped = scores.view(scores.shape[0], n_group, -1)
-    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
-    group_gap = _kth_gap(group_scores, topk_group)
-    kept = torch.zeros_like(group_scores, dtype=torch.bool)
-    kept.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
-    masked = grouped.masked_fill(~kept[..., None], -math.inf).reshape(scores.shape)
-    return torch.minimum(_kth_gap(masked, k), group_gap)
+    masked, group_scores = _kept_groups(router, scores)
+    return torch.minimum(_kth_gap(masked, k), _kth_gap(group_scores, router.topk_group))
 
 
 def router_gaps(model_dir: str, token_ids: Sequence[int], device: str = "cpu", noise: bool = True) -> RouterGaps:
@@ -194,7 +198,8 @@ def swapped_margin(model_dir: str, token_ids: Sequence[int], tok_a: int, tok_b: 
         score = selection_scores(m, logits[-1].float())
         chosen = idx[-1]
         weakest = int(score[chosen].argmin())  # slot of the lowest-scoring selected expert
-        rest = score.clone()
+        # the (k+1)-th candidate: for grouped routers, from the kept groups only
+        rest = _kept_groups(m, score[None])[0][0] if type(m).__name__ in GROUPED else score.clone()
         rest[chosen] = -math.inf
         idx = idx.clone()
         idx[-1, weakest] = rest.argmax()
