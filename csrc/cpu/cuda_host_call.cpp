@@ -147,22 +147,14 @@ Mailbox& mailbox() {
   return *mb;
 }
 
-// Serves doorbells: spins while calls keep coming, naps 20 us between looks once idle for 2 ms.
-void poll_forever(Mailbox* mb) {
+// The pollers' loop: `serve_one()` answers one pending request and returns true, or returns false
+// when there is none. Spins while requests keep coming, naps 20 us between looks once idle for 2 ms.
+template <class ServeOne>
+[[noreturn]] void poll_with_naps(ServeOne serve_one) {
   using clock = std::chrono::steady_clock;
   auto last = clock::now();
   for (uint32_t i = 0;; ++i) {
-    const uint32_t id = *mb->req;
-    if (id != 0) {
-      *mb->req = 0;
-      HostForward* call = nullptr;
-      {
-        std::lock_guard<std::mutex> lock(mb->mu);
-        if (id < mb->calls.size()) call = mb->calls[id];
-      }
-      if (call) HostForward::serve(call);
-      __atomic_thread_fence(__ATOMIC_SEQ_CST);
-      mb->done[id] = 1;
+    if (serve_one()) {
       last = clock::now();
       continue;
     }
@@ -172,6 +164,24 @@ void poll_forever(Mailbox* mb) {
       nanosleep(&ts, nullptr);
     }
   }
+}
+
+// Serves doorbells: the id of the call asked for, 0 for none.
+void poll_forever(Mailbox* mb) {
+  poll_with_naps([mb] {
+    const uint32_t id = *mb->req;
+    if (id == 0) return false;
+    *mb->req = 0;
+    HostForward* call = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mb->mu);
+      if (id < mb->calls.size()) call = mb->calls[id];
+    }
+    if (call) HostForward::serve(call);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    mb->done[id] = 1;
+    return true;
+  });
 }
 
 // ---- kernel channel (LK_CPU_SIGNAL=kernel): one CUDA kernel per call copies the inputs into the
@@ -220,36 +230,26 @@ KernelChannel& kernel_channel() {
 
 // Serves requests: a request is new when its seq differs from the last one answered (each run of
 // the kernel, graph replays included, takes a fresh seq). Answers with the seq it saw, so a late
-// answer to a run that already gave up is ignored by the next run. Spins while requests keep
-// coming, naps 20 us between looks once idle for 2 ms (like the mailbox poller).
+// answer to a run that already gave up is ignored by the next run.
 void poll_kernel_channel(KernelChannel* ch) {
-  using clock = std::chrono::steady_clock;
-  auto last = clock::now();
   uint32_t answered = 0;
-  for (uint32_t i = 0;; ++i) {
+  poll_with_naps([ch, &answered] {
     const uint64_t r = *ch->req;  // one aligned 8-byte load: call id and seq together
     const uint32_t seq = uint32_t(r);
-    if (seq != answered && !ch->paused.load(std::memory_order_relaxed)) {
-      __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the inputs were written before the request
-      const uint32_t id = uint32_t(r >> 32);
-      {
-        // Held while serving, so ~HostForward (which clears its slot under this lock) cannot free
-        // the call mid-run; registration of new calls waits for at most one engine run.
-        std::lock_guard<std::mutex> lock(ch->mu);
-        if (id < ch->calls.size() && ch->calls[id]) HostForward::serve(ch->calls[id]);
-      }
-      __atomic_thread_fence(__ATOMIC_SEQ_CST);  // mfence: the output (streaming stores too) first
-      *ch->done = seq;
-      answered = seq;
-      last = clock::now();
-      continue;
+    if (seq == answered || ch->paused.load(std::memory_order_relaxed)) return false;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the inputs were written before the request
+    const uint32_t id = uint32_t(r >> 32);
+    {
+      // Held while serving, so ~HostForward (which clears its slot under this lock) cannot free
+      // the call mid-run; registration of new calls waits for at most one engine run.
+      std::lock_guard<std::mutex> lock(ch->mu);
+      if (id < ch->calls.size() && ch->calls[id]) HostForward::serve(ch->calls[id]);
     }
-    __builtin_ia32_pause();
-    if ((i & 255) == 0 && clock::now() - last > std::chrono::milliseconds(2)) {
-      timespec ts{0, 20000};
-      nanosleep(&ts, nullptr);
-    }
-  }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // mfence: the output (streaming stores too) first
+    *ch->done = seq;
+    answered = seq;
+    return true;
+  });
 }
 
 // Called with the channel's lock held.
