@@ -47,16 +47,24 @@ def test_paths(experts, M):
         _check(cpu_only(xc, ic, wc), x, w13, w2, ids, w)
 
 
-def test_sparse_batch_copies_only_routed_experts(experts):
-    w13, w2, layer = experts
+def _sparse_batch(layer):
+    """100 tokens all routed to experts 1 and 9 on the streamed path: (hybrid, output, x, ids, w,
+    bytes the forward streamed)."""
     h = HybridMoE(None, None, layer=layer, max_tokens=8, top_k=2, gpu_min_batch=64)
     M = 100
     x = torch.randn(M, H).bfloat16()
     ids = torch.tensor([[1, 9]] * M, dtype=torch.int32)
     w = torch.rand(M, 2)
     before = h.streamer.bytes_copied
-    _check(h(x.cuda(), ids.cuda(), w.cuda()), x, w13, w2, ids, w)
-    assert h.streamer.bytes_copied - before == 2 * h.expert_bytes
+    out = h(x.cuda(), ids.cuda(), w.cuda())
+    return h, out, x, ids, w, h.streamer.bytes_copied - before
+
+
+def test_sparse_batch_copies_only_routed_experts(experts):
+    w13, w2, layer = experts
+    h, out, x, ids, w, streamed = _sparse_batch(layer)
+    _check(out, x, w13, w2, ids, w)
+    assert streamed == 2 * h.expert_bytes
 
 
 def test_linked_stack_with_prefetch_and_small_ring(experts):
@@ -219,14 +227,9 @@ def test_quant_resident_kernel_equals_twin(quant_layers, forced_fallback, fmt):
 @pytest.mark.parametrize("fmt", QFORMATS)
 def test_quant_sparse_batch_copies_only_routed_experts(quant_layers, forced_fallback, fmt):
     layer, d13, d2, act = quant_layers[fmt]
-    h = HybridMoE(None, None, layer=layer, max_tokens=8, top_k=2, gpu_min_batch=64)
-    M = 100
-    x = torch.randn(M, H).bfloat16()
-    ids = torch.tensor([[1, 9]] * M, dtype=torch.int32)
-    w = torch.rand(M, 2)
-    before = h.streamer.bytes_copied
-    _check_quant(h(x.cuda(), ids.cuda(), w.cuda()), x, d13, d2, ids, w, act)
-    assert h.streamer.bytes_copied - before == 2 * h.expert_bytes == 2 * streamed_expert_bytes(layer)
+    h, out, x, ids, w, streamed = _sparse_batch(layer)
+    _check_quant(out, x, d13, d2, ids, w, act)
+    assert streamed == 2 * h.expert_bytes == 2 * streamed_expert_bytes(layer)
 
 
 def test_quant_linked_stack_mixed_formats(quant_layers, experts, forced_fallback):
