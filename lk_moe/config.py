@@ -14,9 +14,9 @@ LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: auto (default: ke
                    mailbox 36.5 us, hostfn 62.6 us
 LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the fallback kernels
                    (dequantize to bf16 on the GPU, then the bf16 GEMM) even where a native kernel
-                   for the format would be chosen. Today every byte format (fp8_block, fp8_channel,
-                   int8_channel) takes the fallback anyway: no native FP8/INT8 expert GEMM is wired
-                   into lk_moe's GPU path yet (see lk_moe.gpu_dequant.gpu_path); the switch exists so
+                   for the format would be chosen. Today every quantized format (fp8_block,
+                   fp8_channel, int8_channel, wna16_int4, mxfp4, nvfp4) takes the fallback anyway: no
+                   native expert GEMM is wired into lk_moe's GPU path yet (see lk_moe.gpu_dequant.gpu_path); the switch exists so
                    that a GPU with native support (e.g. FP8 on sm_89+) can be forced onto the
                    fallback once vLLM's native kernels are wired.
 
