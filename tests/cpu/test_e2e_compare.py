@@ -1,6 +1,8 @@
 """The e2e tests' switch-on vs switch-off criterion (tests/e2e/compare.py) itself."""
 import random
 
+import pytest
+
 from tests.e2e.compare import Comparison, compare_outputs, compare_runs
 
 
@@ -118,3 +120,74 @@ def test_accumulates_over_calls():
     compare_outputs(REF, REF, into=c)
     compare_outputs(REF, REF, into=c)
     assert c.positions == 6 and c.total == 6
+
+
+def _scored(tops_per_prompt):
+    return [{"tokens": list(range(len(t) + 1)), "top": t} for t in tops_per_prompt]
+
+
+def _truth(n, vocab=4, best=1):
+    """fp32 log-softmax rows whose argmax is `best`, with a 1-nat margin."""
+    import torch
+    row = torch.full((vocab,), -4.0)
+    row[best], row[(best + 1) % vocab] = -0.3, -1.3
+    return [row.repeat(n, 1)]
+
+
+def test_oracle_stats_count_flips_and_drift():
+    from tests.e2e.compare import oracle_stats
+    fp32 = _truth(4)
+    st = oracle_stats(_scored([[{"1": -0.3, "2": -1.3}, {"1": -0.4, "2": -1.2}, {"2": -0.2, "1": -1.0},
+                               {"1": -0.3}]]), fp32)
+    assert st.positions == 4 and st.flips == 1
+    assert [round(d, 6) for d in st.drift] == [0.0, 0.1, 1.1, 0.0]
+
+
+def test_oracle_stats_reject_mismatched_data():
+    from tests.e2e.compare import oracle_stats
+    with pytest.raises(ValueError, match="2 scored prompts but 1"):
+        oracle_stats(_scored([[{"1": -0.3}], [{"1": -0.3}]]), _truth(1))
+    with pytest.raises(ValueError, match="has 2 positions, its fp32 twin 3"):
+        oracle_stats(_scored([[{"1": -0.3}, {"1": -0.3}]]), _truth(3))
+    with pytest.raises(ValueError, match="no logprobs"):
+        oracle_stats(_scored([[{}]]), _truth(1))
+
+
+def _stats(flips, drift, n=3000):
+    from tests.e2e.compare import OracleStats
+    return OracleStats(positions=n, flips=flips, drift=[drift] * n)
+
+
+def test_oracle_verdict():
+    from tests.e2e.compare import oracle_problems
+    ref = _stats(150, 0.05)
+    assert not oracle_problems(ref, _stats(150, 0.05))
+    assert not oracle_problems(ref, _stats(190, 0.07))  # +27%: within 3 sigma of equal rates
+    assert "teacher-forced flips" in oracle_problems(ref, _stats(230, 0.05))[0]  # +53%: a x1.3 expert
+    assert "drift median" in oracle_problems(ref, _stats(150, 0.10))[0]
+    assert "positions" in oracle_problems(ref, _stats(150, 0.05, n=10))[0]
+
+
+def test_spike_flips_are_judged_by_the_teacher_forced_check():
+    """With the check's data, isolated spike flips are not capped by count: the flip count over
+    thousands of teacher-forced positions decides."""
+    ref, test = _prompts(5), _prompts(5)
+    for p in (0, 1, 3):
+        _flip(test, p, 12, 0.8)
+    c = compare_outputs(ref, test)
+    c.oracle = (_stats(150, 0.05), _stats(160, 0.05))
+    assert c.ok(), c.summary()
+    assert "teacher-forced: reference 150/3000 flips" in c.summary()
+    c.oracle = (_stats(150, 0.05), _stats(260, 0.05))
+    assert not c.ok() and "teacher-forced flips vs fp32" in c.summary()
+
+
+def test_runs_without_scored_prompts_cannot_take_the_check():
+    res = {"runs": [REF, REF]}
+    with pytest.raises(ValueError, match="no scored prompts"):
+        compare_runs(res, res, fp32=[])
+    a = {"runs": [REF], "scored": _scored([[{"1": -0.3}]])}
+    b = {"runs": [REF], "scored": [{"tokens": [7, 8], "top": [{"1": -0.3}]}]}
+    with pytest.raises(ValueError, match="different prompts"):
+        compare_runs(a, b, fp32=_truth(1))
+    assert compare_runs(a, a, fp32=_truth(1)).ok()

@@ -190,3 +190,69 @@ def test_grouped_routers_keep_their_groups_for_the_next_candidate():
     rest = masked[0].clone()
     rest[[0, 1]] = -math.inf
     assert int(rest.argmax()) == 2
+
+
+def test_teacher_forced_logprobs_are_the_fp32_predictions(ckpts):
+    from tests.e2e.oracle import teacher_forced_logprobs
+    ids = _ids()
+    for arch in ("qwen3_moe", "gpt_oss"):
+        lp = teacher_forced_logprobs(ckpts[arch], [ids, ids[:10]])
+        assert [t.shape[0] for t in lp] == [N_TOKENS - 1, 9] and lp[0].dtype == torch.float32
+        # row i predicts token i + 1: the last row is router_gaps' prediction after ids[:-1], and a
+        # shorter prompt's rows are the longer one's first rows (causal)
+        after = router_gaps(ckpts[arch], ids[:-1], noise=False).logprobs
+        assert torch.allclose(lp[0][-1].double(), after, atol=1e-4)
+        assert torch.allclose(lp[1], lp[0][:9], atol=1e-4)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        teacher_forced_logprobs(ckpts["qwen3_moe"], [[5]])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        teacher_forced_logprobs(ckpts["qwen3_moe"], [[5, 10 ** 6]])
+
+
+def _scored_by_hf(model_dir, prompts, edit=None):
+    """What generate.py records for scored prompts, from HF transformers in bf16 (top-5 per position);
+    edit(model) may alter the weights first."""
+    from tests.e2e.oracle import _load
+    model = _load(model_dir, torch.bfloat16, "cpu")
+    if edit:
+        with torch.no_grad():
+            edit(model)
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            lp = torch.log_softmax(model(torch.tensor([ids]), use_cache=False).logits[0, :-1].float(), -1)
+            v, i = lp.topk(5, dim=-1)
+            out.append({"tokens": ids, "top": [{str(int(t)): float(x) for t, x in zip(ti, vi)}
+                                               for ti, vi in zip(i, v)]})
+    return out
+
+
+def test_the_teacher_forced_check_passes_rounding_noise_and_fails_a_wrong_expert(ckpts):
+    """The verdict's power on a real tiny model (the CPU calibration in small): bf16 against fp32 is the
+    reference; the same bf16 model with every expert weight re-rounded after a relative jitter of
+    2^-9 (another implementation's rounding) passes; one expert's down projection x2 in one layer
+    (a wrong scale) fails on the flip count."""
+    from tests.e2e.compare import oracle_problems, oracle_stats
+    from tests.e2e.oracle import teacher_forced_logprobs
+    d = ckpts["qwen3_moe"]
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 2000) for _ in range(300)] for _ in range(4)]
+    fp32 = teacher_forced_logprobs(d, prompts)
+    ref = oracle_stats(_scored_by_hf(d, prompts), fp32)
+    gen = torch.Generator().manual_seed(0)
+
+    def jitter(model):
+        for name, w in model.named_parameters():
+            if ".experts." in name:
+                w.copy_((w.float() * (1 + 2.0 ** -9 * torch.randn(w.shape, generator=gen))).to(w.dtype))
+
+    def wrong_scale(model):
+        experts = model.model.layers[1].mlp.experts
+        experts.down_proj[3] *= 2
+
+    benign = oracle_stats(_scored_by_hf(d, prompts, jitter), fp32)
+    bug = oracle_stats(_scored_by_hf(d, prompts, wrong_scale), fp32)
+    print(f"reference {ref.summary()}; jitter {benign.summary()}; x2 {bug.summary()}")
+    assert ref.positions == 4 * 299 and ref.flips > 0
+    assert not oracle_problems(ref, benign), oracle_problems(ref, benign)
+    assert any("teacher-forced flips" in p for p in oracle_problems(ref, bug)), bug.summary()

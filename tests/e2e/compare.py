@@ -20,25 +20,99 @@ Criterion (TOL = 0.15 = two bf16 logit steps plus rounding):
   positions beyond 0.3 nats in 8 switch-on runs: 0.37-1.55 at that position, <= 0.08 at the positions
   before and after), i.e. one token whose router top-k changed in some layer, not drift. Such a
   spike can flip a token whose margin is up to its size (seen: 0.50, 1.06, 1.50). A flip at a larger
-  margin is accepted when nothing before it in that prompt differed by more than TOL, at no more
-  than MAX_SPIKE_FLIPS distinct prompt positions per comparison (a fault at one decode step hits the
-  prompts of that batch together; a fault that drifts shows up before the flip);
-- at least MIN_COVERAGE of the generated positions were compared (no vacuous pass).
+  margin is accepted when nothing before it in that prompt differed by more than TOL (a fault that
+  drifts shows up before the flip) and the run passes the teacher-forced check below; without that
+  check's data, at most MAX_SPIKE_FLIPS such positions per comparison;
+- at least MIN_COVERAGE of the generated positions were compared (no vacuous pass; the teacher-forced
+  check carries thousands of positions more).
 A real fault (wrong expert, weight, scale, lost row, stale graph input) moves most positions by
 O(1) nats and fails the first rule; one wrong layer in four is enough.
+
+Teacher-forced check against exact math (why: no per-flip rule separates a router near-tie from a
+bug on these models, but the flip COUNT does: docs/results/2026-11-30_epyc2c_oracle_calibration.log,
+where one expert's weights x1.3 raised the count of flips against fp32 by 60-76%, x2 by 3-3.7x).
+Each run also scores SCORED prompts (thousands of positions) with vLLM's prompt_logprobs; an fp32
+HF transformers forward of the same checkpoint (tests/e2e/oracle.py) is the truth. For the
+reference run and the test run alike: flips = positions whose top-1 differs from the fp32 argmax,
+drift = per position the largest |logprob - fp32 logprob| over the run's top-5. The test run fails if
+- its flips exceed the reference's by more than FLIP_Z standard deviations (sqrt of the sum of both
+  counts, as for two Poisson counts) plus FLIP_SLACK: a 3-sigma one-sided test, so equal-quality
+  runs fail about once in 700 comparisons (less: the two runs flip at mostly the same near-ties);
+- its median or 90th-percentile drift exceeds the reference's x DRIFT_FACTOR + DRIFT_SLACK (bf16
+  logits move in 1/16 steps; 0.02 nats is a third of one).
 """
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional, Tuple
 
 TOL = 0.15
 MAX_OUTLIERS = 0.08
 FLIP_MARGIN = 0.5
-MIN_COVERAGE = 0.35
-MAX_SPIKE_FLIPS = 2
+MIN_COVERAGE = 0.25  # of 8 prompts x 32 tokens x 2 passes: >= 128 decode positions
+MAX_SPIKE_FLIPS = 2  # without the teacher-forced check's data only
+FLIP_Z = 3.0
+FLIP_SLACK = 2
+DRIFT_FACTOR = 1.5
+DRIFT_SLACK = 0.02
+
+
+def _quantile(values, q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+@dataclass
+class OracleStats:
+    """One run's teacher-forced predictions against fp32 truth."""
+    positions: int = 0
+    flips: int = 0  # top-1 differs from the fp32 argmax
+    drift: List[float] = field(default_factory=list)  # per position: max |lp - lp_fp32| over the run's top-5
+
+    def summary(self) -> str:
+        return (f"{self.flips}/{self.positions} flips vs fp32, drift median {_quantile(self.drift, 0.5):.3f} "
+                f"p90 {_quantile(self.drift, 0.9):.3f}")
+
+
+def oracle_stats(scored: list, fp32: list) -> OracleStats:
+    """scored: generate.py's "scored" list ({"tokens", "top": [{token: logprob}] for positions 1..n-1});
+    fp32: per prompt an fp32 [n-1, vocab] log-softmax (oracle.teacher_forced_logprobs), row i = the
+    prediction of token i+1."""
+    if len(scored) != len(fp32):
+        raise ValueError(f"{len(scored)} scored prompts but {len(fp32)} fp32 ones")
+    st = OracleStats()
+    for sc, lp in zip(scored, fp32):
+        if len(sc["top"]) != lp.shape[0]:
+            raise ValueError(f"a scored prompt has {len(sc['top'])} positions, its fp32 twin {lp.shape[0]}")
+        best = lp.argmax(dim=-1).tolist()
+        for i, top in enumerate(sc["top"]):
+            if not top:
+                raise ValueError(f"scored position {i} has no logprobs")
+            st.positions += 1
+            st.flips += int(max(top, key=top.get)) != best[i]
+            row = lp[i]
+            st.drift.append(max(abs(v - float(row[int(t)])) for t, v in top.items()))
+    return st
+
+
+def oracle_problems(ref: OracleStats, test: OracleStats) -> List[str]:
+    """The teacher-forced verdict (module docstring): is the test run farther from fp32 than the reference?"""
+    out = []
+    if not test.positions or ref.positions != test.positions:
+        return [f"teacher-forced positions: reference {ref.positions}, test {test.positions}"]
+    limit = ref.flips + FLIP_Z * (ref.flips + test.flips) ** 0.5 + FLIP_SLACK
+    if test.flips > limit:
+        out.append(f"{test.flips} teacher-forced flips vs fp32 > {limit:.0f} (reference {ref.flips} + "
+                   f"{FLIP_Z:g} sigma + {FLIP_SLACK})")
+    for name, q in (("median", 0.5), ("p90", 0.9)):
+        r, t = _quantile(ref.drift, q), _quantile(test.drift, q)
+        if t > r * DRIFT_FACTOR + DRIFT_SLACK:
+            out.append(f"teacher-forced drift {name} {t:.3f} > {r:.3f} x {DRIFT_FACTOR:g} + {DRIFT_SLACK}")
+    return out
 
 
 @dataclass
@@ -49,6 +123,7 @@ class Comparison:
     failures: List[str] = field(default_factory=list)
     spike_flips: dict = field(default_factory=dict)  # (prompt, position) -> description
     spike_cases: dict = field(default_factory=dict)  # (prompt, position) -> (agreed tokens before, ref, test token)
+    oracle: Optional[Tuple[OracleStats, OracleStats]] = None  # (reference, test) teacher-forced stats
 
     @property
     def positions(self) -> int:
@@ -59,10 +134,7 @@ class Comparison:
         return self.positions / self.total if self.total else 0.0
 
     def quantile(self, q: float) -> float:
-        if not self.diffs:
-            return 0.0
-        s = sorted(self.diffs)
-        return s[min(len(s) - 1, int(q * len(s)))]
+        return _quantile(self.diffs, q)
 
     @property
     def max_logprob_diff(self) -> float:
@@ -78,9 +150,11 @@ class Comparison:
             out.append(f"90th percentile {self.quantile(0.9):.3f} > {tol}")
         if self.outlier_fraction(tol) > max_outliers:
             out.append(f"{self.outlier_fraction(tol):.0%} of positions differ by more than {tol} (max {max_outliers:.0%})")
-        if len(self.spike_flips) > MAX_SPIKE_FLIPS:
-            out.append(f"{len(self.spike_flips)} flips beyond the margin at isolated spikes (max {MAX_SPIKE_FLIPS}): "
-                       + "; ".join(self.spike_flips.values()))
+        if self.oracle is not None:
+            out += oracle_problems(*self.oracle)
+        elif len(self.spike_flips) > MAX_SPIKE_FLIPS:
+            out.append(f"{len(self.spike_flips)} flips beyond the margin at isolated spikes (max {MAX_SPIKE_FLIPS} "
+                       "without the teacher-forced check): " + "; ".join(self.spike_flips.values()))
         if self.coverage < min_coverage:
             out.append(f"only {self.coverage:.0%} of positions compared (min {min_coverage:.0%})")
         return out
@@ -95,6 +169,8 @@ class Comparison:
                 f">{TOL}: {self.outlier_fraction():.0%}; near-tie flips {self.allowed_flips}"
                 + (f"; spike flips {len(self.spike_flips)} ({'; '.join(self.spike_flips.values())})"
                    if self.spike_flips else "")
+                + (f"; teacher-forced: reference {self.oracle[0].summary()}, test {self.oracle[1].summary()}"
+                   if self.oracle else "")
                 + (f"; FAIL: {'; '.join(p[:5])}" if p else "; ok"))
 
 
@@ -133,25 +209,45 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
     return c
 
 
-def compare_runs(ref_result: dict, test_result: dict, label: str = "") -> Comparison:
-    """Both passes of the test run (the second from the prefix cache) against the reference's first."""
+def compare_runs(ref_result: dict, test_result: dict, label: str = "", fp32: Optional[list] = None) -> Comparison:
+    """Both passes of the test run (the second from the prefix cache) against the reference's first;
+    with fp32 (oracle.teacher_forced_logprobs of the runs' scored prompts) also the teacher-forced check."""
     c = Comparison()
     for i, pass_ in enumerate(test_result["runs"]):
         compare_outputs(ref_result["runs"][0], pass_, label=f"{label} pass {i}", into=c)
+    if fp32 is not None:
+        ref_sc, test_sc = ref_result.get("scored"), test_result.get("scored")
+        if not ref_sc or not test_sc:
+            raise ValueError(f"{label}: a run has no scored prompts (generate.py predates the teacher-forced check)")
+        if [r["tokens"] for r in ref_sc] != [t["tokens"] for t in test_sc]:
+            raise ValueError(f"{label}: the two runs scored different prompts")
+        c.oracle = (oracle_stats(ref_sc, fp32), oracle_stats(test_sc, fp32))
     return c
 
 
+def scored_prompts(result: dict) -> list:
+    return [sc["tokens"] for sc in result.get("scored") or []]
+
+
 def main(argv) -> int:
-    """python -m tests.e2e.compare REF.json TEST.json [...]: re-evaluate saved runs."""
+    """python -m tests.e2e.compare [--oracle MODEL_DIR] REF.json TEST.json [...]: re-evaluate saved
+    runs; with --oracle, the teacher-forced check against that checkpoint in fp32 (HF transformers)."""
+    oracle_model = None
+    if argv[:1] == ["--oracle"] and len(argv) > 1:
+        oracle_model, argv = argv[1], argv[2:]
     if len(argv) < 2:
         print(main.__doc__)
         return 2
     with open(argv[0]) as f:
         ref = json.load(f)
+    fp32 = None
+    if oracle_model:
+        from .oracle import teacher_forced_logprobs
+        fp32 = teacher_forced_logprobs(oracle_model, scored_prompts(ref))
     bad = 0
     for path in argv[1:]:
         with open(path) as f:
-            c = compare_runs(ref, json.load(f), path)
+            c = compare_runs(ref, json.load(f), path, fp32=fp32)
         print(f"{path}: {c.summary()}")
         bad += not c.ok()
     return 1 if bad else 0

@@ -5,6 +5,8 @@ The switch settings come from the environment (the test sets LVLLM_* per run), s
 its own process, exactly as a user would start vLLM. Prompts are token ids (seeded), long enough
 that routing reaches every expert; run twice over the same prompts to exercise prefix caching,
 with several requests in flight (batched decode) and a small token budget (chunked prefill).
+Then scores other prompts with prompt_logprobs (top-5 at every position) for the teacher-forced
+check against fp32 (tests/e2e/compare.py).
 
     python tests/e2e/generate.py --model DIR --out run.json [--tp 1]
 """
@@ -38,7 +40,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--lengths", default="300,700,45,500,120")
+    ap.add_argument("--lengths", default="300,700,45,500,120,200,64,400")
+    ap.add_argument("--score-lengths", default="600,600,600,600,600,600",
+                    help="prompts (seed 1) scored with prompt_logprobs for the teacher-forced check "
+                         "(tests/e2e/compare.py); empty: none")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--gpu-util", type=float, default=0.30)
     ap.add_argument("--kv-bytes", type=int, default=0,
@@ -73,6 +78,17 @@ def main() -> int:
             "tokens": list(o.outputs[0].token_ids),
             "logprobs": [{str(t): lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs],
         } for o in outs])
+    scored = []
+    if a.score_lengths:
+        # Teacher-forced: every position predicted from the same context in every run, so a flip
+        # does not end the comparison (prefill path: CPU chunks, or GPU ones from the threshold up).
+        sp_score = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5)
+        sps = prompts(vocab, [int(x) for x in a.score_lengths.split(",")], seed=1)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in sps], sp_score, use_tqdm=False)
+        for p, o in zip(sps, outs):
+            top = [{str(t): lp.logprob for t, lp in pos.items() if lp.rank is not None and lp.rank <= 5}
+                   for pos in o.prompt_logprobs[1:]]  # position 0 has no prediction
+            scored.append({"tokens": p, "top": top})
     cache = llm.llm_engine.vllm_config.cache_config
     result = {
         "model": os.path.abspath(a.model),
@@ -83,6 +99,7 @@ def main() -> int:
         "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
         "block_size": getattr(cache, "block_size", None),
         "runs": runs,
+        "scored": scored,
     }
     with open(a.out, "w") as f:
         json.dump(result, f)

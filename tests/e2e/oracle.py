@@ -32,7 +32,9 @@ MoE layer, 5-14% in the last), so with factor 4, 77-98% of positions have some l
 the boundary expert at the last token, see whether the output moves towards tok_b) looked sharper,
 but a CPU calibration with injected bugs (docs/results/2026-11-30_epyc2c_oracle_calibration.log)
 showed that no per-flip rule separates bug flips from benign ones on these tiny models; the flip
-count against a baseline does. So the e2e tests print these notes and do not judge by them.
+count against a baseline does. So the e2e tests judge by that count (teacher_forced_logprobs feeds
+compare.py's teacher-forced check) and print these per-flip notes only on request
+(LVLLM_E2E_SPIKE_NOTES=1).
 
     python -m tests.e2e.oracle MODEL_DIR TOKEN_IDS_JSON TOK_A TOK_B
 """
@@ -99,10 +101,43 @@ def _vocab(model_dir: str) -> int:
     return AutoConfig.from_pretrained(model_dir).vocab_size
 
 
+def _load(model_dir: str, dtype: torch.dtype, device: str):
+    """The checkpoint in HF transformers at `dtype`. MXFP4 experts (gpt-oss) are dequantized on load
+    (transformers would otherwise want its own MXFP4 GPU kernels)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    extra = {}
+    quant = getattr(AutoConfig.from_pretrained(model_dir), "quantization_config", None) or {}
+    if (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)) == "mxfp4":
+        from transformers import Mxfp4Config
+        extra["quantization_config"] = Mxfp4Config(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **extra).to(device).eval()
+    if dtype == torch.float32 and device != "cpu":
+        # the truth must not be computed in TF32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return model
+
+
+def teacher_forced_logprobs(model_dir: str, prompts: Sequence[Sequence[int]], device: str = "cpu") -> List[torch.Tensor]:
+    """fp32 truth for compare.py's teacher-forced check: per prompt a [len - 1, vocab] fp32 log-softmax
+    on the CPU, row i = the prediction of prompt[i + 1] from prompt[:i + 1] (what vLLM's
+    prompt_logprobs report for position i + 1)."""
+    vocab = _vocab(model_dir)
+    checked = [_check_tokens(p, vocab) for p in prompts]
+    if any(len(p) < 2 for p in checked):
+        raise ValueError("each scored prompt needs at least 2 tokens")
+    model = _load(model_dir, torch.float32, device)
+    out = []
+    with torch.no_grad():
+        for ids in checked:
+            logits = model(torch.tensor([ids], device=device), use_cache=False).logits[0, :-1]
+            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
+    return out
+
+
 def _forward(model_dir: str, ids: List[int], dtype: torch.dtype, device: str):
     """One teacher-forced forward; returns ({layer: (router module, logits [T, E] fp32)}, last logits)."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    model = _load(model_dir, dtype, device)
     captured: Dict[int, tuple] = {}
     handles = []
     for name, mod in model.named_modules():
@@ -186,10 +221,9 @@ def swapped_margin(model_dir: str, token_ids: Sequence[int], tok_a: int, tok_b: 
     expert instead of its weakest selected one (same routing weight). If this moves the margin
     towards tok_b by about the observed spike, the near-tie explains the flip; if the output
     barely moves, a near-tie at that layer is no explanation."""
-    from transformers import AutoModelForCausalLM
     ids = _check_tokens(token_ids, _vocab(model_dir))
     _check_tokens([tok_a, tok_b], _vocab(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    model = _load(model_dir, torch.float32, device)
     routers = {int(re.search(r"layers\.(\d+)\.", n).group(1)): m for n, m in model.named_modules()
                if type(m).__name__ in ROUTER_CLASSES}
     if layer not in routers:

@@ -7,7 +7,10 @@ memory sizing is not confused by its neighbours); the KV-cache growth check runs
 processes alone, with vLLM's own sizing.
 
 Criterion and tolerances: tests/e2e/compare.py (calibrated against stock vLLM's own run-to-run
-differences, which the switch-off vs stock test measures in the same session). The switch-off run
+differences, which the switch-off vs stock test measures in the same session), including its
+teacher-forced check: each run also scores 6 x 600-token prompts with prompt_logprobs, and the test
+run may not be farther from the checkpoint's fp32 truth (HF transformers, tests/e2e/oracle.py) than
+the reference run is, in greedy flips and in logprob drift. The switch-off run
 computes the experts with vLLM's Triton fused-MoE kernel (bf16 intermediates), the switch-on run
 with the CPU engine (fp32 accumulation, bf16 SwiGLU output) or our GPU path.
 """
@@ -167,22 +170,46 @@ def _get(runs, tag):
     return r
 
 
-def _oracle_lines(ref, c):
-    """fp32 oracle notes on the spike flips (tests/e2e/oracle.py): data for judging them, not yet a
-    verdict. LVLLM_E2E_ORACLE=0 skips it; a failure of the oracle itself is reported, not raised."""
-    if not c.spike_cases or os.environ.get("LVLLM_E2E_ORACLE", "1") == "0":
+def _device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_FP32 = {}  # (checkpoint, scored prompts) -> fp32 truth, shared by the comparisons of one checkpoint
+
+
+def _fp32_truth(model_dir, result):
+    """The teacher-forced fp32 truth (tests/e2e/oracle.py) for the scored prompts of a run."""
+    from .compare import scored_prompts
+    from .oracle import teacher_forced_logprobs
+    prompts = scored_prompts(result)
+    if not prompts:
+        pytest.fail(f"run of {model_dir} scored no prompts: the teacher-forced check has no data")
+    key = (model_dir, json.dumps(prompts))
+    if key not in _FP32:
+        _FP32[key] = teacher_forced_logprobs(model_dir, prompts, device=_device())
+    return _FP32[key]
+
+
+def _spike_notes(ref, c):
+    """Per-flip fp32 oracle notes on the spike flips (tests/e2e/oracle.py), on request
+    (LVLLM_E2E_SPIKE_NOTES=1): data for a human, the verdict is the teacher-forced count. A failure of
+    the notes themselves is reported, not raised."""
+    if not c.spike_cases or os.environ.get("LVLLM_E2E_SPIKE_NOTES", "0") != "1":
         return []
     try:
         from .oracle import diagnose_spikes
-        import torch
-        return diagnose_spikes(ref, c, device="cuda" if torch.cuda.is_available() else "cpu")
+        return diagnose_spikes(ref, c, device=_device())
     except Exception as e:  # noqa: BLE001 - diagnostics must not mask the comparison's verdict
         return [f"oracle unavailable: {type(e).__name__}: {e}"]
 
 
-def _check(ref, test, label):
-    c = compare_runs(ref, test, label)  # both passes (the second from the prefix cache)
-    notes = _oracle_lines(ref, c)
+def _check(ref, test, label, truth_model=None):
+    """The criterion of compare.py, the teacher-forced check included: truth = the reference's
+    checkpoint in fp32 (or truth_model's)."""
+    fp32 = _fp32_truth(truth_model or ref["model"], ref)
+    c = compare_runs(ref, test, label, fp32=fp32)  # both passes (the second from the prefix cache)
+    notes = _spike_notes(ref, c)
     print(f"[e2e] {label}: {c.summary()}" + "".join(f"\n[e2e]   oracle: {n}" for n in notes))
     assert c.ok(), c.summary() + "".join(f"; oracle: {n}" for n in notes)
     return c
