@@ -3,9 +3,9 @@
 # 10-minute device run (the plan that fitted the 30-minute budget on 2026-11-30, fourth session:
 # payload ~70 s, then these back to back). Each part splits the machine into two 16-core halves
 # (GPU0 + cores 0-15, GPU1 + cores 16-31; a half is the single-H200 machine) so two jobs run at once.
-#   bash tools/device_acceptance.sh decode    # hybrid decode benchmark | bf16 e2e suite
-#   bash tools/device_acceptance.sh baseline  # offload + eager + stock benchmarks | quantized e2e + tests/gpu
-#   bash tools/device_acceptance.sh rest      # TP=2 e2e, CPU-path signals, per-format decode, demo, doctor
+#   bash tools/device_acceptance.sh decode    # hybrid decode benchmark + tests/gpu + serve | bf16 e2e suite
+#   bash tools/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
+#   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
@@ -18,22 +18,24 @@ left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's de
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
 case "$part" in
   decode)
-    body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes hybrid \
---results \$OUT/bench.json --log-dir \$OUT --timeout 420 > \$OUT/bench_hybrid.log 2>&1) &
-CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e \
--k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
-wait; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -12; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log" ;;
+    body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
+--modes hybrid --results \$OUT/bench.json --log-dir \$OUT --timeout 330 > \$OUT/bench_hybrid.log 2>&1
+OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 90
+CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1) &
+CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
+-k 'not quantized and not gpt_oss and not tensor_parallel and not kv_cache' > \$OUT/e2e_bf16.log 2>&1
+wait; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -12; tail -2 \$OUT/gpu/all.log
+grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log \$OUT/e2e_bf16.log" ;;
   baseline)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
-(CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes offload,hybrid-eager,stock \
---reps 2 --decode-tokens 64 --results \$OUT/bench.json --log-dir \$OUT --timeout 330 > \$OUT/bench_baseline.log 2>&1) &
-CUDA_VISIBLE_DEVICES=1 $half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 90)) $e2e --basetemp=/root/e2e-tmp/quant \
+(CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock \
+--reps 2 --decode-tokens 64 --results \$OUT/bench.json --log-dir \$OUT --timeout 400 > \$OUT/bench_baseline.log 2>&1) &
+CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=1 $half1 bash tools/device_gpu_tests.sh all 75
-wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
+wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   rest)
-    body="timeout 240 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
+    body="timeout 400 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1
 grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 timeout 100 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done' > \$OUT/moe_layer.log 2>&1
