@@ -20,8 +20,10 @@ Criterion (TOL = 0.15 = two bf16 logit steps plus rounding):
   positions beyond 0.3 nats in 8 switch-on runs: 0.37-1.55 at that position, <= 0.08 at the positions
   before and after), i.e. one token whose router top-k changed in some layer, not drift. Such a
   spike can flip a token whose margin is up to its size (seen: 0.50, 1.06, 1.50). A flip at a larger
-  margin is accepted when nothing before it in that prompt differed by more than TOL (a fault that
-  drifts shows up before the flip) and the run passes the teacher-forced check below; without that
+  margin is accepted when the earlier positions of that prompt agreed (their 90th percentile <= TOL:
+  a fault that drifts shows up before the flip; an earlier single spike does not count, its token's
+  changed keys/values reach the later positions through attention) and the run passes the
+  teacher-forced check below; without that
   check's data, at most MAX_SPIKE_FLIPS such positions per comparison;
 - at least MIN_COVERAGE of the generated positions were compared (no vacuous pass; the teacher-forced
   check carries thousands of positions more).
@@ -188,15 +190,16 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
         return c
     for p, (r, t) in enumerate(zip(ref, test)):
         c.total += len(r["tokens"])
-        before = 0.0  # largest difference at the earlier positions of this prompt
+        earlier = []  # differences at the earlier positions of this prompt
         for i, (rt, tt) in enumerate(zip(r["tokens"], t["tokens"])):
+            before = _quantile(earlier, 0.9)
             R, T = r["logprobs"][i], t["logprobs"][i]
             common = set(R) & set(T)
             c.diffs.append(max((abs(R[k] - T[k]) for k in common), default=0.0))
             if rt != tt:
                 m = _margin(R)
                 what = (f"prompt {p} pos {i}: greedy {rt} vs {tt} with reference margin {m:.3f} "
-                        f"(|dlogprob| here {c.diffs[-1]:.3f}, earlier max {before:.3f})")
+                        f"(|dlogprob| here {c.diffs[-1]:.3f}, earlier p90 {before:.3f} max {max(earlier, default=0):.3f})")
                 if m > flip_margin and before <= TOL:
                     c.spike_flips[(p, i)] = what  # a router spike at this position (see above)
                     c.spike_cases[(p, i)] = (list(r["tokens"][:i]), rt, tt)
@@ -205,7 +208,7 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
                 else:
                     c.allowed_flips += 1
                 break
-            before = max(before, c.diffs[-1])
+            earlier.append(c.diffs[-1])
     return c
 
 
