@@ -26,7 +26,6 @@ import importlib.util
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lk_moe import gpu_dequant, gpu_native
 from lk_moe.hybrid import HybridMoE
