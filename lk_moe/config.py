@@ -13,12 +13,10 @@ LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: auto (default: ke
                    Measured overhead per layer at M = 1 (lk_moe/cpu_path.py): kernel 24.5 us,
                    mailbox 36.5 us, hostfn 62.6 us
 LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the fallback kernels
-                   (dequantize to bf16 on the GPU, then the bf16 GEMM) even where a native kernel
-                   for the format would be chosen. Today every quantized format (fp8_block,
-                   fp8_channel, int8_channel, wna16_int4, mxfp4, nvfp4) takes the fallback anyway: no
-                   native expert GEMM is wired into lk_moe's GPU path yet (see lk_moe.gpu_dequant.gpu_path); the switch exists so
-                   that a GPU with native support (e.g. FP8 on sm_89+) can be forced onto the
-                   fallback once vLLM's native kernels are wired.
+                   (dequantize to bf16 on the GPU, then the bf16 GEMM) even where vLLM's native
+                   fused-MoE kernel for the format would be chosen (lk_moe.gpu_native: fp8_block and
+                   fp8_channel from sm_89, int8_channel and wna16_int4 from sm_80; mxfp4 and nvfp4
+                   always take the fallback). See lk_moe.gpu_dequant.gpu_path.
 
 A bad value raises ConfigError (a ValueError) naming the variable.
 """

@@ -19,32 +19,33 @@ from typing import Optional
 
 import torch
 
+from . import gpu_native
 from .gpu_layout import rows_w13, rows_w2
 
 CODES = {"fp8_e4m3": 0, "int8": 1}
 
-# Which GPU path a format takes (`gpu_path`). The hardware could run these byte formats natively
-# from the capability listed (FP8 E4M3 tensor-core MMA from sm_89; INT8 MMA from sm_75, which needs
-# int8 activations too, i.e. a W8A8 kernel), but lk_moe wires no native FP8/INT8 expert GEMM into
-# its GPU path yet: NATIVE_KERNELS is empty, so every byte format is dequantized to bf16 on the GPU
-# (this module's kernel) and computed by the bf16 GEMM. LK_FORCE_GPU_FALLBACK=1 keeps it that way
-# once native kernels (e.g. vLLM's) are listed here. The 4-bit formats likewise: W4A16 int4 GEMMs
-# (bf16 MMA on weights dequantized in registers) run from sm_80, FP4 tensor-core MMA from sm_100;
-# none is wired, so they are dequantized to bf16 by plain torch ops on the GPU (`dequant4_blocks`).
+# Which GPU path a format takes (`gpu_path`). NATIVE_KERNELS (lk_moe.gpu_native.KERNELS): the formats
+# that vLLM 0.26.0's fused-MoE kernels compute natively from their codes, with the first capability
+# each runs on: fp8_block and fp8_channel from sm_89 (FP8 tensor-core MMA), int8_channel and
+# wna16_int4 from sm_80 (W8A16 / W4A16: bf16 MMA on weights converted in registers). Below that, and
+# for the FP4 formats everywhere, the fallback: dequantize to bf16 on the GPU (byte formats: this
+# module's kernel; 4-bit formats: `dequant4_blocks`), then the bf16 GEMM. mxfp4/nvfp4 have no native
+# path: FP4 MMA needs sm_100+, and vLLM's FP4 MoE kernels want their own swizzled scale layouts, which
+# lk_moe does not build. LK_FORCE_GPU_FALLBACK=1 (or force_fallback=True) forces the fallback.
 BYTE_FORMATS = ("fp8_block", "fp8_channel", "int8_channel")
 FOUR_BIT_FORMATS = ("wna16_int4", "mxfp4", "nvfp4")
 HARDWARE_NATIVE = {"fp8_block": (8, 9), "fp8_channel": (8, 9), "int8_channel": (7, 5),
-                   "wna16_int4": (8, 0), "mxfp4": (10, 0), "nvfp4": (10, 0)}
-NATIVE_KERNELS: dict = {}  # format -> callable of a native GPU expert path; none yet
+                   "wna16_int4": (8, 0), "mxfp4": (10, 0), "nvfp4": (10, 0)}  # the MMA the hardware has
+NATIVE_KERNELS = gpu_native.KERNELS  # format -> (first capability, vLLM kernel that computes it)
 GPU_FORMATS = ("bf16",) + BYTE_FORMATS + FOUR_BIT_FORMATS  # formats with a GPU path (streamed or resident)
 
 
 def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None):
     """(path, reason) for `format`'s routed experts on a GPU of `capability` (major, minor; default:
-    the current device's, or None without CUDA): path is "bf16" (plain bf16 GEMM), "native" (a native
-    kernel for the format), "fallback" (dequantize to bf16 on the GPU, then the bf16 GEMM) or "cpu"
-    (no GPU path for the format: prefill stays on the CPU). force_fallback: default
-    LK_FORCE_GPU_FALLBACK."""
+    the current device's, or None without CUDA): path is "bf16" (plain bf16 GEMM), "native" (vLLM's
+    fused-MoE kernel on the format's codes, lk_moe.gpu_native), "fallback" (dequantize to bf16 on the
+    GPU, then the bf16 GEMM) or "cpu" (no GPU path for the format: prefill stays on the CPU).
+    force_fallback: default LK_FORCE_GPU_FALLBACK."""
     if format == "bf16":
         return "bf16", "bf16 experts: bf16 GEMM"
     if format not in BYTE_FORMATS + FOUR_BIT_FORMATS:
@@ -58,11 +59,16 @@ def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None
     if force_fallback:
         return "fallback", f"{format}: LK_FORCE_GPU_FALLBACK=1 (dequantize to bf16 on the GPU + bf16 GEMM)"
     if format not in NATIVE_KERNELS:
-        return "fallback", f"{format}: no native GPU kernel wired into lk_moe yet (dequantize to bf16 + bf16 GEMM)"
-    need = HARDWARE_NATIVE[format]
+        return "fallback", (f"{format}: no native GPU kernel wired into lk_moe (FP4 MMA needs sm_100+, and vLLM's "
+                            "FP4 MoE kernels want their own scale layouts); dequantize to bf16 on the GPU + bf16 GEMM")
+    need, kernel = NATIVE_KERNELS[format]
     if capability is None or tuple(capability) < need:
-        return "fallback", f"{format}: native kernel needs sm_{need[0]}{need[1]}+, this GPU is {capability}"
-    return "native", f"{format}: native kernel on sm_{capability[0]}{capability[1]}"
+        have = "no GPU" if capability is None else f"sm_{capability[0]}{capability[1]}"
+        return "fallback", (f"{format}: the native kernel needs sm_{need[0]}{need[1]}+, this GPU is {have} "
+                            "(dequantize to bf16 on the GPU + bf16 GEMM)")
+    return "native", f"{format}: native on sm_{capability[0]}{capability[1]}: {kernel}"
+
+
 _lib = None
 _lib_error: Optional[str] = None
 

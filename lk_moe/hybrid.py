@@ -19,6 +19,12 @@ scales) travel as the engine keeps them (about a quarter of the bytes of bf16) a
 bf16 on the GPU by plain torch ops (lk_moe.gpu_dequant.dequant4_blocks); mxfp4 layers keep their
 biases and activation (swigluoai) on the GPU too.
 
+Where vLLM has a fused-MoE kernel for the format on this GPU (lk_moe.gpu_native: fp8_block and
+fp8_channel from sm_89, int8_channel and wna16_int4 from sm_80), the same streamed bytes are instead
+rearranged on the GPU into that kernel's layout and computed by it from their codes ("native";
+`gpu_path` / `gpu_path_reason` say which path a layer takes and why; LK_FORCE_GPU_FALLBACK=1 or
+force_fallback=True forces the fallback).
+
 The streamed path syncs once per forward (the per-expert token counts) and is meant for eager
 prefill; decode and captured graphs use the CPU path.
 """
@@ -31,7 +37,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from . import gpu_dequant
+from . import gpu_dequant, gpu_native
 from .cpu_path import CpuExpertPath, PinnedIO
 from .gpu_experts import RoutedBatch, experts_forward
 from .gpu_layout import rows_w13, rows_w2, unpack_w13, unpack_w2
@@ -248,7 +254,9 @@ class HybridMoE:
         torch twin, with a warning), "kernel" or "torch" (forced). Both give the same bf16 bits.
         4-bit formats: "auto" or "torch" (plain torch ops on the GPU; they have no kernel).
         force_fallback: the quantized formats' path choice (default LK_FORCE_GPU_FALLBACK), see
-        lk_moe.gpu_dequant.gpu_path; the fallback is the only GPU path for them today."""
+        lk_moe.gpu_dequant.gpu_path: True forces the fallback; otherwise a format with a native kernel
+        on this GPU takes it (lk_moe.gpu_native), and a failure of that kernel at construction raises
+        (no silent fallback)."""
         if not torch.cuda.is_available():
             raise RuntimeError("HybridMoE needs a CUDA device; use lk_moe.MoELayer for CPU-only work")
         if gpu_min_batch < 0:
@@ -266,11 +274,15 @@ class HybridMoE:
         needs_gpu_copy = resident or gpu_min_batch > 0
         self.gpu_path, self.gpu_path_reason = None, None
         self.copy_layout: Optional[GpuCopyLayout] = None
+        self.native: Optional[gpu_native.NativeExperts] = None
         if needs_gpu_copy:
             gpu_sources(self.layer)  # a format without a GPU path: ValueError naming it
             self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback)
-            if self.gpu_path == "native":  # not reachable today: gpu_dequant.NATIVE_KERNELS is empty
-                raise NotImplementedError(f"a native GPU kernel for {self.format} is listed but not wired")
+            if self.gpu_path == "native":  # vLLM's kernel, checked once here (raises naming the way out)
+                self.native = gpu_native.NativeExperts(
+                    self.format, self.layer._impl.padded_dims,
+                    quant4_parts(self.layer) if self.format in gpu_dequant.FOUR_BIT_FORMATS else (),
+                    activation=self.layer.activation)
             if self.format in gpu_dequant.FOUR_BIT_FORMATS:  # torch ops; GpuCopyLayout refuses "kernel"
                 impl = "torch" if dequant == "auto" else dequant
             else:
@@ -279,15 +291,19 @@ class HybridMoE:
         # The engine's activation (mxfp4 may be swigluoai), applied by the GPU paths too.
         self.activation = self.layer.activation
         self.swiglu = tuple(self.layer._impl.swiglu)
-        self.dequant_impl = self.copy_layout.dequant_impl if self.copy_layout else None
+        # What dequantizes the weights (None: nothing does, bf16 or the native path).
+        self.dequant_impl = self.copy_layout.dequant_impl if self.copy_layout and self.native is None else None
         self.expert_bytes = self.copy_layout.expert_bytes if self.copy_layout else 0
         self.resident = resident
-        self._resident_w = self._resident_b = None
+        self._resident_w = self._resident_b = self._resident_native = None
         self.streamer = streamer
         if resident:
             on_gpu = [[t.cuda() for t in srcs] for srcs in self.copy_layout.sources]
-            self._resident_w = self.copy_layout.unpack(on_gpu)
-            self._resident_b = self.copy_layout.biases(on_gpu)
+            if self.native is not None:  # the codes stay quantized, in the kernel's layout
+                self._resident_native = self.native.relayout(on_gpu)
+            else:
+                self._resident_w = self.copy_layout.unpack(on_gpu)
+                self._resident_b = self.copy_layout.biases(on_gpu)
         elif gpu_min_batch > 0:
             # Page-lock the engine's own copy in place (fast async H2D, no second host copy);
             # unregistered when the layer is freed.
@@ -323,7 +339,7 @@ class HybridMoE:
     # -- forward
     def takes_gpu_path(self, tokens: int) -> bool:
         """Whether `forward` of this many tokens runs on the GPU (resident or streamed)."""
-        return self._resident_w is not None or (self.gpu_min_batch > 0 and tokens >= self.gpu_min_batch)
+        return self.resident or (self.gpu_min_batch > 0 and tokens >= self.gpu_min_batch)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         M = x.shape[0]
@@ -340,16 +356,22 @@ class HybridMoE:
         batch = RoutedBatch(topk_ids, topk_weights, self.num_experts)
         x_pad = F.pad(x, (0, self.kp1 - self.hidden)) if self.kp1 != self.hidden else x
         acc = torch.zeros(M, self.h_pad, dtype=torch.float32, device=x.device)
-        if self._resident_w is not None:
+        ids = None
+        if self.native is not None:  # vLLM's kernel reads x by rows; -1 ids mapped for its expert maps
+            x_pad, ids = x_pad.contiguous(), gpu_native.NativeExperts.map_ids(topk_ids, self.num_experts)
+        if self._resident_native is not None:
+            self.native.add(x_pad, ids, topk_weights, self._resident_native, None, self.num_experts, acc)
+        elif self._resident_w is not None:
             experts_forward(x_pad, batch, self._resident_w[0], self._resident_w[1], 0, acc,
                             biases=self._resident_b, activation=self.activation, swiglu=self.swiglu)
         else:
-            self._streamed(x_pad, batch, acc)
+            self._streamed(x_pad, batch, acc, ids, topk_weights)
         return acc[:, :self.hidden].to(self.dtype)
 
     __call__ = forward
 
-    def _streamed(self, x_pad, batch: RoutedBatch, acc) -> None:
+    def _streamed(self, x_pad, batch: RoutedBatch, acc, ids=None, topk_weights=None) -> None:
+        """ids, topk_weights: the native path's inputs (NativeExperts.map_ids of topk_ids)."""
         st = self.streamer
         routed = batch.routed_experts()
         if not routed:
@@ -383,12 +405,15 @@ class HybridMoE:
             chunk, slot = todo[i]
             buf = st.consume(slot)
             views = self.copy_layout.slot_views(buf, len(chunk))
-            u13, u2 = self.copy_layout.unpack(views)
-            act = dict(biases=self.copy_layout.biases(views), activation=self.activation, swiglu=self.swiglu)
-            if chunk == list(range(chunk[0], chunk[0] + len(chunk))):
-                experts_forward(x_pad, batch, u13, u2, chunk[0], acc, **act)
+            if self.native is not None:
+                self.native.add(x_pad, ids, topk_weights, self.native.relayout(views), chunk, self.num_experts, acc)
             else:
-                experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk, **act)
+                u13, u2 = self.copy_layout.unpack(views)
+                act = dict(biases=self.copy_layout.biases(views), activation=self.activation, swiglu=self.swiglu)
+                if chunk == list(range(chunk[0], chunk[0] + len(chunk))):
+                    experts_forward(x_pad, batch, u13, u2, chunk[0], acc, **act)
+                else:
+                    experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk, **act)
             st.release(slot)
             # The slot just released is the next one the ring hands out: refill it.
             if pos < len(todo):

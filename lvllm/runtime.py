@@ -66,6 +66,7 @@ class WorkerRuntime:
         self._summary_logged = False
         self.planned_hybrid = 0  # counted as vLLM builds the layers, before any is loaded
         self.cpu_prefill_formats: List[str] = []  # formats kept on CPU prefill despite GPU prefill (warned)
+        self.gpu_paths: dict = {}  # format -> HybridMoE.gpu_path_reason of its first layer with a GPU path
         self.progress: Optional[LoadProgress] = None
         self.stats: Optional[WorkerStats] = None
         if cfg.stats_interval > 0:
@@ -125,6 +126,9 @@ class WorkerRuntime:
             self.stats.add_layer(plan.layer_index, hybrid)
         self.host_bytes += hybrid.layer.nbytes
         self.gpu_bytes_saved += hybrid.layer.expert_bytes
+        reason = getattr(hybrid, "gpu_path_reason", None)
+        if reason is not None:  # one per format: every layer of a format takes the same path on one GPU
+            self.gpu_paths.setdefault(hybrid.format, reason)
         cpu_path = getattr(hybrid, "cpu_path", None)  # (a CPU-only load has none)
         self._kernel_unusable = getattr(cpu_path, "kernel_unusable", None)
 
@@ -151,7 +155,8 @@ class WorkerRuntime:
                 + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch
                    else "prefill on the CPU")
                 + (f" (CPU prefill for {', '.join(self.cpu_prefill_formats)} layers: no GPU path)"
-                   if self.cfg.gpu_prefill_min_batch and self.cpu_prefill_formats else ""))
+                   if self.cfg.gpu_prefill_min_batch and self.cpu_prefill_formats else "")
+                + "".join(f"; GPU path of {r}" for r in self.gpu_paths.values()))
 
     def log_summary_once(self) -> None:
         """At the first forward: the summary, and the statistics start."""

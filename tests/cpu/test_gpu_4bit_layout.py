@@ -237,19 +237,21 @@ def test_fallback_math_on_the_cpu(tmp_path, fmt, H, I, opt, M):
         assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w, **act)
 
 
-def test_gpu_path_of_the_4bit_formats(monkeypatch):
+def test_gpu_path_of_the_4bit_formats():
+    """wna16_int4: vLLM's W4A16 kernel from sm_80; the FP4 formats: the fallback on every GPU (no native
+    FP4 kernel is wired; FP4 MMA would need sm_100+)."""
     for fmt in FOUR_BIT:
         assert fmt in gpu_dequant.GPU_FORMATS
-        for cap in ((8, 0), (9, 0), (10, 0), (12, 0)):
+        for cap in ((7, 5), (8, 0), (9, 0), (10, 0), (12, 0)):
             path, why = gpu_dequant.gpu_path(fmt, capability=cap, force_fallback=False)
-            assert path == "fallback" and "no native GPU kernel" in why, why
+            if fmt == "wna16_int4" and cap >= (8, 0):
+                assert path == "native" and "int4 W4A16" in why, why
+            elif fmt == "wna16_int4":
+                assert path == "fallback" and "needs sm_80+" in why, why
+            else:
+                assert path == "fallback" and "no native GPU kernel" in why and "sm_100" in why, why
         path, why = gpu_dequant.gpu_path(fmt, capability=(9, 0), force_fallback=True)
         assert path == "fallback" and "LK_FORCE_GPU_FALLBACK=1" in why
-    # once a native kernel is listed: FP4 MMA from sm_100, so the H200 (sm_90) keeps the fallback
-    monkeypatch.setitem(gpu_dequant.NATIVE_KERNELS, "nvfp4", object())
-    assert gpu_dequant.gpu_path("nvfp4", capability=(9, 0), force_fallback=False)[0] == "fallback"
-    assert gpu_dequant.gpu_path("nvfp4", capability=(10, 0), force_fallback=False)[0] == "native"
-    assert gpu_dequant.gpu_path("nvfp4", capability=(10, 0), force_fallback=True)[0] == "fallback"
 
 
 # -- bad inputs

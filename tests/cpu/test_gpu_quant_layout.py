@@ -267,31 +267,26 @@ def test_arch_runs():
 
 # -- which path a format takes, and LK_FORCE_GPU_FALLBACK
 
-def test_gpu_path_today_every_byte_format_takes_the_fallback():
+def test_gpu_path_of_the_byte_formats(monkeypatch):
+    """Native (vLLM's kernel) from the first capability it runs on, the fallback below it or when forced;
+    per-capability cases for every format: tests/cpu/test_gpu_native_layout.py."""
     assert gpu_dequant.gpu_path("bf16")[0] == "bf16"
     for fmt in BYTE_FORMATS:
+        need = (8, 0) if fmt == "int8_channel" else (8, 9)
         for cap in ((7, 5), (8, 0), (8, 9), (9, 0), (12, 0)):
             path, why = gpu_dequant.gpu_path(fmt, capability=cap, force_fallback=False)
-            assert path == "fallback" and "no native GPU kernel" in why, why
+            if cap >= need:
+                assert path == "native" and "vLLM fused_experts" in why, why
+            else:
+                assert path == "fallback" and f"needs sm_{need[0]}{need[1]}+" in why, why
         path, why = gpu_dequant.gpu_path(fmt, capability=(9, 0), force_fallback=True)
         assert path == "fallback" and "LK_FORCE_GPU_FALLBACK=1" in why
     # the 4-bit formats: test_gpu_4bit_layout.test_gpu_path_of_the_4bit_formats
     assert gpu_dequant.GPU_FORMATS == ("bf16",) + BYTE_FORMATS + ("wna16_int4", "mxfp4", "nvfp4")
-
-
-def test_gpu_path_with_a_native_kernel_listed(monkeypatch):
-    """The selection rule for when a native kernel is wired: FP8 native from sm_89, unless forced."""
-    monkeypatch.setitem(gpu_dequant.NATIVE_KERNELS, "fp8_block", object())
-    assert gpu_dequant.gpu_path("fp8_block", capability=(9, 0), force_fallback=False)[0] == "native"
-    assert gpu_dequant.gpu_path("fp8_block", capability=(8, 9), force_fallback=False)[0] == "native"
-    path, why = gpu_dequant.gpu_path("fp8_block", capability=(8, 6), force_fallback=False)
-    assert path == "fallback" and "sm_89" in why
-    assert gpu_dequant.gpu_path("fp8_block", capability=(9, 0), force_fallback=True)[0] == "fallback"
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "1")
     assert gpu_dequant.gpu_path("fp8_block", capability=(9, 0))[0] == "fallback"
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "0")
     assert gpu_dequant.gpu_path("fp8_block", capability=(9, 0))[0] == "native"
-    assert gpu_dequant.gpu_path("fp8_channel", capability=(9, 0))[0] == "fallback"  # not listed
 
 
 @pytest.mark.parametrize("raw,want", [("", False), ("0", False), ("1", True), ("true", True), (" ON ", True),

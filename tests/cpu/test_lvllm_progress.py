@@ -66,3 +66,26 @@ def test_runtime_warns_once_per_format_that_keeps_cpu_prefill():
     assert "int3_someday experts have no GPU path" in warnings[1]
     assert rt.cpu_prefill_formats == ["fp6_someday", "int3_someday"] and off.cpu_prefill_formats == []
     assert "(CPU prefill for fp6_someday, int3_someday layers: no GPU path)" in rt.summary()
+
+
+def test_summary_names_the_gpu_path_of_each_format():
+    """The startup summary says once per format which GPU path its layers take and why
+    (HybridMoE.gpu_path_reason: native kernel, fallback and its reason, or bf16)."""
+    from types import SimpleNamespace
+
+    from lk_moe import gpu_dequant
+    from lvllm.config import from_env
+    from lvllm.policy import LayerPlan
+    from lvllm.runtime import WorkerRuntime
+
+    rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "2048"}))
+    for i, (fmt, cap) in enumerate([("fp8_block", (9, 0)), ("fp8_block", (9, 0)), ("mxfp4", (9, 0)),
+                                    ("fp8_channel", (8, 0))]):
+        path, reason = gpu_dequant.gpu_path(fmt, capability=cap, force_fallback=False)
+        layer = SimpleNamespace(nbytes=1, expert_bytes=1)
+        hybrid = SimpleNamespace(format=fmt, gpu_path=path, gpu_path_reason=reason, streamer=None, layer=layer)
+        rt.add_layer(LayerPlan(f"model.layers.{i}.mlp.experts", i, "hybrid", fmt), hybrid)
+    text = rt.summary()
+    assert text.count("GPU path of fp8_block: native on sm_90: vLLM fused_experts") == 1, text
+    assert "GPU path of mxfp4: no native GPU kernel wired" in text
+    assert "GPU path of fp8_channel: the native kernel needs sm_89+, this GPU is sm_80" in text

@@ -140,7 +140,8 @@ def quant_layers():
 
 @pytest.fixture
 def forced_fallback(monkeypatch):
-    """The H200 would pick a native FP8 path once one is wired: these tests force the fallback."""
+    """The H200 takes the native path for fp8_block, fp8_channel, int8_channel and wna16_int4
+    (tests/gpu/test_native.py): these tests force the fallback."""
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "1")
 
 
@@ -190,10 +191,10 @@ def test_quant_streamed(quant_layers, forced_fallback, fmt, M, dequant):
     assert h.streamer.bytes_copied - before == (E if routed * 2 >= E else routed) * h.expert_bytes
 
 
-@pytest.mark.parametrize("fmt", FOUR_BIT)
-def test_4bit_fallback_without_forcing(quant_layers, monkeypatch, fmt):
-    """Without LK_FORCE_GPU_FALLBACK the 4-bit formats take the fallback too (no native kernel wired;
-    FP4 MMA would need sm_100+)."""
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fp4_fallback_without_forcing(quant_layers, monkeypatch, fmt):
+    """Without LK_FORCE_GPU_FALLBACK the FP4 formats take the fallback too (no native FP4 kernel wired;
+    FP4 MMA would need sm_100+). wna16_int4 is native from sm_80: tests/gpu/test_native.py."""
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "0")
     layer, d13, d2, act = quant_layers[fmt]
     h = HybridMoE(None, None, layer=layer, max_tokens=64, top_k=K, gpu_min_batch=64)
