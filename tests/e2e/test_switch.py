@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from .compare import compare_runs
+from .compare import DRIFT_FACTOR, DRIFT_SLACK, MAX_OUTLIERS, TOL, compare_runs, oracle_problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,6 +54,18 @@ QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a1
 # codes + scales, int4 and NVFP4 4-bit blocks + scales, dequantized to bf16 on the GPU).
 QUANTIZED_GPU = [("qwen3_moe", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4")]
 GPU_PREFILL = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128"}
+FORCED_FALLBACK = {**GPU_PREFILL, "LK_FORCE_GPU_FALLBACK": "1"}
+# tiny-checkpoint quant -> engine format; the native GPU path (vLLM's fused-MoE kernels) of the fp8
+# formats quantizes the activations to fp8 (W8A8), as vLLM's own methods do.
+ENGINE_FORMAT = {"fp8": "fp8_block", "w4a16": "wna16_int4", "nvfp4": "nvfp4",
+                 "fp8_channel": "fp8_channel", "int8_channel": "int8_channel"}
+W8A8_NATIVE = ("fp8_block", "fp8_channel")
+
+
+def _native_here(quant) -> bool:
+    """Whether the format's GPU path on this GPU is vLLM's kernel (lk_moe.gpu_dequant.gpu_path)."""
+    from lk_moe.gpu_dequant import gpu_path
+    return gpu_path(ENGINE_FORMAT[quant], force_fallback=False)[0] == "native"
 # Architectures whose checkpoints ship quantized experts (gpt-oss: MXFP4, biases, swigluoai).
 NATIVE = ["gpt_oss"]
 PARALLEL = 10  # vLLM runs at a time (each is two processes of a few GB of host RAM)
@@ -157,7 +169,9 @@ def quantized_runs(tmp_path_factory):
     for arch, quant in QUANTIZED:
         specs += [(arch, "off", OFF, KV, quant), (arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
     for arch, quant in QUANTIZED_GPU:
-        specs += [(arch, "gpu", GPU_PREFILL, KV, quant)]
+        specs += [(arch, "gpu", FORCED_FALLBACK, KV, quant)]
+        if _native_here(quant):
+            specs += [(arch, "gpu-native", GPU_PREFILL, KV, quant)]
     for arch in NATIVE:
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV)]
     return _run_all(tmp_path_factory.mktemp("e2e-quant"), specs)
@@ -272,13 +286,51 @@ def test_quantized_experts_match_switch_off(quantized_runs, arch, quant):
 @pytest.mark.parametrize("arch,quant", QUANTIZED_GPU)
 def test_quantized_gpu_prefill_matches_bf16_twin(quantized_runs, arch, quant):
     """Prompts of >= 128 tokens stream the quantized experts (FP8 codes + scales, int4 / NVFP4 4-bit
-    blocks + scales) to the GPU and dequantize there (each weight rounded to bf16 once, as the twin holds
-    them): the bf16 criterion against the twin."""
+    blocks + scales) to the GPU; with LK_FORCE_GPU_FALLBACK=1 they are dequantized there (each weight
+    rounded to bf16 once, as the twin holds them): the bf16 criterion against the twin. (This is the
+    path of GPUs without a native kernel for the format: FP8 before sm_89, FP4 before sm_100.)"""
     on = _get(quantized_runs, f"{arch}-{quant}-gpu")
     twin = _get(quantized_runs, f"{arch}-{quant}-twin-stock")
+    fmt = ENGINE_FORMAT[quant]
     assert "GPU prefill from 128 tokens" in on["log"], "the plugin did not plan GPU prefill"
     assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
-    _check(twin, on, f"{arch} {quant} GPU prefill vs bf16 twin")
+    assert f"GPU path of {fmt}: {fmt}: LK_FORCE_GPU_FALLBACK=1" in on["log"], "the fallback was not forced"
+    _check(twin, on, f"{arch} {quant} GPU prefill (fallback) vs bf16 twin")
+
+
+@pytest.mark.parametrize("arch,quant", QUANTIZED_GPU)
+def test_quantized_gpu_prefill_native_kernels(quantized_runs, arch, quant):
+    """GPU prefill through vLLM's own fused-MoE kernel on the streamed codes (lk_moe.gpu_native), where
+    this GPU has one. W4A16 / W8A16 keep bf16 activations: the bf16 criterion against the twin. The fp8
+    formats' W8A8 kernels quantize the activations to fp8, as vLLM's own method does with the switch off:
+    the reference is then the switch-off run (vLLM's kernels on the same file). Teacher-forced (every
+    scored position is GPU prefill) the run may be no farther from the twin's fp32 truth than the
+    switch-off run; the greedy tokens (decode on the CPU, W8A16, over prompts whose keys/values the fp8
+    prefill computed) no farther from the twin than the switch-off run's are."""
+    if not _native_here(quant):
+        pytest.skip(f"{ENGINE_FORMAT[quant]} has no native GPU kernel on this GPU")
+    fmt = ENGINE_FORMAT[quant]
+    on = _get(quantized_runs, f"{arch}-{quant}-gpu-native")
+    twin = _get(quantized_runs, f"{arch}-{quant}-twin-stock")
+    assert f"GPU path of {fmt}: {fmt}: native on sm_" in on["log"], "the native kernel was not taken"
+    assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
+    if fmt not in W8A8_NATIVE:
+        _check(twin, on, f"{arch} {quant} GPU prefill (native) vs bf16 twin")
+        return
+    off = _get(quantized_runs, f"{arch}-{quant}-off")
+    fp32 = _fp32_truth(twin["model"], twin)
+    label = f"{arch} {quant} GPU prefill (native W8A8)"
+    tf = compare_runs(off, on, label, fp32=fp32)  # teacher-forced: reference = vLLM's kernels (switch off)
+    greedy, yardstick = compare_runs(twin, on, label), compare_runs(twin, off, "switch off")
+    problems = oracle_problems(*tf.oracle)
+    for what, q in (("p90", greedy.quantile(0.9)), ("share beyond TOL", greedy.outlier_fraction())):
+        ref = yardstick.quantile(0.9) if what == "p90" else yardstick.outlier_fraction()
+        if q > max(ref * DRIFT_FACTOR + DRIFT_SLACK, TOL if what == "p90" else MAX_OUTLIERS):
+            problems.append(f"greedy vs twin {what} {q:.3f} > the switch-off run's {ref:.3f} x {DRIFT_FACTOR:g} + {DRIFT_SLACK}")
+    print(f"[e2e] {label}: teacher-forced reference (switch off) {tf.oracle[0].summary()}, test {tf.oracle[1].summary()}; "
+          f"greedy vs twin: {greedy.summary()}; switch off vs twin: {yardstick.summary()}"
+          + (f"; FAIL: {'; '.join(problems)}" if problems else "; ok"))
+    assert not problems, problems
 
 
 @pytest.mark.parametrize("arch", NATIVE)
