@@ -7,9 +7,9 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8, w4a16 or nvfp4 for the
-quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked
-against transformers' own MXFP4 dequantization).
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8, w4a16, nvfp4, fp8_channel
+or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
+layout was checked against transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
 experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.
@@ -253,7 +253,7 @@ def write_tokenizer(out: str, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-QUANTS = ("bf16", "fp8", "w4a16", "nvfp4")
+QUANTS = ("bf16", "fp8", "w4a16", "nvfp4", "fp8_channel", "int8_channel")
 
 
 def _is_router(name: str) -> bool:
@@ -413,6 +413,67 @@ def _nvfp4_hf_quant_config(qc: dict) -> dict:
                                                          "group_size": qc["group_size"], "exclude_modules": qc["ignore"]}}
 
 
+# compressed-tensors W8A8 per channel (what llm-compressor's FP8_DYNAMIC and INT8 W8A8 presets write,
+# e.g. RedHatAI/Qwen3-30B-A3B-FP8-dynamic, *-quantized.w8a8), per quantized Linear `name`: name.weight
+# float8_e4m3fn or int8 [N, K], name.weight_scale [N, 1] in the model's dtype (compressed-tensors gives a
+# scale the dtype of the weight it observed: bf16 here); symmetric, no zero point, weight = code *
+# scale. Activations are quantized per token at run time: no input scales in the file. vLLM 0.26 reads
+# them as CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod for the experts.
+W8A8_CHANNEL = {  # quant -> (code dtype, largest code, compressed-tensors type and format)
+    "fp8_channel": (torch.float8_e4m3fn, 448.0, "float", "float-quantized"),
+    "int8_channel": (torch.int8, 127.0, "int", "int-quantized"),
+}
+
+
+def quantize_w8a8_channel_tensor(w: torch.Tensor, quant: str):
+    """fp32 [N, K] -> (codes [N, K], bf16 scales [N, 1]): scale = row amax / largest code (rounded to
+    bf16 first, so the codes are computed against the scale the file holds); fp8 codes are the nearest
+    e4m3 value, int8 codes round half to even."""
+    dtype, qmax, _, _ = W8A8_CHANNEL[quant]
+    w = w.float()
+    scale = (w.abs().amax(dim=1, keepdim=True) / qmax).clamp(min=1e-12).to(torch.bfloat16)
+    x = (w / scale.float()).clamp(-qmax, qmax)
+    codes = x.to(dtype) if dtype.is_floating_point else torch.round(x).to(dtype)
+    return codes.contiguous(), scale.contiguous()
+
+
+def quantize_w8a8_channel(tensors: Dict[str, torch.Tensor], quant: str,
+                          experts_only: bool = False) -> Dict[str, torch.Tensor]:
+    """Every projection (experts_only: the routed experts only) as compressed-tensors W8A8 per channel
+    (quant "fp8_channel" or "int8_channel"); router, embeddings, norms, biases and lm_head stay as they are."""
+    out = {}
+    for name, w in tensors.items():
+        if not _quantized_projection(name, w, experts_only):
+            out[name] = w
+            continue
+        out[name], out[name[:-len("weight")] + "weight_scale"] = quantize_w8a8_channel_tensor(w, quant)
+    return out
+
+
+def _w8a8_channel_config(tensors: Dict[str, torch.Tensor], quant: str) -> dict:
+    # As llm-compressor serializes the preset: every Linear targeted, the ones left bf16 (router,
+    # lm_head, with experts_only all but the routed experts) listed in "ignore".
+    dtype, _, typ, fmt = W8A8_CHANNEL[quant]
+    ignore = sorted(n[:-len(".weight")] for n, t in tensors.items()
+                    if n.endswith(".weight") and t.dim() == 2 and t.dtype != dtype and not n.startswith("model.embed"))
+
+    def args(strategy: str, dynamic: bool, observer) -> dict:
+        return {"num_bits": 8, "type": typ, "symmetric": True, "group_size": None, "strategy": strategy,
+                "block_structure": None, "dynamic": dynamic, "actorder": None, "observer": observer,
+                "observer_kwargs": {}}
+
+    scheme = {"targets": ["Linear"], "weights": args("channel", False, "minmax"),
+              "input_activations": args("token", True, None), "output_activations": None, "format": fmt}
+    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+            "config_groups": {"group_0": scheme}, "ignore": ignore, "kv_cache_scheme": None}
+
+
+def decode_w8a8_channel(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn or int8 [N, K] and scales [N, 1] -> fp32 [N, K] = code * scale (exact: a code
+    has at most 7 significant bits, a bf16 scale 8, fp32 holds 24)."""
+    return weight.float() * weight_scale.float().reshape(weight.shape[0], 1)
+
+
 def decode_fp8_block(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
     """float8_e4m3fn [N, K] and fp32 [ceil(N/b), ceil(K/b)] -> fp32 [N, K] = code * block scale."""
     N, K = weight.shape
@@ -430,7 +491,8 @@ def decode_w4a16(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
     """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
-    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4), read from the file's own tensors."""
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel), read from the file's
+    own tensors."""
     if base + "weight_packed" in tensors:
         return decode_w4a16(tensors[base + "weight_packed"], tensors[base + "weight_scale"])
     w = tensors[base + "weight"]
@@ -438,6 +500,8 @@ def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tens
         return decode_fp8_block(w, tensors[base + "weight_scale_inv"])
     if w.dtype == torch.uint8 and base + "weight_scale_2" in tensors:
         return decode_nvfp4(w, tensors[base + "weight_scale"], tensors[base + "weight_scale_2"])
+    if w.dtype in (torch.float8_e4m3fn, torch.int8) and base + "weight_scale" in tensors:
+        return decode_w8a8_channel(w, tensors[base + "weight_scale"])
     return w.float()
 
 
@@ -477,8 +541,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
                     quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
     quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
-    compressed-tensors, like Kimi-K2-Thinking) or "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4);
-    quantized variants: tiny only. experts_only (fp8, nvfp4; fp8_experts_only is its old name): quantize
+    compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
+    "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
+    activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8); quantized variants: tiny only.
+    experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels)."""
     if quant not in QUANTS:
@@ -511,6 +577,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     elif quant == "w4a16":
         config["quantization_config"] = _w4a16_config(tensors)
         tensors = quantize_w4a16(tensors)
+    elif quant in W8A8_CHANNEL:
+        tensors = quantize_w8a8_channel(tensors, quant, experts_only=experts_only)
+        config["quantization_config"] = _w8a8_channel_config(tensors, quant)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -532,7 +601,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
     ap.add_argument("--experts-only", action="store_true",
-                    help="fp8/nvfp4: quantize the routed experts only (other projections stay bf16)")
+                    help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
+                         "(other projections stay bf16)")
     a = ap.parse_args(argv)
     make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"

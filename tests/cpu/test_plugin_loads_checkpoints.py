@@ -11,9 +11,10 @@ gate/up, wrong nibble or scale) gives O(1).
 Each case runs in its own process (vLLM's distributed state is per process). vLLM's CPU platform
 stands in for the GPU one during construction (and answers the W4A16 and NVFP4 backend questions as
 a CUDA machine would: Marlin; on the CPU platform ModelOptNvFp4FusedMoE's constructor finds no NVFP4
-backend and raises, see vllm_cpu_load.lend_nvfp4_backend); MLA models (DeepSeek: no CPU MLA) and models with dense MLP layers
-(GLM-4.5: the CPU platform wants vLLM's compiled SiluAndMul) are covered by tests/e2e on the GPU
-machine instead."""
+backend and raises, see vllm_cpu_load.lend_nvfp4_backend; the compressed-tensors W8A8 FP8 / INT8
+per-channel methods need no such help); MLA models (DeepSeek: no CPU MLA) and models with dense MLP
+layers (GLM-4.5: the CPU platform wants vLLM's compiled SiluAndMul) are covered by tests/e2e on the
+GPU machine instead."""
 import json
 import os
 import subprocess
@@ -28,6 +29,8 @@ pytest.importorskip("tokenizers")
 from lvllm.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_load.py")
+# FP8 / NVFP4 / W8A8 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
+EXPERTS_ONLY = ("fp8", "nvfp4", "fp8_channel", "int8_channel")
 CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "bf16", 0, "bf16"),
     ("mixtral", "bf16", 0, "bf16"),
@@ -35,16 +38,19 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "w4a16", 0, "wna16_int4"),
     ("gpt_oss", "bf16", 0, "mxfp4"),
     ("qwen3_moe", "nvfp4", 0, "nvfp4"),  # ModelOpt NVFP4 (gate/up global scales differ)
+    ("qwen3_moe", "fp8_channel", 0, "fp8_channel"),  # compressed-tensors FP8 per channel (FP8-dynamic)
+    ("mixtral", "int8_channel", 0, "int8_channel"),  # compressed-tensors INT8 W8A8 per channel
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
+# The vLLM method the plugin must have recognized (where several could read a format's tensors).
+VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod"}
 
 
 @pytest.mark.parametrize("i,arch,quant,layer,fmt", [(i, *c) for i, c in enumerate(CASES)],
                          ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quant, layer, fmt):
-    # FP8 / NVFP4 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
     written = "bf16" if quant == "dummy" else quant
-    model = make_checkpoint(arch, str(tmp_path / arch), quant=written, experts_only=quant in ("fp8", "nvfp4"))
+    model = make_checkpoint(arch, str(tmp_path / arch), quant=written, experts_only=quant in EXPERTS_ONLY)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
     env["LK_THREADS"] = "2"
     port = str(29700 + (os.getpid() % 200) * 5 + i)
@@ -55,11 +61,12 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     r = json.loads(lines[-1][7:])
     print(f"{arch} {quant}: {r}")
     assert r["format"] == fmt and r["hybrid_layers"] >= 3
+    assert r["method"] == VLLM_METHODS.get(fmt, r["method"]), r
     assert r["rel_rms"] <= 0.01, r
 
 
 TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16"),
-            ("qwen3_moe", "nvfp4")]
+            ("qwen3_moe", "nvfp4"), ("qwen3_moe", "fp8_channel"), ("mixtral", "int8_channel")]
 
 
 @pytest.mark.parametrize("i,arch,quant", [(i, *c) for i, c in enumerate(TP_CASES)], ids=[f"{a}-{q}" for a, q in TP_CASES])
@@ -68,7 +75,7 @@ def test_tensor_parallel_shards_sum_to_the_layer(tmp_path, i, arch, quant):
     interleaved rows, w2_bias only on rank 0); each rank's engine holds that shard; vLLM would
     all-reduce the partial outputs: their sum must be the whole layer, each alone must not."""
     import torch
-    model = make_checkpoint(arch, str(tmp_path / arch), quant=quant, experts_only=quant in ("fp8", "nvfp4"))
+    model = make_checkpoint(arch, str(tmp_path / arch), quant=quant, experts_only=quant in EXPERTS_ONLY)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
     env["LK_THREADS"] = "1"
     port = str(30100 + (os.getpid() % 200) * 5 + i)

@@ -93,7 +93,67 @@ def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
     torch.testing.assert_close(theirs, ours, rtol=2.5e-7, atol=0)
 
 
-@pytest.mark.parametrize("quant", ["fp8", "w4a16", "nvfp4"])
+@pytest.mark.parametrize("quant", ["fp8_channel", "int8_channel"])
+def test_w8a8_channel_encoder_round_trip(quant):
+    """Codes and bf16 per-row scales decode to the weights within one rounding of the code: int8 half a
+    step (scale / 2); e4m3 (3 mantissa bits) 2^-4 relative, 2^-10 of the scale at the subnormals. The
+    decoder agrees exactly with compressed-tensors' own dequantize for the scheme the config declares."""
+    from lvllm.tiny_checkpoint import _w8a8_channel_config, decode_w8a8_channel, quantize_w8a8_channel_tensor
+    w = torch.randn(16, 256) * torch.logspace(-3, 1, 16)[:, None]  # rows of very different ranges
+    q, scale = quantize_w8a8_channel_tensor(w, quant)
+    want_dtype = torch.float8_e4m3fn if quant == "fp8_channel" else torch.int8
+    assert (q.dtype, scale.dtype, tuple(q.shape), tuple(scale.shape)) == (want_dtype, torch.bfloat16, (16, 256), (16, 1))
+    deq = decode_w8a8_channel(q, scale)
+    s = scale.float()
+    if quant == "int8_channel":
+        bound = s / 2 + 1e-7 * w.abs()
+        assert q.abs().max() == 127 or (w.abs().amax(1, keepdim=True) / s).max() < 127.5
+    else:
+        bound = torch.maximum(w.abs() * 2 ** -4, s * 2 ** -10) * (1 + 1e-6)
+    # the bf16 scale may round a row's amax just past the largest code: that element clamps (bf16: 2^-8)
+    bound = bound + (w.abs() - q.float().abs().amax(1, keepdim=True) * s).clamp(min=0)
+    assert ((deq - w).abs() <= bound).all()
+    ct_forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
+    from compressed_tensors.quantization import QuantizationArgs
+    args = QuantizationArgs(**_w8a8_channel_config({}, quant)["config_groups"]["group_0"]["weights"])
+    theirs = ct_forward.dequantize(q, s, args=args, dtype=torch.float32)
+    assert torch.equal(theirs, deq)
+
+
+@pytest.mark.parametrize("quant,moe_scheme", [("fp8_channel", "_is_fp8_w8a8"), ("int8_channel", "_is_dynamic_token_w8a8")])
+def test_w8a8_channel_checkpoint_as_vllm_reads_it(tmp_path, quant, moe_scheme):
+    """compressed-tensors names, dtypes and shapes per expert projection (weight [N, K] in fp8/int8,
+    weight_scale [N, 1] bf16, no input scales: dynamic per token); vLLM 0.26's compressed-tensors config
+    parses the quantization_config, ignores the bf16 Linears, and finds the experts' scheme to be the one
+    its MoE dispatcher turns into CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod
+    (tests/cpu/test_plugin_loads_checkpoints.py builds the methods through vLLM's loader)."""
+    from safetensors.torch import load_file
+    path = make_checkpoint("qwen3_moe", str(tmp_path / "c"), quant=quant, experts_only=True)
+    t = load_file(f"{path}/model.safetensors")
+    p = "model.layers.1.mlp.experts.3.down_proj."
+    want_dtype = torch.float8_e4m3fn if quant == "fp8_channel" else torch.int8
+    assert (t[p + "weight"].dtype, tuple(t[p + "weight"].shape)) == (want_dtype, (512, 256))
+    assert (t[p + "weight_scale"].dtype, tuple(t[p + "weight_scale"].shape)) == (torch.bfloat16, (512, 1))
+    assert not any(n.endswith(("input_scale", "zero_point")) for n in t)
+    assert t["model.layers.1.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    qc = json.load(open(f"{path}/config.json"))["quantization_config"]
+    assert "model.layers.1.mlp.gate" in qc["ignore"] and "lm_head" in qc["ignore"]
+    ct = pytest.importorskip("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors")
+    cfg = ct.CompressedTensorsConfig.from_config(qc)
+    scheme = cfg.target_scheme_map["Linear"]
+    assert getattr(cfg, moe_scheme)(scheme["weights"], scheme["input_activations"])
+    assert not cfg._is_wNa16_group_channel(scheme["weights"], scheme["input_activations"])
+    if quant == "int8_channel":  # the FP8 branch comes first in the dispatcher: int8 must not match it
+        assert not cfg._is_fp8_w8a8(scheme["weights"], scheme["input_activations"])
+    assert cfg.get_scheme_dict(torch.nn.Linear(1, 1), "model.layers.1.self_attn.q_proj") is None
+    # vLLM's MoE dispatcher asks for "<experts>.0.gate_proj" etc. with the RoutedExperts module, which the
+    # "Linear" target reaches through the alias it adds (_add_fused_moe_to_target_scheme_map).
+    cfg._add_fused_moe_to_target_scheme_map()
+    experts = type("RoutedExperts", (torch.nn.Module,), {})()
+    assert cfg.get_scheme_dict(experts, "model.layers.1.mlp.experts.0.up_proj")["weights"] == scheme["weights"]
+
+
+@pytest.mark.parametrize("quant", ["fp8", "w4a16", "nvfp4", "fp8_channel", "int8_channel"])
 def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
     """The e2e reference for quantized experts: a bf16 checkpoint whose experts are the decoded
     quantized ones (bf16-rounded), everything else unchanged, loadable as a plain bf16 model."""

@@ -48,11 +48,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_have_gpu_and_vllm()), re
 # First MoE layer of each tiny checkpoint (DeepSeek/GLM start with one dense layer).
 ARCHS = {"qwen3_moe": 0, "deepseek_v3": 1, "glm4_moe": 1, "mixtral": 0}
 # Quantized checkpoints (expert formats of the formats issue; the experts quantized, the rest bf16),
-# CPU prefill. Each also gets its bf16 twin (tiny_checkpoint.write_dequantized_twin).
-QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4")]
-# Quantized checkpoints whose experts also stream to the GPU for prefill (the dequant fallback: FP8
-# codes + scales, int4 and NVFP4 4-bit blocks + scales, dequantized to bf16 on the GPU).
-QUANTIZED_GPU = [("qwen3_moe", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4")]
+# CPU prefill. Each also gets its bf16 twin (tiny_checkpoint.write_dequantized_twin). fp8_channel /
+# int8_channel: compressed-tensors W8A8 per channel (vLLM's CompressedTensorsW8A8Fp8MoEMethod /
+# CompressedTensorsW8A8Int8MoEMethod); GLM-4.5 for int8 adds shared experts and a dense layer.
+QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4"),
+             ("qwen3_moe", "fp8_channel"), ("glm4_moe", "int8_channel")]
+# Quantized checkpoints whose experts also stream to the GPU for prefill (the dequant fallback: FP8 /
+# INT8 codes + scales, int4 and NVFP4 4-bit blocks + scales, dequantized to bf16 on the GPU).
+QUANTIZED_GPU = [("qwen3_moe", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4"),
+                 ("qwen3_moe", "fp8_channel"), ("glm4_moe", "int8_channel")]
 GPU_PREFILL = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128"}
 FORCED_FALLBACK = {**GPU_PREFILL, "LK_FORCE_GPU_FALLBACK": "1"}
 # tiny-checkpoint quant -> engine format; the native GPU path (vLLM's fused-MoE kernels) of the fp8
@@ -163,8 +167,8 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def quantized_runs(tmp_path_factory):
-    """Quantized checkpoints (FP8 block, W4A16 int4, gpt-oss MXFP4), switch off and on: a fixture
-    of its own so `-k quantized or gpt_oss` starts only these."""
+    """Quantized checkpoints (FP8 block, W4A16 int4, NVFP4, FP8 / INT8 per channel, gpt-oss MXFP4),
+    switch off and on: a fixture of its own so `-k quantized or gpt_oss` starts only these."""
     specs = []
     for arch, quant in QUANTIZED:
         specs += [(arch, "off", OFF, KV, quant), (arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
