@@ -5,7 +5,7 @@
 # (GPU0 + cores 0-15, GPU1 + cores 16-31; a half is the single-H200 machine) so two jobs run at once.
 #   bash tools/device_acceptance.sh decode    # hybrid decode benchmark + tests/gpu + serve | bf16 e2e suite
 #   bash tools/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
-#   bash tools/device_acceptance.sh formats   # TP=2 + KV-cache e2e, tests/gpu | quantized e2e, per-format decode
+#   bash tools/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
 #   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
@@ -36,13 +36,13 @@ tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
 wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   formats)
-    body="(timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) $half0 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e \
--k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1
-OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 100) &
-CUDA_VISIBLE_DEVICES=1 $half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 100)) $e2e --basetemp=/root/e2e-tmp/quant \
-tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-timeout 80 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half1 python3 benchmarks/moe_layer.py \
+    body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 100
+timeout 90 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done' > \$OUT/moe_layer.log 2>&1
+timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $half0 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e \
+-k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1) &
+LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
+tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
 wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
 grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log" ;;
   rest)
