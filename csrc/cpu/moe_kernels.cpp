@@ -783,38 +783,72 @@ inline __m512i q4_zero_words(const uint8_t* z) {
 }
 #endif
 
-// One segment (seg inputs = seg/4 quads) of an int4 block -> bf16 block layout (seg/2 pair-rows of
+#if defined(LK_V512)
+// Word indices that gather, from the nibbles of an octet zero-extended to words (A: bytes 0..31 =
+// rows 0..7, B: bytes 32..63 = rows 8..15, word 4n + j), the pair-row of inputs (j0, j0 + 1) in the
+// bf16 block order (word 2n + t), for vpermt2w over (A, B).
+struct Q4Perm {
+  uint16_t v[32];
+};
+constexpr Q4Perm make_q4_perm() {
+  Q4Perm t{};
+  for (int p = 0; p < 32; ++p) t.v[p] = uint16_t(p / 2 < 8 ? 4 * (p / 2) + p % 2 : 32 + 4 * (p / 2 - 8) + p % 2);
+  return t;
+}
+constexpr Q4Perm kQ4Perm = make_q4_perm();
+
+// One octet (8 inputs x 16 rows, 64 bytes) -> its 4 pair-rows (inputs 0-1, 2-3, 4-5, 6-7) as words
+// holding the codes u in the bf16 block order (word 2n + t: row n, input 2p + t).
+inline __attribute__((always_inline)) void q4_octet_words(const uint8_t* src, __m512i idx0, __m512i idx2,
+                                                           __m512i (&pr)[4]) {
+  const __m512i mask = _mm512_set1_epi16(0x0F);
+  const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)src));
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + 32)));
+  const __m512i la = _mm512_and_si512(a, mask), lb = _mm512_and_si512(b, mask);
+  const __m512i ha = _mm512_srli_epi16(a, 4), hb = _mm512_srli_epi16(b, 4);
+  pr[0] = _mm512_permutex2var_epi16(la, idx0, lb);
+  pr[1] = _mm512_permutex2var_epi16(la, idx2, lb);
+  pr[2] = _mm512_permutex2var_epi16(ha, idx0, hb);
+  pr[3] = _mm512_permutex2var_epi16(ha, idx2, hb);
+}
+#endif
+
+// One segment (seg inputs = seg/8 octets) of an int4 block -> bf16 block layout (seg/2 pair-rows of
 // 32), values u - z exactly. zero: 8 bytes of 16 zero points, or null for the symmetric 8.
 inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg) {
-  const int quads = seg / 4;
+  const int octets = seg / 8;
 #if defined(LK_V512)
   const __m512i lut = _mm512_loadu_si512((const void*)kQ4Lut.v);
   const __m512i zv = zero ? q4_zero_words(zero) : _mm512_set1_epi16(8);
-  const __m512i mask = _mm512_set1_epi16(0x0F);
-  for (int q = 0; q < quads; ++q) {
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + q * 32)));
-    const __m512i lo = _mm512_sub_epi16(_mm512_and_si512(v, mask), zv);
-    const __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(v, 4), zv);
-    _mm512_storeu_si512((void*)(dst + q * 64), _mm512_permutexvar_epi16(lo, lut));
-    _mm512_storeu_si512((void*)(dst + q * 64 + 32), _mm512_permutexvar_epi16(hi, lut));
+  const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
+  const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
+  for (int o = 0; o < octets; ++o) {
+    __m512i pr[4];
+    q4_octet_words(src + o * 64, idx0, idx2, pr);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      _mm512_storeu_si512((void*)(dst + o * 128 + i * 32), _mm512_permutexvar_epi16(_mm512_sub_epi16(pr[i], zv), lut));
   }
 #else
-  uint8_t z2[32];
-  for (int b = 0; b < 32; ++b) z2[b] = zero ? (zero[b / 4] >> (4 * ((b / 2) % 2))) & 15 : 8;  // row n = b/2
-  for (int q = 0; q < quads; ++q) {
-    const uint8_t* s = src + q * 32;
-    uint16_t* d = dst + q * 64;
-    for (int b = 0; b < 32; ++b) {
-      d[b] = kQ4Lut.v[((s[b] & 15) - z2[b]) & 31];
-      d[32 + b] = kQ4Lut.v[((s[b] >> 4) - z2[b]) & 31];
-    }
+  uint8_t zn[16];
+  for (int n = 0; n < 16; ++n) zn[n] = zero ? (zero[n / 2] >> (4 * (n % 2))) & 15 : 8;
+  for (int o = 0; o < octets; ++o) {
+    const uint8_t* s = src + o * 64;
+    uint16_t* d = dst + o * 128;
+    for (int n = 0; n < 16; ++n)
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t v = s[4 * n + j];
+        const int k0 = j, k1 = 4 + j;  // inputs of the low and high nibble within the octet
+        d[(k0 / 2) * 32 + 2 * n + (k0 & 1)] = kQ4Lut.v[((v & 15) - zn[n]) & 31];
+        d[(k1 / 2) * 32 + 2 * n + (k1 & 1)] = kQ4Lut.v[((v >> 4) - zn[n]) & 31];
+      }
   }
 #endif
 }
 
 #if defined(LK_V512)
 constexpr int kFusedQ4Rows = 4;
-constexpr int kQ4PrefetchQuads = 192;  // prefetch distance in each block stream (32 B per quad)
+constexpr int kQ4PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
 
 // Per row r and group g of `seg` inputs: xsum[r * (kp/seg) + g] = sum of the row's inputs (fp32).
 inline void q4_row_sums(const uint16_t* const* a, int m, int kp, int seg, float* xsum) {
@@ -885,24 +919,28 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
 #pragma GCC unroll 4
       for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
     }
-  const __m512i mask = _mm512_set1_epi16(0x0F);
   const __m512i magic = _mm512_set1_epi16(0x4300);  // bf16 128.0
-  const int ngroups = kp / group, gq = group / 4;
+  const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
+  const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
+  const int ngroups = kp / group, go = group / 8;
   for (int s = 0; s < ngroups; ++s) {
-    for (int q = s * gq; q < (s + 1) * gq; q += 2) {
+    for (int o = s * go; o < (s + 1) * go; ++o) {
+      __m512i pr[NB][4];
 #pragma GCC unroll 2
-      for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kQ4PrefetchQuads) * 32), _MM_HINT_T0);
+      for (int j = 0; j < NB; ++j) {
+        _mm_prefetch((const char*)(b[j] + (o + kQ4PrefetchOctets) * 64), _MM_HINT_T0);
+        q4_octet_words(b[j] + o * 64, idx0, idx2, pr[j]);
+      }
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h) {  // quad 2o + h: pair-rows 2h and 2h + 1 of the octet
         __m512i wl[NB], wh[NB];
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) {
-          const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b[j] + (q + h) * 32)));
-          wl[j] = _mm512_or_si512(_mm512_and_si512(v, mask), magic);
-          wh[j] = _mm512_or_si512(_mm512_srli_epi16(v, 4), magic);
+          wl[j] = _mm512_or_si512(pr[j][2 * h], magic);
+          wh[j] = _mm512_or_si512(pr[j][2 * h + 1], magic);
         }
         const int il = (2 * h) % S, ih = (2 * h + 1) % S;  // accumulators of this quad's two pair-rows
-        fma_quad<MR, NB, S>(acc, a, q + h, wl, wh, il, ih);
+        fma_quad<MR, NB, S>(acc, a, 2 * o + h, wl, wh, il, ih);
       }
     }
 #pragma GCC unroll 2
@@ -947,7 +985,202 @@ void dot_rows_q4(int mr, const uint16_t* const* a, const uint8_t* const* b, int 
   if (zero[0]) dot_rows_q4_t<NB, true>(mr, a, b, kp, c, group, scale, zero, fp16, xsum);
   else dot_rows_q4_t<NB, false>(mr, a, b, kp, c, group, scale, zero, fp16, xsum);
 }
+
+// ---- int8 activations (decode): u8 x s8 dot products
+// acc (16 x int32) += sum over the 4 bytes of each dword of u[byte] * s[byte] (u unsigned, s signed).
+inline __m512i dot4_u8s8(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else  // vpmaddubsw cannot saturate here: |2 * 15 * 128| < 2^15
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+
+// One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
+void q8_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  float* d = reinterpret_cast<float*>(dst + kp);
+  float* ds = d + nb;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int b = 0; b < nb; ++b) {
+    const __m512 x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32)));
+    const __m512 x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32 + 16)));
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));  // round to nearest even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+    // max|x| not finite (inf/NaN input): d = NaN, so the outputs that read it are NaN as in the bf16 path
+    const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+    const float db = amax <= 3.4e38f && !nan ? amax / 127.0f : __builtin_nanf("");
+    d[b] = db;
+    ds[b] = db * float(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+}
+
+constexpr int kQ8PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
+constexpr int kQ8TileRows = 4;
+
+// C[r][j*16 + n] (ld 32) = sum_g scale_j[g][n] * sum_{k in g} x_r[k] * (u_j[n][k] - z_j[g][n]) with
+// x_r ~ d_r[b] * q_r[k] (q8 rows, b = k / 32): per 32 inputs the integer sum of u * q (vpdpbusd: one
+// and/shift per 128 codes, no widening), times d in fp32; per group minus z * sum_b d * sum q, times
+// the scales. With few rows the accumulator chains bound the speed: S independent integer
+// accumulators per (row, block) take the low/high nibbles of each octet in turn.
+template <int MR, int NB, bool ASYM>
+inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                          const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  constexpr int S = MR == 1 ? 4 : 2;
+  __m512i acc[S][MR][NB];
+  __m512 gacc[MR][NB], tot[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = gacc[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+    }
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const int nb = kp / kQ8Group, ngroups = kp / group, bpg = group / kQ8Group;
+  const float* d[MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) d[r] = reinterpret_cast<const float*>(a[r] + kp);
+  for (int g = 0; g < ngroups; ++g) {
+    for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) {
+#pragma GCC unroll 4
+      for (int oo = 0; oo < 4; ++oo) {
+        const int o = bb * 4 + oo;
+        __m512i lo[NB], hi[NB];
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          _mm_prefetch((const char*)(b[j] + (o + kQ8PrefetchOctets) * 64), _MM_HINT_T0);
+          const __m512i v = _mm512_loadu_si512((const void*)(b[j] + o * 64));
+          lo[j] = _mm512_and_si512(v, mask);
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        }
+        const int il = (2 * oo) % S, ih = (2 * oo + 1) % S;
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          int32_t x0, x1;
+          memcpy(&x0, a[r] + 8 * o, 4);
+          memcpy(&x1, a[r] + 8 * o + 4, 4);
+          const __m512i a0 = _mm512_set1_epi32(x0), a1 = _mm512_set1_epi32(x1);
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            acc[il][r][j] = dot4_u8s8(acc[il][r][j], lo[j], a0);
+            acc[ih][r][j] = dot4_u8s8(acc[ih][r][j], hi[j], a1);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m512 dv = _mm512_set1_ps(d[r][bb]);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          __m512i sum = acc[0][r][j];
+          acc[0][r][j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int i = 1; i < S; ++i) {
+            sum = _mm512_add_epi32(sum, acc[i][r][j]);
+            acc[i][r][j] = _mm512_setzero_si512();
+          }
+          gacc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dv, gacc[r][j]);
+        }
+      }
+    }
+    float zs[MR];  // sum over the group of d * sum q, per row
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      zs[r] = 0.0f;
+      for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) zs[r] += d[r][nb + bb];
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m256i sv16 = _mm256_loadu_si256((const __m256i*)(scale[j] + g * 16));
+      const __m512 sv = fp16 ? _mm512_cvtph_ps(sv16) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sv16), 16));
+      const __m512 zf = ASYM ? _mm512_cvtepi32_ps(q4_zero_dwords(zero[j] + g * 8)) : _mm512_set1_ps(8.0f);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m512 v = _mm512_fnmadd_ps(zf, _mm512_set1_ps(zs[r]), gacc[r][j]);
+        tot[r][j] = _mm512_fmadd_ps(v, sv, tot[r][j]);
+        gacc[r][j] = _mm512_setzero_ps();
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+}
+
+template <int NB, bool ASYM>
+void dot_rows_q4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                     const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  switch (mr) {
+    case 1: dot_tile_q4q8<1, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 2: dot_tile_q4q8<2, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 3: dot_tile_q4q8<3, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    default: dot_tile_q4q8<4, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+  }
+}
+template <int NB>
+void dot_rows_q4q8(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                   const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  if (zero[0]) dot_rows_q4q8_t<NB, true>(mr, a, b, kp, c, group, scale, zero, fp16);
+  else dot_rows_q4q8_t<NB, false>(mr, a, b, kp, c, group, scale, zero, fp16);
+}
+
+void gate_up_q4q8(const GateUpTask& t) {
+  const Int4Weights& q = t.q4;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(t.kp / q.group) * kBlockN;
+  float* c = t.scratch->c;
+  for (int j = 0; j < t.nblk; ++j) {  // the block pair stays in L1/L2 across the row tiles
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* b[2] = {bg, bg + block_bytes};
+    const uint16_t* scg = q.scale + size_t(j) * 2 * per;
+    const uint16_t* sc[2] = {scg, scg + per};
+    const uint8_t* zg = q.zero ? q.zero + size_t(j) * per : nullptr;
+    const uint8_t* zz[2] = {zg, zg ? zg + per / 2 : nullptr};
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      dot_rows_q4q8<2>(mr, t.q8_rows + r0, b, t.kp, c, q.group, sc, zz, q.fp16_scale);
+      for (int r = 0; r < mr; ++r)
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+    }
+  }
+}
+
+void down_q4q8(const DownTask& t) {
+  const Int4Weights& q = t.q4;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(t.kp / q.group) * kBlockN;
+  float* c = t.scratch->c;
+  const int8_t* rows[kQ8TileRows];
+  for (int j = 0; j < t.nblk; j += 2) {  // two blocks per tile share the activation broadcasts
+    const int nb = tmin(2, t.nblk - j);
+    const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
+    const uint16_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    const uint8_t* z[2] = {q.zero ? q.zero + size_t(j) * per / 2 : nullptr,
+                           q.zero ? q.zero + size_t(j + nb - 1) * per / 2 : nullptr};
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+      if (nb == 2) dot_rows_q4q8<2>(mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
+      else dot_rows_q4q8<1>(mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
+      for (int r = 0; r < mr; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
+      }
+    }
+  }
+}
+constexpr bool kHaveQ8 = true;
 #else
+constexpr bool kHaveQ8 = false;
+inline void gate_up_q4q8(const GateUpTask&) {}
+inline void down_q4q8(const DownTask&) {}
 constexpr int kFusedQ4Rows = 0;
 template <int NB>
 void dot_rows_q4(int, const uint16_t* const*, const uint8_t* const*, int, float*, int, const uint16_t* const*,
@@ -960,6 +1193,7 @@ inline bool q4_fused(int m, int kp, int group) {
 }
 
 void gate_up_q4(const GateUpTask& t) {
+  if (kHaveQ8 && t.q8_rows) return gate_up_q4q8(t);  // decode with int8 activations
   const Int4Weights& q = t.q4;
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
@@ -1013,6 +1247,7 @@ void gate_up_q4(const GateUpTask& t) {
 }
 
 void down_q4(const DownTask& t) {
+  if (kHaveQ8 && t.q8_act) return down_q4q8(t);
   const Int4Weights& q = t.q4;
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
@@ -1553,7 +1788,11 @@ uint64_t read_sum(const void* src, size_t n) {
 #endif
 }
 
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum};
+#if defined(LK_V512)
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row};
+#else
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr};
+#endif
 
 }  // namespace
 

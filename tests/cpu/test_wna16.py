@@ -2,12 +2,14 @@
 holds them after loading: K-first int32 packing, bf16/fp16 group scales, optional packed zero points)
 against the fp32 reference on the dequantized weights, on every ISA tier this CPU has."""
 import functools
+import os
+from contextlib import contextmanager
 
 import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import dequantize_wna16_int4, random_routing, unpack_int4
+from lk_moe.reference import dequantize_wna16_int4, moe_reference, random_routing, unpack_int4
 
 from .conftest import assert_matches_reference
 
@@ -57,10 +59,30 @@ def make_int4_experts(E, H, I, gs, asym, scale_dtype=torch.bfloat16, seed=0):
     return tensors, d13, d2
 
 
+@contextmanager
+def int8_activations(on: bool):
+    """LK_WNA16_INT8_ACT as a layer built inside sees it (read once, at construction)."""
+    before = os.environ.get("LK_WNA16_INT8_ACT")
+    os.environ["LK_WNA16_INT8_ACT"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LK_WNA16_INT8_ACT"]
+        else:
+            os.environ["LK_WNA16_INT8_ACT"] = before
+
+
+def build(tensors, int8_act=False, **kw):
+    """A wna16_int4 layer; by default with exact bf16 activations (the rounding-bound tests)."""
+    with int8_activations(int8_act):
+        return lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors, **kw)
+
+
 @functools.lru_cache(maxsize=None)
-def make_layer(E, H, I, gs, asym, scale_dtype=torch.bfloat16):
+def make_layer(E, H, I, gs, asym, scale_dtype=torch.bfloat16, int8_act=False):
     tensors, d13, d2 = make_int4_experts(E, H, I, gs, asym, scale_dtype)
-    return lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors), d13, d2
+    return build(tensors, int8_act), d13, d2
 
 
 # ------------------------------------------------------------------ (a) the reference dequantization
@@ -121,12 +143,84 @@ def test_wna16_channel_groups(tier):
     g = torch.Generator().manual_seed(5)
     p13, s13, _, d13 = quantize_int4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, H, False)
     p2, s2, _, d2 = quantize_int4(torch.randn(E, H, I, generator=g) / I ** 0.5, I, False)
-    layer = lk_moe.MoELayer.from_checkpoint(
-        "wna16_int4", dict(w13_weight_packed=p13, w2_weight_packed=p2, w13_weight_scale=s13, w2_weight_scale=s2))
+    layer = build(dict(w13_weight_packed=p13, w2_weight_packed=p2, w13_weight_scale=s13, w2_weight_scale=s2))
     for M in (1, 9):
         x = torch.randn(M, H).bfloat16()
         ids, w = random_routing(M, E, 2)
         assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
+# ------------------------------------------------------------------ (b') int8 activations (decode)
+# Budget of the default decode path (chunks of <= 16 tokens on the AVX-512 tiers): the activation
+# rows (x, and silu(gate) * up before the down projection) are quantized per 32 inputs to symmetric
+# int8 (d = max|x| / 127, llama.cpp's Q8_0 scheme), so each input moves by at most d / 2: uniform
+# rounding, RMS d / sqrt(12) ~ max|x| / 440, i.e. ~2^-7.5 of the group's RMS for Gaussian-like rows
+# (max ~ 2.1-2.5 RMS over 32 values), a little more for the heavier-tailed SwiGLU output. These
+# roundings are random-signed, so the layer output's relative RMS error grows like them, not like a
+# worst case: measured 0.0060-0.0075 (2^-7.4 .. 2^-7.1) on the shapes below, against 0.002-0.003 for
+# the exact bf16 path. Budget: relative RMS <= 2^-6 (about 2x the measured value), and every element
+# within 2^-4 * (mag + |ref|) (mag: the magnitude bound of conftest's rounding analysis; a wrong
+# block, zero point or scale is off by O(1) of it). For scale: the int4 weights themselves are ~10%
+# (RMS) away from the bf16 weights they quantize, so 2^-7 more from the activations adds well under 1%
+# to the model's error against its unquantized original. LK_WNA16_INT8_ACT=0 keeps the exact path.
+# Tiers without the int8 kernels (generic, avx2) and chunks of more than 16 tokens (prefill) stay exact.
+INT8_REL_RMS = 2.0 ** -6
+
+
+def assert_int8_budget(out, x, d13, d2, ids, w):
+    ref, mag = moe_reference(x, d13.bfloat16(), d2.bfloat16(), ids, w, return_magnitude=True)
+    err = (out.float() - ref).abs()
+    rel_rms = (err.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+    worst = (err / (2.0 ** -4 * (mag + ref.abs())).clamp_min(1e-30)).max().item()
+    assert rel_rms <= INT8_REL_RMS, f"relative RMS error {rel_rms:.4g} > {INT8_REL_RMS:.4g}"
+    assert worst <= 1.0, f"an element is off by {worst:.3g}x the per-element bound"
+    return rel_rms
+
+
+@pytest.mark.parametrize("asym", [False, True], ids=["sym", "asym"])
+@pytest.mark.parametrize("gs", [32, 128])
+@pytest.mark.parametrize("H,I,E,K", [(2048, 768, 4, 2), (1152, 384, 5, 3)])
+def test_wna16_int8_activations_every_tier(tier, H, I, E, K, gs, asym):
+    layer, d13, d2 = make_layer(E, H, I, gs, asym, int8_act=True)
+    int8_kernels = tier.startswith("avx512") or tier == "amx"
+    for M in MS:
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        out = layer.forward(x, ids, w)
+        if M <= 16 and int8_kernels:
+            assert_int8_budget(out, x, d13, d2, ids, w)
+        else:  # prefill, or a tier without the int8 kernels: exact
+            assert_matches_reference(out, x, d13, d2, ids, w)
+
+
+def test_wna16_int8_activations_fp16_and_channel(tier):
+    """fp16 scales and inputs, zero points, and the channel strategy (gs = K > 256) on the int8 path."""
+    layer, d13, d2 = make_layer(4, 512, 256, 64, True, torch.float16, int8_act=True)
+    for M in (1, 3, 16):
+        x = torch.randn(M, 512).half()
+        ids, w = random_routing(M, 4, 2)
+        out = layer.forward(x, ids, w)
+        assert out.dtype == torch.float16
+        assert_int8_budget(out, x.bfloat16(), d13, d2, ids, w)
+    E, H, I = 3, 512, 320
+    g = torch.Generator().manual_seed(5)
+    p13, s13, _, c13 = quantize_int4(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, H, False)
+    p2, s2, _, c2 = quantize_int4(torch.randn(E, H, I, generator=g) / I ** 0.5, I, False)
+    layer = build(dict(w13_weight_packed=p13, w2_weight_packed=p2, w13_weight_scale=s13, w2_weight_scale=s2), True)
+    for M in (1, 9):
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, 2)
+        assert_int8_budget(layer.forward(x, ids, w), x, c13, c2, ids, w)
+
+
+def test_wna16_int8_activations_nonfinite_input_propagates():
+    layer, _, _ = make_layer(4, 512, 256, 64, True, torch.float16, int8_act=True)
+    x = torch.randn(2, 512).bfloat16()
+    x[0, 7] = float("nan")
+    x[1, 100] = float("inf")
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    out = layer.forward(x, ids, torch.full((2, 2), 0.5))
+    assert not torch.isfinite(out.float()).all(dim=1).any()  # each row sees its non-finite input
 
 
 @pytest.mark.parametrize("gs,asym", [(32, True), (128, False)])
@@ -151,7 +245,7 @@ def test_wna16_split_across_numa_slices(tmp_path):
     root = make_sysfs(tmp_path, {0: [0, 1], 1: [2, 3], 2: [4, 5]})
     pool = lk_moe.make_pool(threads=3, binding="NONE", sysfs_root=root, allowed=list(range(6)))
     tensors, d13, d2 = make_int4_experts(4, 512, 384, 32, True)
-    layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors, pool=pool)
+    layer = build(tensors, pool=pool)
     assert layer.num_slices == 3
     for M in (1, 40):
         x = torch.randn(M, 512).bfloat16()
@@ -165,7 +259,7 @@ def test_wna16_identity_g_idx_is_accepted():
     g_idx = dict(w13_weight_g_idx=(torch.arange(H) // 32).int().expand(E, H).contiguous(),
                  w2_weight_g_idx=(torch.arange(I) // 32).int().expand(E, I).contiguous(),
                  w13_weight_shape=torch.tensor([[2 * I, H]] * E).float(), w2_weight_shape=torch.tensor([[H, I]] * E).float())
-    layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", dict(tensors, **g_idx))
+    layer = build(dict(tensors, **g_idx))
     x = torch.randn(3, H).bfloat16()
     ids, w = random_routing(3, E, 2)
     assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
