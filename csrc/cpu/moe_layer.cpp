@@ -562,10 +562,12 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
   const auto& sl0 = layer_->slices()[0];
   const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
-  group1_ = wide ? kWideGroup : 1;
+  // int4 decode with int8 activations is cheap enough per byte that short weight streams (one block
+  // per unit: 6-32 KiB) cost more in DRAM latency than they gain in balance: start wide as well.
+  group1_ = wide || q8_ ? kWideGroup : 1;
   while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < 4 * max_threads) group1_ /= 2;
   token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
-  group2_ = wide ? kWideGroup : 1;
+  group2_ = wide || q8_ ? kWideGroup : 1;
   while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads) group2_ /= 2;
   while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads && tc / (token_ranges_ * 2) >= 16)
     token_ranges_ *= 2;
