@@ -13,7 +13,8 @@
 //   forward) and of prefill on tiers without AMX.
 // - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
 //   expert has >= kAmxMinRows tokens.
-// - int4 (wna16_int4): dot_tile_q4 for decode, dequantized groups for prefill (see the int4 section).
+// - int4 (wna16_int4): dot_tile_q4q8 (int8 activations, vpdpbusd) or dot_tile_q4 for decode, dequantized
+//   groups for prefill (see the int4 section).
 // - mxfp4 (gpt-oss): dot_tile_fp4 for decode, dequantized segments for prefill (see the mxfp4 section).
 #include <cstring>
 
@@ -713,20 +714,36 @@ void down_fp8(const DownTask& t) {
 }
 
 // ---------------------------------------------------------------- int4 (wna16_int4)
-// Strategy. Decode (m <= kFusedQ4Rows rows on the AVX-512 tiers, dot_tile_q4): the 4-bit codes
-// stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble =
-// two pair-rows, OR 0x4300 = bf16(128 + u) exactly; vdpbf16ps (or the even/odd fp32 split without
-// AVX512-BF16) accumulates sum A (128 + u) in fp32 per group, then (128 + z) * sum A (row sums
-// computed once per task) is subtracted and the group's 16 per-row scales applied in fp32.
+// Strategy. Layout (kernel_table.h Int4Weights): octets of 64 bytes, byte 4n + j = inputs 8o + j (low
+// nibble) and 8o + 4 + j (high nibble) of row n, so one cache line is 128 codes and one and (low) or
+// shift + and (high) yields 16 dwords of 4 consecutive u8 codes per output row: the u8 operand of
+// vpdpbusd, without widening anything to 16 bits.
+// Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_WNA16_INT8_ACT=0 turns
+// it off): the engine quantizes each activation row once per chunk (x before phase 1, act before
+// phase 2) per 32 inputs to symmetric int8 (q8_row: d = max|x| / 127, llama.cpp's Q8_0 scheme);
+// dot_tile_q4q8 accumulates u * q in int32 with vpdpbusd (vpmaddubsw + vpmaddwd on the avx512 tier,
+// same integers: no saturation at |2 * 15 * 127|), converts every 32 inputs and multiplies by d in
+// fp32, and per weight group subtracts z * sum(d * sum q) and applies the 16 row scales. About 5
+// vector ops per 128 weights and row (against ~16 for the bf16 widening below); up to 4 rows share
+// each weight load. Error: rel RMS of the layer output ~0.012 against the fp32 reference on the
+// dequantized weights (exact path ~0.0035); budget and reasoning in tests/cpu/test_wna16.py.
+// Decode, exact (LK_WNA16_INT8_ACT=0, m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
+// pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR 0x4300 = bf16(128 +
+// u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
+// in fp32 per group, then (128 + z) * sum A (row sums computed once per task) is subtracted and the
+// group's 16 per-row scales applied in fp32.
 // Prefill (more rows) and every row count on the generic/avx2 tiers: per group, dequantize u - z of
 // the block (pair) once to bf16 in L1 (exact: |u - z| <= 15; a 32-entry vpermw table on AVX-512)
 // and run the bf16 dot_rows over all row tiles on it, adding scale x partial into fp32 sums (as the
 // fp8 path). AMX tier: the same vector paths (no AMX tiles for int4 yet).
-// Measured on the 2-core Zen4 dev VM (avx512_bf16, benchmarks/moe_layer.py --format wna16_int4,
-// Qwen3-30B-A3B shape, gs=128 sym, 2 threads): M=1 0.80 ms = 24.5 GB/s of quantized bytes, 0.33 of
-// the 73 GB/s read bandwidth measured in the same run (below the 0.7 target: cold streams are
-// latency bound per core, ~16-25 GB/s per thread; the same tile runs ~48 GB/s per core on cached
-// weights); M=256 52 ms (0.37 TFLOP/s).
+// Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
+// wna16_int4 --shapes qwen3-30b-a3b, gs=128 sym; docs/results/2026-11-30_epyc2c_wna16_vnni_moe_layer.log):
+// medians of 3 runs, before (bf16 widening) -> after: M=1 0.565 -> 0.535 ms (0.75 -> 0.78 of read
+// bandwidth), M=4 2.14 -> 2.07 ms (0.75 -> 0.74), M=16 5.97 -> 5.74 ms (0.69 -> 0.74), with the VM's
+// read bandwidth at 41-49 GB/s (it measured 81 GB/s on the day the old kernel reached 0.30).
+// Hot weights (one expert, L3-resident, 1 thread): M=1 68 GB/s of quantized bytes per core (bf16
+// widening: 49), M=4 2.3x and M=16 2.3x the bf16 path: decode is now bound by the weight stream
+// (DRAM latency of short streams, hence decode units of 8 blocks), not by the unpacking.
 
 // bf16 bits of a small integer (exact for |v| < 256).
 constexpr uint16_t bf16_of_int(int v) {
