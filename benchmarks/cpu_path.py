@@ -4,12 +4,15 @@ A stack of L layer calls (like one decode step) runs eagerly and as one captured
 fresh routing every step. Per layer it prints:
   total      GPU-side time per layer (CUDA events around the L calls, / L)
   compute    the engine's own compute (first worker in to last worker out, measured inside the pool)
-  host node  time inside the host-function node (id check + pool dispatch + compute + completion)
-  copies     the same D2H/H2D copies without the host node (a graph of copies only)
+  host node  time inside the host-function node (id check + pool dispatch + compute + completion;
+             for mailbox/kernel: the same run inside the poller thread)
+  copies     the same D2H/H2D copies without the host node (a graph of copies only; the kernel
+             signal does not issue them: its copies are inside its one kernel)
   overhead   total - compute: everything that is not the engine's compute (target <= 40 us at M=1,
              graph-captured)
 
     python benchmarks/cpu_path.py [--shapes qwen3-30b-a3b,deepseek-v3] [--tokens 1,4,16] [--layers 8]
+        [--signals hostfn,mailbox,kernel] [--kernel-copy-max-bytes 262144]
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def gpu_time_us(fn, reps):
 
 
 def run_case(layers, copies, E, K, H, L, M, signal, args):
-    paths = [CpuExpertPath(layers[i % copies], max_tokens=max(16, M), top_k=K, signal=signal)
+    paths = [CpuExpertPath(layers[i % copies], max_tokens=max(16, M), top_k=K, signal=signal,
+                           kernel_copy_max_bytes=args.kernel_copy_max_bytes)
              for i in range(L)]
     xs = [torch.randn(M, H, device="cuda", dtype=torch.bfloat16) for _ in range(L)]
     ids = [torch.zeros(M, K, device="cuda", dtype=torch.int32) for _ in range(L)]
@@ -114,7 +118,10 @@ def main():
     p.add_argument("--tokens", default="1,4,16")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--signals", default="hostfn,mailbox")
+    p.add_argument("--signals", default="hostfn,mailbox,kernel",
+                   help="comma-separated: hostfn, mailbox, kernel (LK_CPU_SIGNAL values)")
+    p.add_argument("--kernel-copy-max-bytes", type=int, default=256 << 10,
+                   help="kernel signal: inputs above this many bytes move with DMA copies around the kernel")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("No NVIDIA GPU: this benchmark measures the GPU<->CPU path and needs one.")

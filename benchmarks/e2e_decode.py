@@ -11,7 +11,7 @@ Modes (each its own vLLM process, as a user would run it):
 
 Reports per mode: decode tokens/s at 1 and 4 concurrent requests (128 generated tokens after the
 first, median of --reps), TTFT of 1K and 8K-token prompts (fresh prompts: no prefix-cache hits).
-In the same run: the host read bandwidth (lk_moe's probe, engine threads) and the bound it sets on
+In the same run: the host read bandwidth (lk_moe's probe, one thread per physical core) and the bound it sets on
 hybrid decode = bandwidth / routed-expert bytes per token; the hybrid's fraction of that bound.
 
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
@@ -80,7 +80,8 @@ def _read_bandwidth() -> float:
     import lk_moe
     from lvllm.threads import plan_threads
     plan = plan_threads(0, 1, None)
-    pool = lk_moe.make_pool(threads=plan.threads, allowed=list(plan.cpus))
+    # Every physical core reads (not just the engine's threads): the bound is the machine's.
+    pool = lk_moe.make_pool(threads=plan.physical_cores, allowed=list(plan.cpus))
     return statistics.median(pool.measure_read_bandwidth(4 << 30, 7))
 
 

@@ -15,6 +15,7 @@ experts cached from the previous forward do not inflate the bandwidth.
     python benchmarks/moe_layer.py                     # Qwen3-30B-A3B + DeepSeek-V3 shapes
     python benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1 --threads all
     python benchmarks/moe_layer.py --format mxfp4 --shapes gpt-oss-120b   # mxfp4 + swigluoai + biases
+    python benchmarks/moe_layer.py --format nvfp4                        # ModelOpt NVFP4 (Qwen3-30B-A3B-FP4 shape)
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
 from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_fp8, moe_torch_baseline_mxfp4,  # noqa: E402
-                               moe_torch_baseline_wna16, random_routing)
+                               moe_torch_baseline_nvfp4, moe_torch_baseline_wna16, random_routing)
 
 SHAPES = {
     # name: (H, I, E, K)
@@ -111,6 +112,23 @@ def make_mxfp4_tensors(E, H, I, seed=0):
                 w2_bias=(torch.randn(E, H, generator=g) * 0.1).bfloat16())
 
 
+def make_nvfp4_tensors(E, H, I, seed=0):
+    """nvfp4 tensors as vLLM's ModelOptNvFp4FusedMoE holds them after loading: random e2m1 codes (one
+    random expert copied, fast to build), positive fp8 block scales, per-expert gate/up/down global
+    scales and activation scales (ignored by the engine)."""
+    g = torch.Generator().manual_seed(seed)
+    def codes(*shape):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    def scales(*shape):
+        return (torch.rand(*shape, generator=g) * 2 + 0.5).to(torch.float8_e4m3fn)
+    c13, c2 = codes(2 * I, H // 2), codes(H, I // 2)
+    return dict(w13_weight=c13.expand(E, -1, -1).contiguous(), w2_weight=c2.expand(E, -1, -1).contiguous(),
+                w13_weight_scale=scales(E, 2 * I, H // 16), w2_weight_scale=scales(E, H, I // 16),
+                w13_weight_scale_2=torch.rand(E, 2, generator=g) * 1e-2 + 1e-3,
+                w2_weight_scale_2=torch.rand(E, generator=g) * 1e-2 + 1e-3,
+                w13_input_scale=torch.rand(E, 2, generator=g) * 1e-2, w2_input_scale=torch.rand(E, generator=g) * 1e-2)
+
+
 def timed(fn, reps):
     out = []
     for _ in range(reps):
@@ -125,9 +143,12 @@ def bench_shape(name, args, results):
     fp8 = args.format == "fp8_block"
     int4 = args.format == "wna16_int4"
     fp4 = args.format == "mxfp4"
+    nv = args.format == "nvfp4"
     gs = args.group_size
     if fp4:  # quantized bytes read per expert: codes + e8m0 scales + bf16 biases
         expert_bytes = 3 * H * I // 2 + 3 * H * I // 32 + (2 * I + H) * 2
+    elif nv:  # quantized bytes read per expert: codes + fp8 scales per 16 (+ 3 fp32 global scales)
+        expert_bytes = 3 * H * I // 2 + 3 * H * I // 16 + 12
     elif int4:  # quantized bytes read per expert: codes + bf16 scales (+ 4-bit zero points)
         expert_bytes = 3 * H * I // 2 + 3 * H * I // gs * 2 + (3 * H * I // gs // 2 if args.asym else 0)
     else:
@@ -143,7 +164,11 @@ def bench_shape(name, args, results):
     fmt = f"{args.format} gs={gs}{' asym' if args.asym else ' sym'}" if int4 else args.format
     print(f"\n## {name} {fmt}: H={H} I={I} E={E} K={K}  ({layer_bytes / 2**30:.2f} GiB of experts, "
           f"{copies} packed cop{'y' if copies == 1 else 'ies'} for decode rotation)", flush=True)
-    if fp4:
+    if nv:
+        tensors = make_nvfp4_tensors(E, H, I)
+        build = lambda pool: lk_moe.MoELayer.from_checkpoint("nvfp4", tensors, pool=pool)  # noqa: E731
+        baseline = lambda x, ids, w: moe_torch_baseline_nvfp4(x, tensors, ids, w)  # noqa: E731
+    elif fp4:
         tensors = make_mxfp4_tensors(E, H, I)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, pool=pool,  # noqa: E731
                                                              activation="swigluoai")
@@ -224,7 +249,7 @@ def main():
     p.add_argument("--rotate-bytes", type=float, default=4 * 2**30,
                    help="decode rotates over packed copies until this many bytes (defeats the LLC)")
     p.add_argument("--max-copies", type=int, default=4)
-    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "wna16_int4", "mxfp4"])
+    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "wna16_int4", "mxfp4", "nvfp4"])
     p.add_argument("--group-size", type=int, default=128, help="wna16_int4: scale group size")
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--json", help="write the results here")

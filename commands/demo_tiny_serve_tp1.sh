@@ -11,6 +11,14 @@
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# An installed lvllm (`pip install` of the release wheel) runs as it is; in a source checkout
+# without one, set up the venv and build first.
+py="${PYTHON:-python3}"
+if site=$(cd / && "$py" -c "import os, lk_moe._C, lvllm; print(os.path.dirname(os.path.dirname(lvllm.__file__)))" 2>/dev/null) \
+    && [ "$site" != "$root" ]; then
+  cd /
+  exec "$py" -m lvllm.demo_serve "$@"
+fi
 source "$root/tools/setup_env.sh"
 cd "$root"
 exec "$LVLLM_PYTHON" -m lvllm.demo_serve "$@"

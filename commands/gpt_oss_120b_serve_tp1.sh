@@ -3,7 +3,8 @@
 # Assumes: 1 GPU with >= 16 GB (other weights ~6 GB + KV cache), >= 16 cores, >= 96 GB RAM (36 layers x
 # 1.7 GB = ~61 GB of MXFP4 experts with their scales and biases). 24+ GB GPU:
 # LVLLM_GPU_RESIDENT_MOE_LAYERS=0-5 keeps six layers on the GPU with vLLM's MXFP4 kernel.
-# MXFP4 experts prefill on the CPU in this release.
+# Prefill on the CPU here; LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=1024 streams the MXFP4 experts to the GPU
+# for long prompts instead (dequantized to bf16 there, biases and swigluoai applied).
 #
 # Usage: bash commands/gpt_oss_120b_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1

@@ -3,7 +3,7 @@
 # Assumes: 1 NVIDIA GPU with >= 24 GB, >= 16 CPU cores, >= 96 GB RAM (experts: ~57 GB bf16 in
 # host RAM; GPU: ~4 GB of other weights + 8 resident MoE layers (~9.7 GB) + KV cache).
 # Other sizes: 16 GB GPU -> LVLLM_GPU_RESIDENT_MOE_LAYERS=0-1; 48+ GB -> 0-23; no room -> unset it.
-# LK_THREADS defaults to this process's cores - 1; set it to the physical cores - 1 on SMT machines.
+# LK_THREADS defaults to the physical cores this process may use, minus 2 (minus 1 below 12 cores).
 #
 # Usage: bash commands/qwen3_30b_a3b_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -354,6 +355,144 @@ struct Layer {
     return build(std::move(pool), src, E, I, H, act);
   }
 
+  // nvfp4: ModelOpt NVFP4 experts as vLLM's ModelOptNvFp4FusedMoE holds them after loading (see
+  // lk::WeightSource): w13_weight uint8 [E, 2I, H/2], w2_weight uint8 [E, H, I/2], w13_weight_scale /
+  // w2_weight_scale float8_e4m3fn [E, 2I, H/16] / [E, H, I/16], w13_weight_scale_2 float32 [E, 2] (gate, up),
+  // w2_weight_scale_2 float32 [E]; optional w13_input_scale float32 [E', 2] / w2_input_scale [E'] (E' >= E),
+  // checked and ignored (W4A16 compute). Every problem is a ValueError naming the tensor.
+  static Layer nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                     const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
+                     std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation) {
+    if (activation != "silu")
+      throw py::value_error("activation '" + activation + "' is not supported for nvfp4 (supported: silu)");
+    auto need_dtype = [](const at::Tensor& t, const char* name, at::ScalarType want, const char* what) {
+      if (t.scalar_type() != want)
+        throw py::value_error(std::string(name) + " must be " + what + ", got " + dtype_name(t));
+    };
+    auto dims = [](std::initializer_list<int64_t> v) {
+      std::string r = "[";
+      for (int64_t x : v) r += (r.size() > 1 ? ", " : "") + std::to_string(x);
+      return r + "]";
+    };
+    need_dtype(w13, "w13_weight", at::kByte, "uint8 (two e2m1 codes per byte)");
+    need_dtype(w2, "w2_weight", at::kByte, "uint8 (two e2m1 codes per byte)");
+    need_dtype(s13, "w13_weight_scale", at::kFloat8_e4m3fn, "float8_e4m3fn (one scale per 16 inputs)");
+    need_dtype(s2, "w2_weight_scale", at::kFloat8_e4m3fn, "float8_e4m3fn (one scale per 16 inputs)");
+    need_dtype(g13, "w13_weight_scale_2", at::kFloat, "float32 (per-expert global scales)");
+    need_dtype(g2, "w2_weight_scale_2", at::kFloat, "float32 (per-expert global scales)");
+    if (w13.dim() != 3 || w13.size(0) < 1 || w13.size(1) < 2 || w13.size(1) % 2 || w13.size(2) < 1)
+      throw py::value_error("w13_weight must be [E, 2*I, H/2] (uint8, two e2m1 codes per byte), got " + shape_str(w13));
+    const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2) * 2;
+    if (E > (1 << 20) || I > (1 << 20) || H > (1 << 20))
+      throw py::value_error("expert dimensions are implausibly large: w13_weight " + shape_str(w13));
+    if (H % 16)
+      throw py::value_error("w13_weight " + shape_str(w13) + " gives H = " + std::to_string(H) +
+                            ", not a multiple of the NVFP4 group size 16");
+    if (I % 16)
+      throw py::value_error("w13_weight " + shape_str(w13) + " gives I = " + std::to_string(I) +
+                            ", not a multiple of the NVFP4 group size 16");
+    require_shape(w2, "w2_weight", {E, H, I / 2}, ("[E, H, I/2] = " + dims({E, H, I / 2})).c_str());
+    require_shape(s13, "w13_weight_scale", {E, 2 * I, H / 16}, ("[E, 2I, H/16] = " + dims({E, 2 * I, H / 16})).c_str());
+    require_shape(s2, "w2_weight_scale", {E, H, I / 16}, ("[E, H, I/16] = " + dims({E, H, I / 16})).c_str());
+    if (g13.dim() == 2 && g13.size(0) == E && g13.size(1) == 1)
+      throw py::value_error("w13_weight_scale_2 is [E, 1]: non-gated experts (one w13 shard) are not supported");
+    require_shape(g13, "w13_weight_scale_2",
+                  {E, 2}, ("[E, 2] = " + dims({E, 2}) + " (gate, up; as loaded, before vLLM's "
+                           "process_weights_after_loading keeps one)").c_str());
+    require_shape(g2, "w2_weight_scale_2", {E}, ("[E] = " + dims({E})).c_str());
+    if (a13.has_value() != a2.has_value())
+      throw py::value_error(std::string("nvfp4 input scales come in pairs; ") +
+                            (a13 ? "w2_input_scale" : "w13_input_scale") + " is missing");
+    if (a13) {
+      need_dtype(*a13, "w13_input_scale", at::kFloat, "float32");
+      need_dtype(*a2, "w2_input_scale", at::kFloat, "float32");
+      if (a13->dim() != 2 || a13->size(0) < E || a13->size(1) != 2)
+        throw py::value_error("w13_input_scale must be [E', 2] with E' >= E = " + std::to_string(E) + ", got " +
+                              shape_str(*a13));
+      if (a2->dim() != 1 || a2->size(0) < E)
+        throw py::value_error("w2_input_scale must be [E'] with E' >= E = " + std::to_string(E) + ", got " +
+                              shape_str(*a2));
+    }
+    for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
+                           std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"},
+                           std::pair{&g13, "w13_weight_scale_2"}, std::pair{&g2, "w2_weight_scale_2"}})
+      require_cpu_contiguous(*t, name);
+    lk::WeightSource src;
+    src.type = lk::DType::kNVFP4;
+    src.w13 = w13.data_ptr();
+    src.w2 = w2.data_ptr();
+    src.e13 = static_cast<const uint8_t*>(s13.data_ptr());
+    src.e2 = static_cast<const uint8_t*>(s2.data_ptr());
+    src.r13 = int(2 * I);
+    src.c13 = int(H / 2);
+    src.cs13 = int(H / 16);
+    src.r2 = int(H);
+    src.c2 = int(I / 2);
+    src.cs2 = int(I / 16);
+    src.interleaved = false;
+    src.g13 = g13.data_ptr<float>();
+    src.g2 = g2.data_ptr<float>();
+    return build(std::move(pool), src, E, I, H);
+  }
+
+  // fp4 layers: the weights the engine computes with, decoded from its packed blocks to fp32
+  // ([E, 2I, H] rows [gate; up], [E, H, I]): e2m1 x block scale (x global scale for nvfp4, one fp32
+  // rounding of the exact product; mxfp4 biases are not included).
+  py::tuple dequantized() const {
+    const auto& sh = impl->shape();
+    if (!sh.fp4) throw py::value_error("dequantized() is available for mxfp4 / nvfp4 layers");
+    const int E = sh.experts, I = sh.intermediate, H = sh.hidden, grp = sh.nv ? 16 : 32;
+    at::Tensor w13 = at::zeros({E, 2 * I, H}, at::kFloat), w2 = at::zeros({E, H, I}, at::kFloat);
+    static const float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    auto scale_of = [&](uint8_t s) -> double {
+      if (sh.nv) {  // fp8 e4m3fn
+        const int mag = s & 0x7F, e = mag >> 3, m = mag & 7;
+        if (mag == 0x7F) return NAN;
+        const double v = e ? std::ldexp(1.0 + m / 8.0, e - 7) : std::ldexp(double(m), -9);
+        return s & 0x80 ? -v : v;
+      }
+      return s == 255 ? NAN : std::ldexp(1.0, int(s) - 127);
+    };
+    // One packed block (16 rows x kp inputs) -> rows of `out` (row n of the block -> out + n * ld).
+    auto decode = [&](const uint8_t* codes, const uint8_t* sc, int kp, int k, int rows_valid, double gs, float* out,
+                      int64_t ld) {
+      for (int n = 0; n < rows_valid; ++n)
+        for (int kk = 0; kk < k; ++kk) {
+          const int q = kk / 4, j = kk % 4;  // quad q: byte 2n + (j & 1), low nibble for j < 2
+          const uint8_t byte = codes[size_t(q) * 32 + 2 * n + (j & 1)];
+          const int code = j < 2 ? byte & 15 : byte >> 4;
+          const double v = (code & 8 ? -kMag[code & 7] : kMag[code & 7]) * scale_of(sc[(kk / grp) * 16 + n]);
+          out[n * ld + kk] = float(v * gs);  // v has <= 6 significant bits: v * gs is exact in double
+        }
+    };
+    float* p13 = w13.data_ptr<float>();
+    float* p2 = w2.data_ptr<float>();
+    const size_t bb1 = size_t(sh.kp1) * lk::kBlockN / 2, bb2 = size_t(sh.kp2) * lk::kBlockN / 2;
+    const size_t sb1 = size_t(sh.kp1 / grp) * lk::kBlockN, sb2 = size_t(sh.kp2 / grp) * lk::kBlockN;
+    for (const auto& sl : impl->slices()) {
+      const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+      for (int e = 0; e < E; ++e) {
+        for (int lb = 0; lb < nbi; ++lb)
+          for (int h = 0; h < 2; ++h) {
+            const size_t b = (size_t(e) * nbi + lb) * 2 + h;
+            const int r0 = (sl.ib0 + lb) * lk::kBlockN;
+            if (r0 >= I) continue;
+            const double gs = sh.nv ? impl->global_scales13()[2 * size_t(e) + h] : 1.0;
+            decode(sl.w13.as<uint8_t>() + b * bb1, sl.s13.as<uint8_t>() + b * sb1, sh.kp1, H,
+                   std::min(lk::kBlockN, I - r0), gs, p13 + (size_t(e) * 2 * I + size_t(h) * I + r0) * H, H);
+          }
+        for (int lb = 0; lb < nbh; ++lb) {
+          const size_t b = size_t(e) * nbh + lb;
+          const int r0 = (sl.hb0 + lb) * lk::kBlockN;
+          const double gs = sh.nv ? impl->global_scales2()[e] : 1.0;
+          decode(sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * sb2, sh.kp2, I,
+                 std::min(lk::kBlockN, H - r0), gs, p2 + (size_t(e) * H + r0) * I, I);
+        }
+      }
+    }
+    return py::make_tuple(w13, w2);
+  }
+
   Layer() = default;
 
   Handle submit(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& out) {
@@ -532,6 +671,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     bool ok = lk::cuda_runtime_available(&why);
     return py::make_tuple(ok, why);
   });
+  m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),
+        "test hook: while paused, the kernel signal's poller answers nothing (the GPU side times out)");
   py::class_<lk::HostCallCounters, std::shared_ptr<lk::HostCallCounters>>(
       m, "HostCallCounters", "running totals of the host-node runs of the HostCalls given this object")
       .def(py::init<>())
@@ -549,6 +690,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "add the engine call to a CUDA stream (host-function node when capturing)")
       .def("enqueue_mailbox", [](HostCall& h, uintptr_t stream) { h.impl->enqueue_mailbox(stream); },
            py::arg("stream"), "the same through a mapped-memory mailbox (stream memory operations)")
+      .def("kernel_args", [](HostCall& h) {
+        const auto k = h.impl->kernel_args();
+        return py::make_tuple(k.req, k.done, k.timeouts, k.call_id, k.x, k.ids, k.weights, k.out);
+      }, "device addresses for the single-kernel signal (lk_cpu_call_kernel in lk_moe/_lk_cuda.so): "
+         "(req, done, timeouts, call_id, x, ids, weights, out); registers the call with the kernel poller")
       .def("take_errors", [](HostCall& h) { return h.impl->take_errors(); })
       .def_property_readonly("last_host_us", [](const HostCall& h) { return h.impl->last_host_us(); });
 
@@ -571,9 +717,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("w2_bias") = py::none(), py::arg("activation") = "swigluoai", py::arg("hidden_size") = 0,
                   py::arg("intermediate_size") = 0, py::arg("interleaved") = true, py::arg("swiglu_alpha") = 1.702,
                   py::arg("swiglu_limit") = 7.0)
+      .def_static("nvfp4", &Layer::nvfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
+                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_weight_scale_2"),
+                  py::arg("w2_weight_scale_2"), py::arg("w13_input_scale") = py::none(),
+                  py::arg("w2_input_scale") = py::none(), py::arg("activation") = "silu")
+      .def("dequantized", &Layer::dequantized)
       .def_property_readonly("format", [](const Layer& l) {
         const auto& sh = l.impl->shape();
-        if (sh.fp4) return "mxfp4";
+        if (sh.fp4) return sh.nv ? "nvfp4" : "mxfp4";
         if (sh.int4) return "wna16_int4";
         if (!sh.byte_weights) return "bf16";
         if (sh.per_row) return sh.int8 ? "int8_channel" : "fp8_channel";
@@ -592,8 +743,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
              if (sh.byte_weights || sh.int4 || sh.fp4)
-               throw py::value_error("GPU streaming and GPU-resident layers take bf16/fp16 experts only so far; this "
-                                     "layer is quantized (use the CPU path: gpu_min_batch=0, resident=False)");
+               throw py::value_error(sh.byte_weights
+                                         ? "packed_slices() gives bf16/fp16 experts; this layer has byte weights "
+                                           "(fp8/int8 codes + fp32 scales): use quant_slices()"
+                                         : "packed_slices() gives bf16/fp16 experts; this layer has 4-bit weights "
+                                           "(wna16_int4 / mxfp4 / nvfp4): use quant4_slices()");
              py::list out;
              auto keep = l.impl;
              auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCPU);
@@ -608,14 +762,128 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              }
              return out;
            })
+      .def_property_readonly("byte_codes",
+           [](const Layer& l) -> py::object {
+             // Byte-weight layers: (codes, seg) for lk_moe.gpu_dequant: "fp8_e4m3" or "int8", and
+             // the inputs per scale (0: one scale per row) for both projections; None otherwise.
+             const auto& sh = l.impl->shape();
+             if (!sh.byte_weights) return py::none();
+             return py::make_tuple(sh.int8 ? "int8" : "fp8_e4m3", sh.per_row ? 0 : sh.seg);
+           })
+      .def("quant_slices",
+           [](const Layer& l) {
+             // Byte-weight layers (fp8_block / fp8_channel / int8_channel): per NUMA slice, views of
+             // the packed codes and their fp32 scales, for streaming them to a GPU (each view keeps
+             // the layer's memory alive). (w13 uint8 [E, nbi, 2, kp1/2, 16, 2], s13 fp32
+             // [E, nbi, 2, P1], w2 uint8 [E, nbh, kp2/2, 16, 2], s2 fp32 [E, nbh, P2], i0, i1, h0, h1):
+             // the codes in the bf16 block layout of packed_slices (one byte per weight), P = 16
+             // (one scale per row) or kp/seg (one per segment of seg inputs, shared by the block's rows).
+             const auto& sh = l.impl->shape();
+             if (!sh.byte_weights)
+               throw py::value_error(std::string("quant_slices() is for byte-weight layers (fp8_block, fp8_channel, "
+                                                 "int8_channel); this layer is ") +
+                                     (sh.int4 ? "wna16_int4 (use quant4_slices)"
+                                      : sh.fp4 ? (sh.nv ? "nvfp4 (use quant4_slices)" : "mxfp4 (use quant4_slices)")
+                                               : "bf16 (use packed_slices)"));
+             const int64_t p1 = sh.per_row ? lk::kBlockN : sh.kp1 / sh.seg;
+             const int64_t p2 = sh.per_row ? lk::kBlockN : sh.kp2 / sh.seg;
+             py::list out;
+             auto keep = l.impl;
+             auto u8 = at::TensorOptions().dtype(at::kByte).device(at::kCPU);
+             auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+             for (const auto& sl : l.impl->slices()) {
+               const int64_t nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+               auto view = [&](const lk::HostBuffer& b, at::IntArrayRef shape, const at::TensorOptions& o) {
+                 return torch::from_blob(b.data(), shape, [keep](void*) {}, o);
+               };
+               at::Tensor w13 = view(sl.w13, {sh.experts, nbi, 2, sh.kp1 / 2, 16, 2}, u8);
+               at::Tensor s13 = view(sl.s13, {sh.experts, nbi, 2, p1}, f32);
+               at::Tensor w2 = view(sl.w2, {sh.experts, nbh, sh.kp2 / 2, 16, 2}, u8);
+               at::Tensor s2 = view(sl.s2, {sh.experts, nbh, p2}, f32);
+               out.append(py::make_tuple(w13, s13, w2, s2, sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN,
+                                         sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN));
+             }
+             return out;
+           })
+      .def("quant4_slices",
+           [](const Layer& l) {
+             // 4-bit layers (wna16_int4, mxfp4, nvfp4): per NUMA slice, a dict of zero-copy views of the
+             // packed buffers (each keeps the layer's memory alive), shaped for plain-torch
+             // dequantization (lk_moe.gpu_dequant.dequant4_blocks). A block is 16 output rows x kp
+             // inputs in kp/4 quads of 32 bytes; byte (q, n, j) holds element (n, 4q + j) in its low
+             // nibble and (n, 4q + 2 + j) in its high one (moe_layer.cpp pack_int4 / pack_fp4).
+             //   w13 uint8 [E, nbi, 2, kp1/4, 16, 2] (gate block, then up), w2 uint8 [E, nbh, kp2/4, 16, 2];
+             //   s13 [E, nbi, 2, kp1/G, 16], s2 [E, nbh, kp2/G, 16]: one scale per row and G inputs;
+             //     int4 bf16/fp16 (G = the engine segment), mxfp4 uint8 e8m0 (G = 32), nvfp4 float8_e4m3fn
+             //     (G = 16); nvfp4 global scales: global_scales();
+             //   int4 with zero points: z13 uint8 [E, nbi, 2, kp1/G, 8], z2 [E, nbh, kp2/G, 8], row n's
+             //     zero point in nibble n % 2 of byte n / 2 (low first);
+             //   mxfp4 with biases: b13 bf16 [E, nbi, 2, 16], b2 bf16 [E, nbh, 16];
+             //   bounds: (i0, i1, h0, h1).
+             const auto& sh = l.impl->shape();
+             if (!sh.int4 && !sh.fp4)
+               throw py::value_error(std::string("quant4_slices() is for 4-bit layers (wna16_int4, mxfp4, nvfp4); "
+                                                 "this layer is ") +
+                                     (sh.byte_weights ? "byte-weight (use quant_slices)" : "bf16 (use packed_slices)"));
+             const int64_t g1 = sh.int4 ? sh.seg1 : sh.nv ? 16 : 32, g2 = sh.int4 ? sh.seg2 : sh.nv ? 16 : 32;
+             const auto scale_type = sh.int4 ? (sh.int4_fp16 ? at::kHalf : at::kBFloat16)
+                                             : sh.nv ? at::kFloat8_e4m3fn : at::kByte;
+             const int64_t E = sh.experts, kp1 = sh.kp1, kp2 = sh.kp2;
+             py::list out;
+             auto keep = l.impl;
+             auto opts = at::TensorOptions().device(at::kCPU);
+             for (const auto& sl : l.impl->slices()) {
+               const int64_t nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
+               auto view = [&](const lk::HostBuffer& b, at::IntArrayRef shape, at::ScalarType t) {
+                 return torch::from_blob(b.data(), shape, [keep](void*) {}, opts.dtype(t));
+               };
+               py::dict d;
+               d["w13"] = view(sl.w13, {E, nbi, 2, kp1 / 4, 16, 2}, at::kByte);
+               d["s13"] = view(sl.s13, {E, nbi, 2, kp1 / g1, 16}, scale_type);
+               d["w2"] = view(sl.w2, {E, nbh, kp2 / 4, 16, 2}, at::kByte);
+               d["s2"] = view(sl.s2, {E, nbh, kp2 / g2, 16}, scale_type);
+               if (sh.int4_asym) {
+                 d["z13"] = view(sl.z13, {E, nbi, 2, kp1 / g1, 8}, at::kByte);
+                 d["z2"] = view(sl.z2, {E, nbh, kp2 / g2, 8}, at::kByte);
+               }
+               if (sh.bias) {
+                 d["b13"] = view(sl.b13, {E, nbi, 2, 16}, at::kBFloat16);
+                 d["b2"] = view(sl.b2, {E, nbh, 16}, at::kBFloat16);
+               }
+               d["bounds"] = py::make_tuple(sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN, sl.hb0 * lk::kBlockN,
+                                            sl.hb1 * lk::kBlockN);
+               out.append(d);
+             }
+             return out;
+           })
+      .def("global_scales",
+           [](const Layer& l) -> py::object {
+             // nvfp4: views of the per-expert fp32 global scales (w13 [E, 2]: gate, up; w2 [E]); None otherwise.
+             const auto& sh = l.impl->shape();
+             if (!sh.nv) return py::none();
+             auto keep = l.impl;
+             auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+             // from_blob wants a mutable pointer; the views are read by the GPU copy only.
+             at::Tensor g13 = torch::from_blob(const_cast<float*>(l.impl->global_scales13()), {sh.experts, 2},
+                                               [keep](void*) {}, f32);
+             at::Tensor g2 = torch::from_blob(const_cast<float*>(l.impl->global_scales2()), {sh.experts},
+                                              [keep](void*) {}, f32);
+             return py::make_tuple(g13, g2);
+           })
+      .def_property_readonly("swiglu", [](const Layer& l) {
+        // swigluoai constants (alpha, limit) of fp4 layers (the engine's defaults elsewhere).
+        return py::make_tuple(l.impl->shape().alpha, l.impl->shape().limit);
+      })
       .def("pin_for_gpu",
            [](Layer& l) {
-             // Page-lock the packed weights once (unregistered when the layer is freed).
+             // Page-lock the packed weights once (unregistered when the layer is freed); quantized
+             // layers: their scales, zero points and biases too (separate host buffers, streamed with
+             // the codes). The nvfp4 global scales (12 bytes per expert) stay pageable.
              if (l.impl->pinned) return;
              std::vector<void*> done;
              try {
                for (const auto& sl : l.impl->slices()) {
-                 for (const lk::HostBuffer* b : {&sl.w13, &sl.w2}) {
+                 for (const lk::HostBuffer* b : {&sl.w13, &sl.w2, &sl.s13, &sl.s2, &sl.z13, &sl.z2, &sl.b13, &sl.b2}) {
                    if (!b->size()) continue;
                    lk::register_host_memory(b->data(), b->size());
                    done.push_back(b->data());

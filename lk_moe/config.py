@@ -4,9 +4,21 @@ LK_THREADS         worker threads (default: physical cores of the CPUs this proc
 LK_THREAD_BINDING  CPU_CORE (default) | NUMA_NODE | NONE
 LK_ISA             generic | avx2 | avx512 | avx512_bf16 | amx (default: best the CPU has)
 LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 1000)
-LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: hostfn (default, a host-function
-                   node) | mailbox (mapped-memory flags served by a polling thread; lower latency,
-                   one CPU core and one GPU thread spin while waiting)
+LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: auto (default: kernel for decode-sized
+                   calls, hostfn for bigger ones and where the kernel cannot run) | hostfn (a
+                   host-function node) | mailbox (mapped-memory flags served by a polling thread; one
+                   CPU core and one GPU thread spin while waiting) | kernel (one CUDA kernel per call
+                   moves the data through mapped memory and spins until a polling thread answers; one
+                   CPU core and one GPU block spin while waiting; gives up with NaN after 10 s).
+                   Measured overhead per layer at M = 1 (lk_moe/cpu_path.py): kernel 24.5 us,
+                   mailbox 36.5 us, hostfn 62.6 us
+LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the fallback kernels
+                   (dequantize to bf16 on the GPU, then the bf16 GEMM) even where a native kernel
+                   for the format would be chosen. Today every quantized format (fp8_block,
+                   fp8_channel, int8_channel, wna16_int4, mxfp4, nvfp4) takes the fallback anyway: no
+                   native expert GEMM is wired into lk_moe's GPU path yet (see lk_moe.gpu_dequant.gpu_path); the switch exists so
+                   that a GPU with native support (e.g. FP8 on sm_89+) can be forced onto the
+                   fallback once vLLM's native kernels are wired.
 
 A bad value raises ConfigError (a ValueError) naming the variable.
 """
@@ -17,7 +29,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 BINDINGS = ("CPU_CORE", "NUMA_NODE", "NONE")
-SIGNALS = ("hostfn", "mailbox")
+SIGNALS = ("auto", "hostfn", "mailbox", "kernel")
 ISAS = ("generic", "avx2", "avx512", "avx512_bf16", "amx")
 
 
@@ -31,7 +43,26 @@ class EngineConfig:
     binding: str = "CPU_CORE"
     isa: Optional[str] = None  # None: best supported
     spin_us: int = 1000
-    cpu_signal: str = "hostfn"
+    cpu_signal: str = "auto"
+    force_gpu_fallback: bool = False
+
+
+TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("0", "false", "no", "off", "")
+
+
+def _bool_var(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in TRUE_VALUES:
+        return True
+    if raw in FALSE_VALUES:
+        return False
+    raise ConfigError(f"{name}={env.get(name)!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def force_gpu_fallback(env: Optional[Mapping[str, str]] = None) -> bool:
+    """LK_FORCE_GPU_FALLBACK alone (read by the GPU paths when they are built)."""
+    return _bool_var(os.environ if env is None else env, "LK_FORCE_GPU_FALLBACK")
 
 
 def _int_var(env: Mapping[str, str], name: str, lo: int, hi: int) -> Optional[int]:
@@ -67,9 +98,10 @@ def from_env(env: Optional[Mapping[str, str]] = None, logical_cpus: Optional[int
     if isa is not None and isa not in ISAS:
         raise ConfigError(f"LK_ISA={env.get('LK_ISA')!r} is not one of {', '.join(ISAS)}")
     spin = _int_var(env, "LK_SPIN_US", 0, 1_000_000)
-    signal = env.get("LK_CPU_SIGNAL", "").strip().lower() or "hostfn"
+    signal = env.get("LK_CPU_SIGNAL", "").strip().lower() or "auto"
     if signal not in SIGNALS:
         raise ConfigError(f"LK_CPU_SIGNAL={env.get('LK_CPU_SIGNAL')!r} is not one of {', '.join(SIGNALS)}")
     return EngineConfig(
-        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin, cpu_signal=signal
+        threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin, cpu_signal=signal,
+        force_gpu_fallback=force_gpu_fallback(env),
     )

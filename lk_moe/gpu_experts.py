@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .reference import swigluoai
+
 
 _OUT_DTYPE_OK = True
 
@@ -48,10 +50,15 @@ class RoutedBatch:
 
 
 def experts_forward(x_pad: torch.Tensor, batch: RoutedBatch, w13: torch.Tensor, w2: torch.Tensor,
-                    first_expert: int, out_acc: torch.Tensor, expert_ids=None) -> None:
-    """Add sum_k w * down(silu(gate x) * up x) for experts first_expert.. (or expert_ids, with
-    w13/w2 indexed by position in that list) into out_acc [M, h_pad] fp32.
-    w13: [n, 2*kp2, kp1], w2: [n, h_pad, kp2], x_pad: [M, kp1]."""
+                    first_expert: int, out_acc: torch.Tensor, expert_ids=None, *, biases=None,
+                    activation: str = "silu", swiglu=(1.702, 7.0)) -> None:
+    """Add sum_k w * (down(act(gate x + b_gate, up x + b_up)) + b_down) for experts first_expert.. (or
+    expert_ids, with w13/w2 indexed by position in that list) into out_acc [M, h_pad] fp32.
+    w13: [n, 2*kp2, kp1], w2: [n, h_pad, kp2], x_pad: [M, kp1]; biases: None or (b13 [n, 2*kp2],
+    b2 [n, h_pad]) bf16 (mxfp4, as the engine holds them); act: silu(gate) * up, or "swigluoai" with
+    swiglu = (alpha, limit) (lk_moe.reference.swigluoai)."""
+    if activation not in ("silu", "swigluoai"):
+        raise ValueError(f"activation must be 'silu' or 'swigluoai', got {activation!r}")
     kp2 = w2.shape[2]
     ids = expert_ids if expert_ids is not None else range(first_expert, first_expert + w13.shape[0])
     for j, e in enumerate(ids):
@@ -60,8 +67,14 @@ def experts_forward(x_pad: torch.Tensor, batch: RoutedBatch, w13: torch.Tensor, 
             continue
         lo, hi = batch.offsets[e], batch.offsets[e + 1]
         rows = batch.tokens[lo:hi]
-        # Same roundings as the CPU engine: fp32 pre-activations, SwiGLU output in bf16, fp32 sums.
+        # Same roundings as the CPU engine: fp32 pre-activations (+ bias), activation output in bf16,
+        # fp32 sums; the down bias is part of the expert output the router weight scales.
         h = _mm_f32(x_pad.index_select(0, rows), w13[j].t())
-        act = (F.silu(h[:, :kp2]) * h[:, kp2:]).to(x_pad.dtype)
-        y = _mm_f32(act, w2[j].t())
+        if biases is not None:
+            h += biases[0][j].float()
+        gate, up = h[:, :kp2], h[:, kp2:]
+        act = swigluoai(gate, up, *swiglu) if activation == "swigluoai" else F.silu(gate) * up
+        y = _mm_f32(act.to(x_pad.dtype), w2[j].t())
+        if biases is not None:
+            y += biases[1][j].float()
         out_acc.index_add_(0, rows, y * batch.weights[lo:hi, None])

@@ -9,6 +9,10 @@ the PCIe transfer.
 Shapes are padded: H -> kp1 (multiple of 32), I -> kp2 (multiple of 32), and the down
 projection's rows -> h_pad (multiple of 16). Padding holds zeros, so computing with padded
 matrices and slicing the output gives the exact result.
+
+Byte-weight layers (fp8_block, fp8_channel, int8_channel) keep one byte per weight in the same
+block layout; lk_moe.gpu_dequant turns their blocks into bf16 rows (row order within a block),
+and `rows_w13` / `rows_w2` put those rows in the same plain matrices as `unpack_w13` / `unpack_w2`.
 """
 from __future__ import annotations
 
@@ -35,3 +39,19 @@ def unpack_w2(slices: Sequence[torch.Tensor]) -> torch.Tensor:
         e, nbh, half, _, _ = p.shape
         parts.append(p.permute(0, 1, 3, 2, 4).reshape(e, nbh * 16, half * 2))
     return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+
+def rows_w13(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Dequantized w13 slices [e, nbi_s, 2, 16, kp1] (block rows in order) -> [e, 2*kp2, kp1]."""
+    out = []
+    for p in parts:
+        e, nbi, _, _, kp1 = p.shape
+        out.append(p.permute(0, 2, 1, 3, 4).reshape(e, 2, nbi * 16, kp1))
+    full = torch.cat(out, dim=2) if len(out) > 1 else out[0]
+    return full.reshape(full.shape[0], -1, full.shape[-1])
+
+
+def rows_w2(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Dequantized w2 slices [e, nbh_s, 16, kp2] -> [e, h_pad, kp2]."""
+    out = [p.reshape(p.shape[0], p.shape[1] * 16, p.shape[3]) for p in parts]
+    return torch.cat(out, dim=1) if len(out) > 1 else out[0]

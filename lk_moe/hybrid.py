@@ -9,21 +9,187 @@ Three paths, chosen per call:
    batch routes to less than half of them.
 3. Resident (resident=True): the experts are unpacked on the GPU once and stay there.
 
+Formats with a GPU path (`lk_moe.gpu_dequant.GPU_FORMATS`): bf16 (the packed bf16 blocks travel and
+are permuted into plain matrices); the byte formats fp8_block, fp8_channel, int8_channel: their
+one-byte codes and fp32 scales travel as the engine keeps them (about half the bytes of bf16), are
+dequantized on the GPU to bf16 (code x scale rounded to bf16 once: the fallback kernel of
+lk_moe.gpu_dequant, or its torch twin) and computed by the same bf16 GEMMs; and the 4-bit formats
+wna16_int4, mxfp4, nvfp4: their 4-bit codes, scales (int4 zero points, mxfp4 biases, nvfp4 global
+scales) travel as the engine keeps them (about a quarter of the bytes of bf16) and are dequantized to
+bf16 on the GPU by plain torch ops (lk_moe.gpu_dequant.dequant4_blocks); mxfp4 layers keep their
+biases and activation (swigluoai) on the GPU too.
+
 The streamed path syncs once per forward (the per-expert token counts) and is meant for eager
 prefill; decode and captured graphs use the CPU path.
 """
 from __future__ import annotations
 
 import collections
+import logging
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 
+from . import gpu_dequant
 from .cpu_path import CpuExpertPath, PinnedIO
 from .gpu_experts import RoutedBatch, experts_forward
-from .gpu_layout import unpack_w13, unpack_w2
+from .gpu_layout import rows_w13, rows_w2, unpack_w13, unpack_w2
 from .layer import MoELayer
+
+logger = logging.getLogger(__name__)
+
+
+# The parts of a 4-bit layer's slice (Layer.quant4_slices), in transfer order; a layer has zero
+# points (int4) or biases (mxfp4) in every slice or in none.
+QUANT4_PARTS = ("w13", "s13", "z13", "b13", "w2", "s2", "z2", "b2")
+
+
+def quant4_parts(layer: MoELayer) -> tuple:
+    """The QUANT4_PARTS a 4-bit layer has."""
+    first = layer._impl.quant4_slices()[0]
+    return tuple(k for k in QUANT4_PARTS if k in first)
+
+
+def gpu_sources(layer: MoELayer) -> list:
+    """Per NUMA slice, the host tensors one expert's GPU copy is made of, in transfer order, each
+    with the expert as dim 0: bf16 (w13, w2) packed blocks; byte formats (w13 codes, w13 scales,
+    w2 codes, w2 scales); 4-bit formats the layer's `quant4_parts`, and for nvfp4 one more entry
+    after the slices: the per-expert global scales (w13 [E, 2], w2 [E]). ValueError for a format
+    without a GPU path."""
+    fmt = layer.format
+    if fmt == "bf16":
+        return [tuple(s[:2]) for s in layer._impl.packed_slices()]
+    if fmt in gpu_dequant.BYTE_FORMATS:
+        return [tuple(s[:4]) for s in layer._impl.quant_slices()]
+    if fmt in gpu_dequant.FOUR_BIT_FORMATS:
+        parts = quant4_parts(layer)
+        sources = [tuple(d[k] for k in parts) for d in layer._impl.quant4_slices()]
+        if fmt == "nvfp4":
+            sources.append(tuple(layer._impl.global_scales()))
+        return sources
+    raise ValueError(f"GPU streaming and GPU-resident layers take {', '.join(gpu_dequant.GPU_FORMATS)} experts; "
+                     f"this layer is {fmt} (use the CPU path: gpu_min_batch=0, resident=False)")
+
+
+def _bytes_per_expert(t: torch.Tensor) -> int:
+    return (t.numel() // t.shape[0]) * t.element_size() if t.shape[0] else 0
+
+
+def streamed_expert_bytes(layer: MoELayer) -> int:
+    """Bytes one expert of `layer` takes over PCIe (and in a staging slot) on the streamed GPU path:
+    the engine's packed, block-padded copy (byte formats: codes + fp32 scales; 4-bit formats: codes,
+    scales, zero points or biases, nvfp4 global scales)."""
+    return sum(_bytes_per_expert(t) for srcs in gpu_sources(layer) for t in srcs)
+
+
+def _runs(chunk: List[int]):
+    """Sorted expert ids -> [start, end) runs of consecutive ids."""
+    runs = []
+    start = prev = chunk[0]
+    for e in chunk[1:]:
+        if e != prev + 1:
+            runs.append((start, prev + 1))
+            start = e
+        prev = e
+    runs.append((start, prev + 1))
+    return runs
+
+
+class GpuCopyLayout:
+    """How one layer's experts travel to the GPU and become plain bf16 matrices there. Pure torch on
+    any device (the CPU tests run it with CPU buffers and the torch twin of the dequant kernel).
+
+    A chunk of n experts in a staging buffer: per NUMA slice, each source of `gpu_sources` (bf16: w13,
+    w2; byte formats: w13 codes, w13 scales, w2 codes, w2 scales; 4-bit formats: `quant4_parts`, then
+    the nvfp4 global scales) for the chunk's experts in order, n * expert_bytes in all. Every piece is
+    a multiple of 4 bytes, so each lies 4-byte aligned.
+
+    dequant_impl (byte formats): "kernel", "torch" or "auto" (lk_moe.gpu_dequant.dequantize); the 4-bit
+    formats are dequantized by plain torch ops ("torch"; "kernel" is refused)."""
+
+    def __init__(self, layer: MoELayer, dequant_impl: str = "torch"):
+        self.format = layer.format
+        self.sources = gpu_sources(layer)
+        self.kp1, self.kp2, self.h_pad = layer._impl.padded_dims
+        self.codes, self.seg = layer._impl.byte_codes or (None, 0)
+        if dequant_impl not in gpu_dequant.IMPLS:
+            raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {dequant_impl!r}")
+        self.four_bit = self.format in gpu_dequant.FOUR_BIT_FORMATS
+        self.parts = quant4_parts(layer) if self.four_bit else ()
+        self.num_slices = layer.num_slices
+        if self.four_bit and dequant_impl == "kernel":
+            raise ValueError(f"{self.format} experts have no dequantization kernel: they are dequantized by torch "
+                             "ops on the GPU (dequant='auto' or 'torch')")
+        self.dequant_impl = "torch" if self.four_bit else dequant_impl if self.codes is not None else None
+        for srcs in self.sources:
+            for t in srcs:
+                if _bytes_per_expert(t) % 4:
+                    raise AssertionError(f"packed piece of {_bytes_per_expert(t)} bytes per expert breaks alignment")
+        self.expert_bytes = sum(_bytes_per_expert(t) for srcs in self.sources for t in srcs)
+
+    def chunk_sources(self, chunk: List[int]):
+        """The host tensors of a chunk (sorted expert ids), in buffer order."""
+        runs = _runs(chunk)
+        for srcs in self.sources:
+            for t in srcs:
+                for a, b in runs:
+                    yield t[a:b]
+
+    def chunk_bytes(self, n: int) -> int:
+        return n * self.expert_bytes
+
+    def copy_chunk(self, buf: torch.Tensor, chunk: List[int], non_blocking: bool = False) -> int:
+        """Copy a chunk's bytes into the uint8 buffer `buf` (on the current stream); returns the bytes."""
+        off = 0
+        for src in self.chunk_sources(chunk):
+            n = src.numel() * src.element_size()
+            if n:
+                buf[off:off + n].view(src.dtype).view(src.shape).copy_(src, non_blocking=non_blocking)
+            off += n
+        return off
+
+    def slot_views(self, buf: torch.Tensor, n: int):
+        """A chunk of n experts in `buf`, as per-slice tensors shaped like `gpu_sources`."""
+        off = 0
+        per_slice = []
+        for srcs in self.sources:
+            views = []
+            for t in srcs:
+                size = n * _bytes_per_expert(t)
+                views.append(buf[off:off + size].view(t.dtype).view((n,) + tuple(t.shape[1:])))
+                off += size
+            per_slice.append(views)
+        return per_slice
+
+    def unpack(self, per_slice):
+        """Per NUMA slice, one chunk's tensors (shaped like `gpu_sources`, n experts, on one device) ->
+        plain bf16 w13 [n, 2*kp2, kp1], w2 [n, h_pad, kp2]. Byte formats: each weight code x scale
+        rounded to bf16 once (lk_moe.gpu_dequant); 4-bit formats: see gpu_dequant.dequant4_blocks."""
+        if self.four_bit:
+            slices = [dict(zip(self.parts, v)) for v in per_slice[:self.num_slices]]
+            g13, g2 = per_slice[self.num_slices] if self.format == "nvfp4" else (None, None)
+            return (gpu_dequant.dequant4_w13(self.format, [(p["w13"], p["s13"], p.get("z13")) for p in slices], g13),
+                    gpu_dequant.dequant4_w2(self.format, [(p["w2"], p["s2"], p.get("z2")) for p in slices], g2))
+        if self.codes is None:
+            return unpack_w13([v[0] for v in per_slice]), unpack_w2([v[1] for v in per_slice])
+        return (gpu_dequant.dequant_w13([(v[0], v[1]) for v in per_slice], self.kp1, self.seg, self.codes,
+                                        self.dequant_impl),
+                gpu_dequant.dequant_w2([(v[2], v[3]) for v in per_slice], self.kp2, self.seg, self.codes,
+                                       self.dequant_impl))
+
+    def biases(self, per_slice):
+        """mxfp4 layers with biases: (b13 [n, 2*kp2] gate then up, b2 [n, h_pad]) bf16 from one chunk's
+        tensors (as for `unpack`); None for layers without biases."""
+        if "b13" not in self.parts:
+            return None
+        slices = [dict(zip(self.parts, v)) for v in per_slice[:self.num_slices]]
+        return (rows_w13([p["b13"].unsqueeze(-1) for p in slices]).squeeze(-1),
+                rows_w2([p["b2"].unsqueeze(-1) for p in slices]).squeeze(-1))
+
+    def unpack_slot(self, buf: torch.Tensor, n: int):
+        return self.unpack(self.slot_views(buf, n))
+
 
 class ExpertStreamer:
     """A bounded ring of GPU staging slots fed by one copy stream, shared by the layers of a model.
@@ -55,13 +221,9 @@ class ExpertStreamer:
         buf = self.slots[slot]
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(self.freed[slot])
-            off = 0
-            for src in layer._chunk_sources(chunk):
-                n = src.numel() * 2
-                buf[off:off + n].view(torch.bfloat16).view(src.shape).copy_(src, non_blocking=True)
-                off += n
+            layer.copy_layout.copy_chunk(buf, chunk, non_blocking=True)
             self.copied[slot].record(self.copy_stream)
-        self.bytes_copied += layer._chunk_bytes(len(chunk))
+        self.bytes_copied += layer.copy_layout.chunk_bytes(len(chunk))
         return slot
 
     def consume(self, slot: int) -> torch.Tensor:
@@ -75,12 +237,18 @@ class ExpertStreamer:
 class HybridMoE:
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor, *, max_tokens: int, top_k: int,
                  gpu_min_batch: int = 0, resident: bool = False, streamer: Optional[ExpertStreamer] = None,
-                 dtype=torch.bfloat16, pool=None, signal: str = "hostfn", layer: Optional[MoELayer] = None,
-                 io: Optional[PinnedIO] = None):
-        """w13 [E, 2I, H], w2 [E, H, I] on the CPU (vLLM layouts), or an existing `layer`.
+                 dtype=torch.bfloat16, pool=None, signal: str = "auto", layer: Optional[MoELayer] = None,
+                 io: Optional[PinnedIO] = None, dequant: str = "auto", force_fallback: Optional[bool] = None):
+        """w13 [E, 2I, H], w2 [E, H, I] on the CPU (vLLM layouts), or an existing `layer` (any format;
+        GPU paths for those in lk_moe.gpu_dequant.GPU_FORMATS).
         gpu_min_batch: smallest M that takes the streamed GPU path (0: never, CPU-only prefill).
         streamer: the shared staging ring (made to fit this layer if omitted).
-        io: the CPU path's pinned buffers, shared by the layers of one model (made if omitted)."""
+        io: the CPU path's pinned buffers, shared by the layers of one model (made if omitted).
+        dequant (byte formats): "auto" (the CUDA fallback kernel where it runs on this GPU, else its
+        torch twin, with a warning), "kernel" or "torch" (forced). Both give the same bf16 bits.
+        4-bit formats: "auto" or "torch" (plain torch ops on the GPU; they have no kernel).
+        force_fallback: the quantized formats' path choice (default LK_FORCE_GPU_FALLBACK), see
+        lk_moe.gpu_dequant.gpu_path; the fallback is the only GPU path for them today."""
         if not torch.cuda.is_available():
             raise RuntimeError("HybridMoE needs a CUDA device; use lk_moe.MoELayer for CPU-only work")
         if gpu_min_batch < 0:
@@ -93,16 +261,33 @@ class HybridMoE:
         self.gpu_min_batch = gpu_min_batch
         self.cpu_path = CpuExpertPath(self.layer, max_tokens=max_tokens, top_k=top_k, dtype=dtype, signal=signal, io=io)
         self.next_layer: Optional[HybridMoE] = None
-        # The packed slices are needed only by the GPU paths (quantized layers: CPU path only, so far).
+        self.format = self.layer.format
+        # The packed host copy is needed only by the GPU paths.
         needs_gpu_copy = resident or gpu_min_batch > 0
-        self._slices = self.layer._impl.packed_slices() if needs_gpu_copy else []
-        self.expert_bytes = sum(s[0][0].numel() + s[1][0].numel() for s in self._slices) * 2
+        self.gpu_path, self.gpu_path_reason = None, None
+        self.copy_layout: Optional[GpuCopyLayout] = None
+        if needs_gpu_copy:
+            gpu_sources(self.layer)  # a format without a GPU path: ValueError naming it
+            self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback)
+            if self.gpu_path == "native":  # not reachable today: gpu_dequant.NATIVE_KERNELS is empty
+                raise NotImplementedError(f"a native GPU kernel for {self.format} is listed but not wired")
+            if self.format in gpu_dequant.FOUR_BIT_FORMATS:  # torch ops; GpuCopyLayout refuses "kernel"
+                impl = "torch" if dequant == "auto" else dequant
+            else:
+                impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"
+            self.copy_layout = GpuCopyLayout(self.layer, impl)
+        # The engine's activation (mxfp4 may be swigluoai), applied by the GPU paths too.
+        self.activation = self.layer.activation
+        self.swiglu = tuple(self.layer._impl.swiglu)
+        self.dequant_impl = self.copy_layout.dequant_impl if self.copy_layout else None
+        self.expert_bytes = self.copy_layout.expert_bytes if self.copy_layout else 0
         self.resident = resident
-        self._resident_w = None
+        self._resident_w = self._resident_b = None
         self.streamer = streamer
         if resident:
-            self._resident_w = (unpack_w13([s[0].cuda() for s in self._slices]),
-                                unpack_w2([s[1].cuda() for s in self._slices]))
+            on_gpu = [[t.cuda() for t in srcs] for srcs in self.copy_layout.sources]
+            self._resident_w = self.copy_layout.unpack(on_gpu)
+            self._resident_b = self.copy_layout.biases(on_gpu)
         elif gpu_min_batch > 0:
             # Page-lock the engine's own copy in place (fast async H2D, no second host copy);
             # unregistered when the layer is freed.
@@ -112,40 +297,20 @@ class HybridMoE:
                 self.streamer = ExpertStreamer(per_slot * self.expert_bytes, slots=4)
             if self.streamer.slot_bytes < self.expert_bytes:
                 raise ValueError("staging slot smaller than one expert")
-        self.experts_per_chunk = (self.streamer.slot_bytes // self.expert_bytes) if self.streamer else 0
+        self.experts_per_chunk = (self.streamer.slot_bytes // self.expert_bytes) if self.streamer and self.expert_bytes else 0
 
-    # -- layout of a chunk in a staging slot: per NUMA slice, w13 rows then w2 rows of its experts
-    def _chunk_sources(self, chunk: List[int]):
-        runs = []
-        start = prev = chunk[0]
-        for e in chunk[1:]:
-            if e != prev + 1:
-                runs.append((start, prev + 1))
-                start = e
-            prev = e
-        runs.append((start, prev + 1))
-        for w13, w2, *_ in self._slices:
-            for a, b in runs:
-                yield w13[a:b]
-            for a, b in runs:
-                yield w2[a:b]
-
-    def _chunk_bytes(self, n: int) -> int:
-        return n * self.expert_bytes
-
-    def _unpack_slot(self, buf: torch.Tensor, n: int):
-        off = 0
-        p13, p2 = [], []
-        for w13, w2, *_ in self._slices:
-            shape13 = (n,) + tuple(w13.shape[1:])
-            size = n * w13[0].numel() * 2
-            p13.append(buf[off:off + size].view(torch.bfloat16).view(shape13))
-            off += size
-            shape2 = (n,) + tuple(w2.shape[1:])
-            size = n * w2[0].numel() * 2
-            p2.append(buf[off:off + size].view(torch.bfloat16).view(shape2))
-            off += size
-        return unpack_w13(p13), unpack_w2(p2)
+    def _pick_dequant(self, want: str) -> str:
+        if want not in gpu_dequant.IMPLS:
+            raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {want!r}")
+        if want != "auto":
+            return want
+        if gpu_dequant.kernel_usable():
+            return "kernel"
+        why = gpu_dequant.library_error() or (f"built for sm_{', sm_'.join(gpu_dequant.compiled_archs())}, not for "
+                                              f"this GPU (sm_{''.join(map(str, torch.cuda.get_device_capability()))})")
+        logger.warning("lk_moe: %s experts: GPU dequantization kernel unavailable (%s); using its torch twin "
+                       "(same result, slower)", self.format, why)
+        return "torch"
 
     def link_next(self, other: "HybridMoE") -> None:
         """The layer that runs after this one: its first chunks are prefetched during this one."""
@@ -176,7 +341,8 @@ class HybridMoE:
         x_pad = F.pad(x, (0, self.kp1 - self.hidden)) if self.kp1 != self.hidden else x
         acc = torch.zeros(M, self.h_pad, dtype=torch.float32, device=x.device)
         if self._resident_w is not None:
-            experts_forward(x_pad, batch, self._resident_w[0], self._resident_w[1], 0, acc)
+            experts_forward(x_pad, batch, self._resident_w[0], self._resident_w[1], 0, acc,
+                            biases=self._resident_b, activation=self.activation, swiglu=self.swiglu)
         else:
             self._streamed(x_pad, batch, acc)
         return acc[:, :self.hidden].to(self.dtype)
@@ -216,11 +382,13 @@ class HybridMoE:
         for i in range(len(todo)):
             chunk, slot = todo[i]
             buf = st.consume(slot)
-            u13, u2 = self._unpack_slot(buf, len(chunk))
+            views = self.copy_layout.slot_views(buf, len(chunk))
+            u13, u2 = self.copy_layout.unpack(views)
+            act = dict(biases=self.copy_layout.biases(views), activation=self.activation, swiglu=self.swiglu)
             if chunk == list(range(chunk[0], chunk[0] + len(chunk))):
-                experts_forward(x_pad, batch, u13, u2, chunk[0], acc)
+                experts_forward(x_pad, batch, u13, u2, chunk[0], acc, **act)
             else:
-                experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk)
+                experts_forward(x_pad, batch, u13, u2, 0, acc, expert_ids=chunk, **act)
             st.release(slot)
             # The slot just released is the next one the ring hands out: refill it.
             if pos < len(todo):

@@ -84,9 +84,17 @@ class MoELayer:
         # [E, 2I, H/2] / [E, H, I/2] (element 2i in the low nibble), uint8 e8m0 scales [E, 2I, H/32] /
         # [E, H, I/32]; optional bf16 w13_bias [E, 2I] / w2_bias [E, H] (gpt-oss). H, I may be padded.
         "mxfp4": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
+        # ModelOpt NVFP4 (vLLM ModelOptNvFp4FusedMoE after loading, before process_weights_after_loading):
+        # uint8 e2m1 pairs [E, 2I, H/2] / [E, H, I/2] (element 2i in the low nibble), float8_e4m3fn block
+        # scales [E, 2I, H/16] / [E, H, I/16], fp32 global scales (weight_scale_2) [E, 2] (gate, up) / [E];
+        # weight = e2m1 * block scale * global scale. Optional fp32 activation scales w13_input_scale
+        # [E', 2] / w2_input_scale [E'] are checked and ignored (the engine computes W4A16-style).
+        "nvfp4": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
+                  "w2_weight_scale_2"),
     }
     _OPTIONAL = {"wna16_int4": ("w13_weight_zero_point", "w2_weight_zero_point"),
-                 "mxfp4": ("w13_bias", "w2_bias")}
+                 "mxfp4": ("w13_bias", "w2_bias"),
+                 "nvfp4": ("w13_input_scale", "w2_input_scale")}
 
     @classmethod
     def tensor_names(cls, format: str) -> tuple:
@@ -95,6 +103,15 @@ class MoELayer:
         if format not in cls.FORMATS:
             raise ValueError(f"unsupported expert format {format!r}; supported: {', '.join(cls.FORMATS)}")
         return cls.FORMATS[format], cls._OPTIONAL.get(format, ())
+
+    @classmethod
+    def _optional_tensors(cls, format: str, tensors: dict) -> list:
+        """The format's optional tensors in binding order (None where absent), type-checked."""
+        opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
+        for n, t in zip(cls._OPTIONAL[format], opt):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        return opt
 
     @classmethod
     def from_checkpoint(cls, format: str, tensors: dict, *, activation: str | None = None, pool=None,
@@ -129,10 +146,7 @@ class MoELayer:
         self = cls.__new__(cls)
         self._pool = pool if pool is not None else default_pool()
         if format == "mxfp4":
-            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
-            for n, t in zip(cls._OPTIONAL[format], opt):
-                if t is not None and not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            opt = cls._optional_tensors(format, tensors)
             if interleaved is None:
                 interleaved = activation == "swigluoai"
             self._impl = _C.Layer.mxfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
@@ -141,12 +155,13 @@ class MoELayer:
                                         interleaved=bool(interleaved), swiglu_alpha=float(swiglu_alpha),
                                         swiglu_limit=float(swiglu_limit))
             names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
+        elif format == "nvfp4":
+            opt = cls._optional_tensors(format, tensors)
+            self._impl = _C.Layer.nvfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
+            names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "wna16_int4":
             _check_g_idx(tensors)
-            opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
-            for n, t in zip(cls._OPTIONAL[format], opt):
-                if t is not None and not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            opt = cls._optional_tensors(format, tensors)
             self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
             names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "fp8_block":
@@ -163,6 +178,11 @@ class MoELayer:
     @property
     def format(self) -> str:
         return self._impl.format
+
+    def dequantized(self):
+        """mxfp4 / nvfp4: (w13 [E, 2I, H], w2 [E, H, I]) fp32, the weights the engine computes with,
+        decoded from its own packed copy (w13 rows [gate; up]; mxfp4 biases not included). For tests."""
+        return self._impl.dequantized()
 
     # -- shape and memory
     @property

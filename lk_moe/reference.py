@@ -13,6 +13,28 @@ def swigluoai(gate, up, alpha=1.702, limit=7.0):
     return (u + 1) * g * torch.sigmoid(alpha * g)
 
 
+def routed_experts(topk_ids):
+    """(expert, token rows, top-k slots) of every expert at least one token routes to; -1 ids skipped."""
+    for e in torch.unique(topk_ids).tolist():
+        if e >= 0:
+            tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+            yield e, tok, k
+
+
+def _dequantizing_baseline(x, topk_ids, topk_weights, expert_weights) -> torch.Tensor:
+    """What a user would write in torch for quantized silu experts: expert_weights(e) dequantizes
+    one routed expert (w13 [2I, H], w2 [H, I]) to the activations' dtype, then GEMMs in that dtype,
+    fp32 sum."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e, tok, k in routed_experts(topk_ids):
+        w13, w2 = expert_weights(e)
+        I = w2.shape[1]
+        h = F.linear(x[tok], w13)
+        act = F.silu(h[:, :I]) * h[:, I:]
+        out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
+    return out.to(x.dtype)
+
+
 def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *, activation="silu",
                   interleaved=False, w13_bias=None, w2_bias=None, swiglu_alpha=1.702, swiglu_limit=7.0):
     """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H].
@@ -28,10 +50,7 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
     out = torch.zeros(M, H, dtype=torch.float32, device=x.device)
     mag = torch.zeros(M, H, dtype=torch.float32, device=x.device)
     xf = x.float()
-    for e in torch.unique(topk_ids).tolist():
-        if e < 0:
-            continue
-        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+    for e, tok, k in routed_experts(topk_ids):
         w = w13[e].float()
         h = xf[tok] @ w.t()
         if w13_bias is not None:
@@ -96,19 +115,9 @@ def moe_torch_baseline_fp8(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
     activations' dtype, then the bf16 baseline's GEMMs."""
     q13, q2 = tensors["w13_weight"], tensors["w2_weight"]
     s13, s2 = tensors["w13_weight_scale_inv"], tensors["w2_weight_scale_inv"]
-    M, H = x.shape
-    I = q2.shape[2]
-    out = torch.zeros(M, H, dtype=torch.float32)
-    for e in torch.unique(topk_ids).tolist():
-        if e < 0:
-            continue
-        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
-        w13 = dequantize_fp8_block(q13[e:e + 1], s13[e:e + 1])[0].to(x.dtype)
-        w2 = dequantize_fp8_block(q2[e:e + 1], s2[e:e + 1])[0].to(x.dtype)
-        h = F.linear(x[tok], w13)
-        act = F.silu(h[:, :I]) * h[:, I:]
-        out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
-    return out.to(x.dtype)
+    return _dequantizing_baseline(x, topk_ids, topk_weights, lambda e: (
+        dequantize_fp8_block(q13[e:e + 1], s13[e:e + 1])[0].to(x.dtype),
+        dequantize_fp8_block(q2[e:e + 1], s2[e:e + 1])[0].to(x.dtype)))
 
 
 # ---------------------------------------------------------------- wna16_int4 (compressed-tensors int4)
@@ -148,23 +157,16 @@ def dequantize_wna16_int4(packed: torch.Tensor, scale: torch.Tensor, zero_point=
 def moe_torch_baseline_wna16(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
     """What a user would write in torch for wna16_int4 experts: dequantize each routed expert to the
     activations' dtype, then the bf16 baseline's GEMMs."""
-    M, H = x.shape
-    I = tensors["w2_weight_packed"].shape[1] * 8
     z13, z2 = tensors.get("w13_weight_zero_point"), tensors.get("w2_weight_zero_point")
-    out = torch.zeros(M, H, dtype=torch.float32)
-    for e in torch.unique(topk_ids).tolist():
-        if e < 0:
-            continue
-        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+
+    def expert_weights(e):
         sl = slice(e, e + 1)
         w13 = dequantize_wna16_int4(tensors["w13_weight_packed"][sl], tensors["w13_weight_scale"][sl],
                                     None if z13 is None else z13[sl])[0].to(x.dtype)
         w2 = dequantize_wna16_int4(tensors["w2_weight_packed"][sl], tensors["w2_weight_scale"][sl],
                                    None if z2 is None else z2[sl])[0].to(x.dtype)
-        h = F.linear(x[tok], w13)
-        act = F.silu(h[:, :I]) * h[:, I:]
-        out.index_add_(0, tok, F.linear(act, w2).float() * topk_weights[tok, k].unsqueeze(1))
-    return out.to(x.dtype)
+        return w13, w2
+    return _dequantizing_baseline(x, topk_ids, topk_weights, expert_weights)
 
 
 # ---------------------------------------------------------------- mxfp4 (OCP MX FP4, gpt-oss)
@@ -196,10 +198,7 @@ def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swi
     b13, b2 = tensors.get("w13_bias"), tensors.get("w2_bias")
     I = q13.shape[1] // 2
     out = torch.zeros(M, H, dtype=torch.float32)
-    for e in torch.unique(topk_ids).tolist():
-        if e < 0:
-            continue
-        tok, k = torch.nonzero(topk_ids == e, as_tuple=True)
+    for e, tok, k in routed_experts(topk_ids):
         w13 = dequantize_mxfp4(q13[e], s13[e])[:, :H].to(x.dtype)
         w2 = dequantize_mxfp4(q2[e], s2[e])[:H, :I].to(x.dtype)
         h = F.linear(x[tok], w13, None if b13 is None else b13[e].to(x.dtype))
@@ -208,3 +207,45 @@ def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swi
         y = F.linear(act, w2, None if b2 is None else b2[e, :H].to(x.dtype))
         out.index_add_(0, tok, y.float() * topk_weights[tok, k].unsqueeze(1))
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------- nvfp4 (ModelOpt NVFP4)
+# Convention (vLLM 0.26.0 ModelOptNvFp4FusedMoE, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code
+# pairs as for mxfp4 (element 2i in the low nibble of byte i); one float8_e4m3fn block scale per 16
+# consecutive inputs of a row; one fp32 global scale (weight_scale_2) per expert projection.
+# weight = e2m1(code) * float(block scale) * global scale.
+
+def dequantize_nvfp4(codes: torch.Tensor, scale: torch.Tensor, global_scale) -> torch.Tensor:
+    """uint8 [..., N, K/2], float8_e4m3fn [..., N, K/16] and the global scale (a number, or a tensor
+    broadcastable to [..., N, 1], e.g. [E, 1, 1]) -> fp32 [..., N, K]. The exact product code * scale *
+    global (<= 30 significant bits: exact in float64) is rounded to fp32 once."""
+    lo = (codes & 0x0F).long()
+    hi = (codes >> 4).long()
+    c = torch.stack((lo, hi), dim=-1).flatten(-2)  # element 2i: low nibble, 2i + 1: high nibble
+    mag = torch.tensor(E2M1_VALUES, dtype=torch.float64)[c & 7]
+    v = torch.where((c & 8) != 0, -mag, mag)
+    s = scale.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=-1)[..., :v.shape[-1]]
+    g = global_scale.double() if isinstance(global_scale, torch.Tensor) else float(global_scale)
+    return (v * s * g).float()
+
+
+def dequantize_nvfp4_experts(tensors: dict):
+    """vLLM's nvfp4 tensors -> fp32 (w13 [E, 2I, H] with rows [gate; up], w2 [E, H, I]); gate and up use
+    their own global scale (w13_weight_scale_2[:, 0] and [:, 1])."""
+    q13, s13, g13 = tensors["w13_weight"], tensors["w13_weight_scale"], tensors["w13_weight_scale_2"]
+    q2, s2, g2 = tensors["w2_weight"], tensors["w2_weight_scale"], tensors["w2_weight_scale_2"]
+    I = q13.shape[1] // 2
+    g13_rows = g13.float().repeat_interleave(I, dim=1)[:, :, None]  # [E, 2I, 1]: gate rows, then up rows
+    return dequantize_nvfp4(q13, s13, g13_rows), dequantize_nvfp4(q2, s2, g2.float()[:, None, None])
+
+
+def moe_torch_baseline_nvfp4(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch for nvfp4 experts: dequantize each routed expert to the
+    activations' dtype, then the bf16 baseline's GEMMs (silu)."""
+    q13, s13, g13 = tensors["w13_weight"], tensors["w13_weight_scale"], tensors["w13_weight_scale_2"]
+    q2, s2, g2 = tensors["w2_weight"], tensors["w2_weight_scale"], tensors["w2_weight_scale_2"]
+    I = q13.shape[1] // 2
+    return _dequantizing_baseline(x, topk_ids, topk_weights, lambda e: (
+        torch.cat([dequantize_nvfp4(q13[e, :I], s13[e, :I], g13[e, 0]),
+                   dequantize_nvfp4(q13[e, I:], s13[e, I:], g13[e, 1])]).to(x.dtype),
+        dequantize_nvfp4(q2[e], s2[e], g2[e]).to(x.dtype)))

@@ -64,13 +64,18 @@ def _layer_counts(cfg: dict) -> tuple:
     return layers, moe
 
 
+# Rough bytes per expert weight by quantization method (scales included); ModelOpt names its
+# algorithm separately: read_checkpoint folds it in ("modelopt/NVFP4").
+_BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 0.53, "modelopt_fp4": 0.56,
+                     "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0}
+
+
 def _estimate(info: CheckpointInfo, cfg: dict) -> None:
     """Expert bytes from the config's shapes (bf16 unless the config says otherwise)."""
     E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0
     I = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
     H = cfg.get("hidden_size", 0)
-    per_weight = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 0.53, "modelopt_fp4": 0.56}.get(
-        info.quant_method or "", 2.0)
+    per_weight = _BYTES_PER_WEIGHT.get(info.quant_method or "", 2.0)
     info.expert_bytes = int(info.moe_layers * E * 3 * H * I * per_weight)
     V = cfg.get("vocab_size", 0)
     info.other_bytes = int(2 * V * H * 2 + info.num_layers * 4 * H * H * 2)  # embeddings + rough attention
@@ -89,6 +94,8 @@ def read_checkpoint(path: str) -> CheckpointInfo:
                           model_type=cfg.get("model_type", "?"))
     q = cfg.get("quantization_config") or {}
     info.quant_method = q.get("quant_method") if isinstance(q, dict) else None
+    if info.quant_method == "modelopt" and q.get("quant_algo"):
+        info.quant_method = f"modelopt/{q['quant_algo']}"
     info.num_layers, info.moe_layers = _layer_counts(cfg)
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:

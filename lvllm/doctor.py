@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .threads import physical_cores
+from .threads import physical_cores, reserved_cores
 
 PINS = {"vllm": "0.26.0", "torch": "2.11.0"}
 GiB = 1 << 30
@@ -183,7 +183,8 @@ def model_checks(path: str, tp: int) -> List[Line]:
 
 def suggest(info, tp: int) -> List[Line]:
     cpus = os.sched_getaffinity(0)
-    threads = max(1, physical_cores(sorted(cpus)) // max(tp, 1) - 1)
+    share = physical_cores(sorted(cpus)) // max(tp, 1)
+    threads = max(1, share - reserved_cores(share))
     env = ["LVLLM_MOE_NUMA_ENABLED=1", f"LK_THREADS={threads}"]
     out = []
     try:

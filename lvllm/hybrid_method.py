@@ -69,8 +69,9 @@ class HybridMoEMixin:
     # -- after loading: the tensors go to the engine; vLLM's copies are released
     def process_weights_after_loading(self, layer) -> None:
         import lk_moe
-        from lk_moe.hybrid import HybridMoE
+        from lk_moe.hybrid import HybridMoE, streamed_expert_bytes
 
+        from .policy import gpu_prefill_min_batch
         from .runtime import get_runtime
 
         plan, cfg = self._lk_plan, self._lk_cfg
@@ -100,7 +101,8 @@ class HybridMoEMixin:
         # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
         for name in needed:
             params[name].data = torch.empty(0, dtype=params[name].dtype)
-        gpu_min = cfg.gpu_prefill_min_batch
+        # 0 for formats without a GPU path (CPU prefill; warned once per model by the runtime).
+        gpu_min = gpu_prefill_min_batch(plan.format, cfg)
         max_tokens = int(moe.max_num_tokens)
         if gpu_min > 0:
             # Batches >= gpu_min stream to the GPU, except inside captured graphs (CPU path).
@@ -109,9 +111,9 @@ class HybridMoEMixin:
         top_k = int(layer.top_k)
         streamer = None
         if gpu_min > 0:
-            # Bytes of one expert as it travels: the engine's packed (block-padded) copy.
-            packed = engine_layer._impl.packed_slices()
-            expert_bytes = sum(s[0][0].numel() + s[1][0].numel() for s in packed) * 2
+            # Bytes of one expert as it travels: the engine's packed (block-padded) copy; byte
+            # formats: one-byte codes + fp32 scales; 4-bit formats: 4-bit codes + their scales.
+            expert_bytes = streamed_expert_bytes(engine_layer)
             streamer = rt.staging_for(expert_bytes, engine_layer.num_experts)
         self._lk_hybrid = HybridMoE(None, None, layer=engine_layer, max_tokens=max_tokens, top_k=top_k,
                                     gpu_min_batch=gpu_min, streamer=streamer, dtype=dtype, signal=rt.cpu_signal,

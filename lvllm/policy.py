@@ -84,10 +84,14 @@ def engine_format(method) -> tuple:
         return "wna16_int4", None
     if name in ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"):
         return "mxfp4", None
+    if name == "ModelOptNvFp4FusedMoE":
+        # quant_algo NVFP4 (W4A4 on GPUs) and W4A16_NVFP4 hold the same weight tensors; the engine
+        # computes W4A16-style either way (the activation scales are ignored).
+        return "nvfp4", None
     raise UnsupportedMoELayer(
         f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
         "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel, "
-        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss). "
+        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss), ModelOpt NVFP4. "
         "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 
@@ -139,8 +143,20 @@ def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig) -> LayerP
     except UnsupportedMoELayer as e:
         raise UnsupportedMoELayer(f"{prefix}: {e}") from None
     _check_features(layer, moe_config, prefix, fmt)
-    if fmt != "bf16" and cfg.gpu_prefill_min_batch > 0:
-        raise UnsupportedMoELayer(
-            f"{prefix}: streamed GPU prefill of {fmt} experts is not supported yet; set "
-            "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0 (prefill on the CPU) or keep such layers resident")
     return LayerPlan(prefix, idx, "hybrid", fmt, block)
+
+
+# Engine formats whose routed experts can be streamed to the GPU for prefill (lk_moe's
+# gpu_dequant.GPU_FORMATS, kept here as a literal: this module must not import torch). The byte
+# formats travel as one-byte codes + fp32 scales, the 4-bit formats as the engine's 4-bit blocks
+# (+ scales, zero points, biases); both are dequantized to bf16 on the GPU. Every engine format has
+# a GPU path today.
+GPU_PREFILL_FORMATS = ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4")
+
+
+def gpu_prefill_min_batch(fmt: Optional[str], cfg: LvllmConfig) -> int:
+    """LVLLM_GPU_PREFILL_MIN_BATCH_SIZE for a hybrid layer of engine format `fmt`: 0 (prefill on the
+    CPU) for a format without a GPU path (none of the engine's formats today). lvllm.runtime would
+    log that once per model and format (`WorkerRuntime.note_planned`): the model still runs, with
+    CPU prefill there."""
+    return cfg.gpu_prefill_min_batch if fmt in GPU_PREFILL_FORMATS else 0

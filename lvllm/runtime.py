@@ -55,6 +55,7 @@ class WorkerRuntime:
                                      allowed=list(self.threads.cpus))
         self.isa = lk_moe.isa()
         self.cpu_signal = eng.cpu_signal
+        self._kernel_unusable = None  # auto signal: why small calls cannot take the kernel (from the layers)
         self._io = {}
         self.streamer = None
         self.hybrid_layers: List[int] = []
@@ -64,6 +65,7 @@ class WorkerRuntime:
         self._last = None  # the hybrid layer built last: the next one is linked to it for prefetch
         self._summary_logged = False
         self.planned_hybrid = 0  # counted as vLLM builds the layers, before any is loaded
+        self.cpu_prefill_formats: List[str] = []  # formats kept on CPU prefill despite GPU prefill (warned)
         self.progress: Optional[LoadProgress] = None
         self.stats: Optional[WorkerStats] = None
         if cfg.stats_interval > 0:
@@ -72,8 +74,21 @@ class WorkerRuntime:
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
             self.planned_hybrid += 1
+            self._note_cpu_prefill(plan.format)
         else:
             self.add_resident(plan)
+
+    def _note_cpu_prefill(self, fmt) -> None:
+        """With GPU prefill on, a format without a GPU path keeps its prefill on the CPU engine:
+        said once per model (this worker serves one) and format, never silently."""
+        from .policy import GPU_PREFILL_FORMATS
+        if self.cfg.gpu_prefill_min_batch <= 0 or fmt in GPU_PREFILL_FORMATS or fmt in self.cpu_prefill_formats:
+            return
+        self.cpu_prefill_formats.append(fmt)
+        logger.warning("lk_moe: LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=%d, but %s experts have no GPU path in lk_moe "
+                       "(GPU prefill streams %s experts): prefill of this model's %s MoE layers stays on the CPU "
+                       "engine (correct, slower for long prompts)", self.cfg.gpu_prefill_min_batch, fmt,
+                       ", ".join(GPU_PREFILL_FORMATS), fmt)
 
     def layer_loaded(self, nbytes: int, seconds: float) -> None:
         if self.progress is None:
@@ -110,6 +125,15 @@ class WorkerRuntime:
             self.stats.add_layer(plan.layer_index, hybrid)
         self.host_bytes += hybrid.layer.nbytes
         self.gpu_bytes_saved += hybrid.layer.expert_bytes
+        cpu_path = getattr(hybrid, "cpu_path", None)  # (a CPU-only load has none)
+        self._kernel_unusable = getattr(cpu_path, "kernel_unusable", None)
+
+    def signal_text(self) -> str:
+        if self.cpu_signal != "auto":
+            return f"{self.cpu_signal} signal"
+        if self._kernel_unusable:
+            return f"hostfn signal (auto: {self._kernel_unusable})"
+        return "auto signal (kernel for decode-sized calls, hostfn for bigger ones)"
 
     def add_resident(self, plan) -> None:
         if plan.layer_index is not None:
@@ -121,11 +145,13 @@ class WorkerRuntime:
         gib = 1 << 30
         return (f"lk_moe: hybrid MoE layers [{_ranges(self.hybrid_layers)}], GPU-resident [{_ranges(self.resident_layers)}]; "
                 f"rank {self.local_rank}/{self.local_world}: {self.threads.threads} engine threads on CPUs "
-                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}, {self.cpu_signal} signal; "
+                f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}, {self.signal_text()}; "
                 f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
                 f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
                 + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch
-                   else "prefill on the CPU"))
+                   else "prefill on the CPU")
+                + (f" (CPU prefill for {', '.join(self.cpu_prefill_formats)} layers: no GPU path)"
+                   if self.cfg.gpu_prefill_min_batch and self.cpu_prefill_formats else ""))
 
     def log_summary_once(self) -> None:
         """At the first forward: the summary, and the statistics start."""

@@ -2,9 +2,12 @@
 
 Each rank's engine gets its own contiguous share of the CPUs this process may use (rank r of n
 local ranks: the r-th n-th), so two TP ranks never pin workers to the same cores. Default thread
-count: the physical cores of that share minus one, left to the rank's Python/GPU-driving thread
-(measured: 16 workers + the GPU thread on 16 cores ran decode ~6x slower than 15 workers).
-LK_THREADS overrides the count per rank; it must fit in the share.
+count: the physical cores of that share minus the cores the rank's own busy threads need: the
+Python/GPU-driving thread (it spin-waits on the GPU) and, from 12 cores up, one more for the thread
+that hands each decode layer to the pool (CUDA's host-function thread or the mailbox/kernel poller,
+which spins while the pool computes). Measured on a 16-core host: 16 workers ran decode ~6x slower
+than 15 (docs/results/2026-11-30_h200_cpu_path_threads16.log); with 15, 17 spinning threads still
+share 16 cores. LK_THREADS overrides the count per rank; it must fit in the share.
 """
 from __future__ import annotations
 
@@ -45,19 +48,25 @@ def rank_cpus(allowed: Sequence[int], local_rank: int, local_world: int) -> List
     return allowed[local_rank * n // local_world:(local_rank + 1) * n // local_world]
 
 
+def reserved_cores(phys: int) -> int:
+    """Cores of a rank's share left to its own busy threads (see the module docstring)."""
+    return 2 if phys >= 12 else 1
+
+
 def plan_threads(local_rank: int, local_world: int, lk_threads: Optional[int],
                  allowed: Optional[Sequence[int]] = None, sysfs_root: str = "/sys") -> ThreadPlan:
     """lk_threads: LK_THREADS (None = default)."""
     allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
     cpus = rank_cpus(allowed, local_rank, local_world)
     phys = physical_cores(cpus, sysfs_root)
+    default = max(1, phys - reserved_cores(phys))
     if lk_threads is None:
-        threads = max(1, phys - 1)
+        threads = default
     else:
         if lk_threads > len(cpus):
             raise ValueError(
                 f"LK_THREADS={lk_threads} is more than the {len(cpus)} CPUs of this rank's share "
                 f"(CPUs {cpus[0]}-{cpus[-1]} of {len(allowed)} split between {local_world} local rank(s)); "
-                f"use at most {len(cpus)}, or unset it for {max(1, phys - 1)}")
+                f"use at most {len(cpus)}, or unset it for {default}")
         threads = lk_threads
     return ThreadPlan(tuple(cpus), threads, phys)

@@ -7,7 +7,7 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8 or w4a16 for the
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8, w4a16 or nvfp4 for the
 quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked
 against transformers' own MXFP4 dequantization).
 
@@ -253,11 +253,19 @@ def write_tokenizer(out: str, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-QUANTS = ("bf16", "fp8", "w4a16")
+QUANTS = ("bf16", "fp8", "w4a16", "nvfp4")
 
 
 def _is_router(name: str) -> bool:
     return name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight"))
+
+
+def _quantized_projection(name: str, w: torch.Tensor, experts_only: bool) -> bool:
+    """Whether a quantized checkpoint holds this tensor quantized: projection weights, never the
+    router, embeddings or lm_head (and with experts_only the routed experts alone)."""
+    if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")):
+        return False
+    return not experts_only or ".experts." in name
 
 
 def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128,
@@ -267,8 +275,7 @@ def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128,
     embeddings, norms, biases and lm_head stay as they are."""
     out = {}
     for name, w in tensors.items():
-        if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")) \
-                or (experts_only and ".experts." not in name):
+        if not _quantized_projection(name, w, experts_only):
             out[name] = w
             continue
         N, K = w.shape
@@ -335,11 +342,145 @@ def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
             "config_groups": {"group_0": scheme}, "ignore": ignore, "kv_cache_scheme": None}
 
 
+# ModelOpt NVFP4 (what `modelopt.torch.export` writes, e.g. nvidia/Qwen3-30B-A3B-FP4), per quantized
+# Linear `name`: name.weight uint8 [N, K/2] (two e2m1 codes per byte, element 2i in the low nibble),
+# name.weight_scale float8_e4m3fn [N, K/16] (per 16 inputs), name.weight_scale_2 fp32 scalar (the
+# per-tensor global scale amax / (6 * 448), not its reciprocal), name.input_scale fp32 scalar (the
+# activation scale W4A4 kernels use). weight = e2m1(code) * weight_scale * weight_scale_2. vLLM 0.26
+# reads them under these names (ModelOptNvFp4LinearMethod / ModelOptNvFp4FusedMoE, modelopt.py).
+NVFP4_GROUP = 16
+_E2M1_MAX, _E4M3_MAX = 6.0, 448.0
+
+
+def quantize_nvfp4_tensor(w: torch.Tensor):
+    """fp32 [N, K] -> (uint8 codes [N, K/2], float8_e4m3fn block scales [N, K/16], fp32 global scale []),
+    ModelOpt's recipe: global = amax / (6 * 448), block scale = fp8(block amax / 6 / global), code =
+    nearest e2m1 of w / (block scale * global)."""
+    N, K = w.shape
+    w = w.float()
+    gs = (w.abs().amax() / (_E2M1_MAX * _E4M3_MAX)).clamp(min=2.0 ** -100)
+    g = w.reshape(N, K // NVFP4_GROUP, NVFP4_GROUP)
+    sf = (g.abs().amax(dim=-1) / _E2M1_MAX / gs).clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn)
+    denom = (sf.float() * gs).clamp(min=2.0 ** -126)[..., None]
+    x = g / denom
+    idx = (x.abs()[..., None] - _E2M1).abs().argmin(dim=-1)
+    codes = (idx | ((x < 0) & (idx > 0)).to(torch.int64) << 3).to(torch.uint8).reshape(N, K)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), sf.contiguous(), gs.reshape(()).float()
+
+
+def decode_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2) -> torch.Tensor:
+    """The checkpoint's tensors of one Linear -> fp32 [N, K]: the exact product code * block scale *
+    global scale rounded to fp32 once (written from the convention above, independently of lk_moe)."""
+    codes = torch.stack([weight & 15, weight >> 4], dim=-1).long().reshape(weight.shape[0], -1)
+    mags = _E2M1.double()[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double()
+    s = weight_scale.double().repeat_interleave(NVFP4_GROUP, dim=1)
+    return (mags * s * torch.as_tensor(weight_scale_2).double()).float()
+
+
+def quantize_nvfp4(tensors: Dict[str, torch.Tensor], experts_only: bool = False,
+                   seed: int = 0) -> Dict[str, torch.Tensor]:
+    """Every projection (experts_only: routed experts only) as ModelOpt NVFP4; router, embeddings,
+    norms, biases and lm_head stay as they are (ModelOpt excludes them)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, w in tensors.items():
+        if not _quantized_projection(name, w, experts_only):
+            out[name] = w
+            continue
+        base = name[:-len("weight")]
+        q, sf, gs = quantize_nvfp4_tensor(w)
+        out[name] = q
+        out[base + "weight_scale"] = sf
+        out[base + "weight_scale_2"] = gs
+        out[base + "input_scale"] = (torch.rand((), generator=g) * 2e-3 + 1e-3).float()  # ~amax(x) / 2688
+    return out
+
+
+def _nvfp4_config(tensors: Dict[str, torch.Tensor]) -> dict:
+    # config.json's quantization_config as ModelOpt exports it (vLLM reads quant_algo, group_size, ignore).
+    ignore = sorted(n[:-len(".weight")] for n, t in tensors.items()
+                    if n.endswith(".weight") and t.dim() == 2 and t.dtype != torch.uint8 and not n.startswith("model.embed"))
+    group = {"num_bits": 4, "type": "float", "group_size": NVFP4_GROUP, "dynamic": False}
+    return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": NVFP4_GROUP, "kv_cache_scheme": None,
+            "ignore": ignore, "producer": {"name": "modelopt", "version": "0.37.0"},
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(group),
+                                          "input_activations": dict(group)}}}
+
+
+def _nvfp4_hf_quant_config(qc: dict) -> dict:
+    # The older file ModelOpt writes next to it (hf_quant_config.json), the same facts.
+    return {"producer": qc["producer"], "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
+                                                         "group_size": qc["group_size"], "exclude_modules": qc["ignore"]}}
+
+
+def decode_fp8_block(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """float8_e4m3fn [N, K] and fp32 [ceil(N/b), ceil(K/b)] -> fp32 [N, K] = code * block scale."""
+    N, K = weight.shape
+    s = scale_inv.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :K]
+    return weight.float() * s
+
+
+def decode_w4a16(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors pack-quantized int32 [N, K/8] (codes q+8, input 8w+i in bits 4i..4i+3)
+    and scales [N, K/group] -> fp32 [N, K] = q * scale."""
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    codes = torch.stack([(p >> (4 * i)) & 15 for i in range(8)], dim=-1).reshape(p.shape[0], -1)
+    return (codes - 8).float() * scale.float().repeat_interleave(codes.shape[1] // scale.shape[1], dim=1)
+
+
+def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
+    """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4), read from the file's own tensors."""
+    if base + "weight_packed" in tensors:
+        return decode_w4a16(tensors[base + "weight_packed"], tensors[base + "weight_scale"])
+    w = tensors[base + "weight"]
+    if base + "weight_scale_inv" in tensors:
+        return decode_fp8_block(w, tensors[base + "weight_scale_inv"])
+    if w.dtype == torch.uint8 and base + "weight_scale_2" in tensors:
+        return decode_nvfp4(w, tensors[base + "weight_scale"], tensors[base + "weight_scale_2"])
+    return w.float()
+
+
+_QUANT_SUFFIXES = ("weight_scale_inv", "weight_packed", "weight_scale", "weight_shape", "weight_scale_2",
+                   "input_scale")
+
+
+def write_dequantized_twin(src: str, out: str) -> str:
+    """The bf16 twin of a tiny checkpoint whose routed experts are quantized (the others bf16):
+    the same model with each expert weight replaced by its dequantized value (rounded to bf16),
+    no quantization_config. Stock vLLM on the twin computes the math the engine does on the
+    quantized file (bf16 activations), independently of vLLM's quantized kernels (FP8 block
+    MoE, for one, also quantizes the activations to FP8)."""
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    bases = {n[:n.rindex(".") + 1] for n in tensors if ".experts." in n}
+    if any(n.endswith(_QUANT_SUFFIXES) and ".experts." not in n for n in tensors):
+        raise ValueError(f"{src}: projections outside the routed experts are quantized; the twin needs them in bf16")
+    twin = {n: t for n, t in tensors.items() if ".experts." not in n}
+    for base in bases:
+        twin[base + "weight"] = decode_projection(tensors, base).to(torch.bfloat16)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config.pop("quantization_config", None)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if os.path.exists(os.path.join(src, name)):
+            with open(os.path.join(src, name)) as f_in, open(os.path.join(out, name), "w") as f_out:
+                f_out.write(f_in.read())
+    save_file(twin, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
-                    quant: str = "bf16", fp8_experts_only: bool = False) -> str:
+                    quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
-    quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8) or "w4a16" (int4 experts,
-    compressed-tensors, like Kimi-K2-Thinking); quantized variants: tiny only."""
+    quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
+    compressed-tensors, like Kimi-K2-Thinking) or "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4);
+    quantized variants: tiny only. experts_only (fp8, nvfp4; fp8_experts_only is its old name): quantize
+    the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
+    linear kernels)."""
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
     if quant != "bf16" and size != "tiny":
@@ -358,9 +499,15 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     vocab = max(s["V"], n_tok)
     config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
+    experts_only = experts_only or fp8_experts_only
     if quant == "fp8":
-        tensors = quantize_fp8_block(tensors, experts_only=fp8_experts_only)
+        tensors = quantize_fp8_block(tensors, experts_only=experts_only)
         config["quantization_config"] = _fp8_config(tensors)
+    elif quant == "nvfp4":
+        tensors = quantize_nvfp4(tensors, experts_only=experts_only)
+        config["quantization_config"] = _nvfp4_config(tensors)
+        with open(os.path.join(out, "hf_quant_config.json"), "w") as f:
+            json.dump(_nvfp4_hf_quant_config(config["quantization_config"]), f, indent=1)
     elif quant == "w4a16":
         config["quantization_config"] = _w4a16_config(tensors)
         tensors = quantize_w4a16(tensors)
@@ -384,8 +531,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
+    ap.add_argument("--experts-only", action="store_true",
+                    help="fp8/nvfp4: quantize the routed experts only (other projections stay bf16)")
     a = ap.parse_args(argv)
-    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
     return 0

@@ -2,14 +2,21 @@
 # On the GPU machine (see ../shared/device/README.md): install the carried vLLM payload once per
 # machine, build lk_moe there, then run what follows as a command, logging into $OUT.
 #   bash tools/device_session.sh python3 -m pytest -s tests/e2e -k qwen3
-# A session that fits the 10-minute runs (after the 9 payload-part runs, back to back):
-#   1. ... timeout 480 python3 -m pytest -q -s -p no:cacheprovider --basetemp=/root/e2e-tmp tests/e2e \
-#          -k "not quantized and not gpt_oss and not tensor_parallel"        (serve, KV, 4 archs x 3)
-#   2. ... python3 -m pytest -q -s ... tests/e2e -k "quantized or gpt_oss"; python3 -m pytest -q tests/gpu
-#   3. ... python3 benchmarks/e2e_decode.py --modes hybrid --results /root/bench.json --log-dir $OUT
-#      then --modes offload, --modes stock (same --results file: the last run prints all ratios)
-#   TP=2: the nvidia-h200-x2 machine, pytest tests/e2e -k tensor_parallel
+# A session that fits the 10-minute runs and the 30-minute budget (learned 2026-11-30): the payload
+# costs ~80 s held, install + build ~110 s of the first run; the machine is given back after 30 s
+# idle, so have every command ready before the first part goes. Keep results coming back with
+# inner `timeout`s shorter than the run's limit (a run killed by the limit loses the tail of its script).
+#   1. ... timeout 480 python3 benchmarks/e2e_decode.py --modes hybrid --results $OUT/bench.json --log-dir $OUT --timeout 470
+#      (then --modes offload; stock: the issue's reference numbers exist)
+#   2. ... e2e bf16 suite on GPU 0 and the quantized suite on GPU 1 at once (nvidia-h200-x2), each with
+#      its own --basetemp=/root/e2e-tmp/<suite>, `taskset` half of the cores and a `timeout`;
+#      then `-k tensor_parallel` (both GPUs). The 2026-11-30 fourth-session runs are quoted with their
+#      commands in docs/results/2026-11-30_h200x2_session4.log (7 runs + payload in 27 minutes).
+#   3. bash tools/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
+# tools/device_acceptance.sh {decode,baseline,rest} runs that plan in three parts through this script.
 set -uo pipefail
+# Commands can size their inner `timeout`s from the run's end: $((LVLLM_DEVICE_DEADLINE - $(date +%s)))
+export LVLLM_DEVICE_DEADLINE=$(( $(date +%s) + ${LVLLM_DEVICE_LIMIT:-570} ))
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 LVLLM_USE_SYSTEM_PYTHON=1
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}"
 out="${OUT:-/tmp/lvllm-out}"; mkdir -p "$out"
@@ -17,14 +24,42 @@ if [ ! -d /root/site/vllm ]; then
   bash .payload/install.sh > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
   tail -1 "$out/install.log"
 fi
-source tools/setup_env.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+# LVLLM_DEVICE_WHEEL=1: build the release wheel here (Python 3.12), install it outside the source
+# tree and run the command from a copy of tests/, benchmarks/ and commands/ in /root/wheel-run, so
+# vLLM loads the plugin through the wheel's own entry point (issue: release). Falls back to the
+# in-place build if the wheel cannot be built.
+in_place=1
+if [ "${LVLLM_DEVICE_WHEEL:-0}" = "1" ]; then
+  if [ ! -d /root/lvllm-wheel/lvllm ]; then
+    mkdir -p "$out/wheel"
+    if PYTHONPATH=/root/site python3 -m pip wheel . --no-build-isolation --no-deps -w "$out/wheel" > "$out/wheel.log" 2>&1 \
+        && python3 -m pip install -q --no-deps --target /root/lvllm-wheel "$out"/wheel/lvllm-*.whl >> "$out/wheel.log" 2>&1; then
+      echo "[device] built and installed $(basename "$out"/wheel/lvllm-*.whl) ($(du -h "$out"/wheel/lvllm-*.whl | cut -f1))"
+    else
+      tail -20 "$out/wheel.log"; echo "[device] wheel build failed: falling back to the in-place build"
+      rm -rf /root/lvllm-wheel
+    fi
+  fi
+  if [ -d /root/lvllm-wheel/lvllm ]; then
+    rm -rf /root/wheel-run && mkdir -p /root/wheel-run && cp -r tests benchmarks commands tools /root/wheel-run/
+    cd /root/wheel-run || exit 1
+    export PYTHONPATH=/root/lvllm-wheel:/root/site
+    python3 -c "import lk_moe, lvllm; print('[device] from the wheel:', lk_moe.__file__, lvllm.__version__)"
+    in_place=0
+  fi
+fi
+if [ $in_place = 1 ]; then
+  source tools/setup_env.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+fi
+mkdir -p /root/e2e-tmp  # parent of the e2e runs' --basetemp=/root/e2e-tmp/<suite>
 set +e
 "$@" 2>&1 | tee -a "$out/session.log"
 rc=${PIPESTATUS[0]}
 # vLLM run logs and results of the e2e tests (the checkpoints stay behind)
 if [ -d /root/e2e-tmp ]; then
   mkdir -p "$out/e2e"
-  find /root/e2e-tmp \( -name '*.log' -o -name '*.json' \) -size -8M | while read -r f; do
+  # <basetemp>/<test>/<tag>.json|log only (not the checkpoints' or compile caches' files below them)
+  find /root/e2e-tmp -mindepth 3 -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -size -8M | while read -r f; do
     cp "$f" "$out/e2e/$(basename "$(dirname "$f")")-$(basename "$f")"
   done
 fi

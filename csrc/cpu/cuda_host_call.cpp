@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace lk {
@@ -96,6 +97,27 @@ struct Mailbox {
 
 void poll_forever(Mailbox* mb);
 
+// A zeroed page of mapped pinned memory that host and GPU both address (mailbox and kernel-signal
+// flags). Returns the host pointer and sets *dev, or nullptr with *why set.
+void* alloc_mapped_page(const CudaRuntime& rt, size_t bytes, uintptr_t* dev, std::string* why) {
+  void* page = nullptr;
+  constexpr unsigned kPortableMapped = 0x1 | 0x2;  // cudaHostAllocPortable | cudaHostAllocMapped
+  if (rt.host_alloc(&page, bytes, kPortableMapped) != 0) {
+    if (rt.get_last_error) rt.get_last_error();
+    *why = "cudaHostAlloc(mapped) failed";
+    return nullptr;
+  }
+  memset(page, 0, bytes);
+  void* d = nullptr;
+  if (rt.host_device_pointer(&d, page, 0) != 0) {
+    if (rt.get_last_error) rt.get_last_error();
+    *why = "cudaHostGetDevicePointer failed";
+    return nullptr;
+  }
+  *dev = reinterpret_cast<uintptr_t>(d);
+  return page;
+}
+
 Mailbox& mailbox() {
   static Mailbox* mb = [] {
     auto* m = new Mailbox;  // lives for the process: the poller thread reads it until exit
@@ -112,21 +134,12 @@ Mailbox& mailbox() {
       m->why = "stream memory operations not found in the CUDA driver";
       return m;
     }
-    void* page = nullptr;
-    constexpr unsigned kPortableMapped = 0x1 | 0x2;
-    if (rt.host_alloc(&page, 64 + kMaxCalls * 4, kPortableMapped) != 0) {
-      m->why = "cudaHostAlloc(mapped) failed";
-      return m;
-    }
-    memset(page, 0, 64 + kMaxCalls * 4);
-    void* dev = nullptr;
-    if (rt.host_device_pointer(&dev, page, 0) != 0) {
-      m->why = "cudaHostGetDevicePointer failed";
-      return m;
-    }
+    uintptr_t dev = 0;
+    void* page = alloc_mapped_page(rt, 64 + kMaxCalls * 4, &dev, &m->why);
+    if (!page) return m;
     m->req = static_cast<volatile uint32_t*>(page);
     m->done = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + 64);
-    m->req_dev = reinterpret_cast<CUdeviceptr>(dev);
+    m->req_dev = static_cast<CUdeviceptr>(dev);
     m->done_dev = m->req_dev + 64;
     std::thread(poll_forever, m).detach();
     return m;
@@ -134,22 +147,14 @@ Mailbox& mailbox() {
   return *mb;
 }
 
-// Serves doorbells: spins while calls keep coming, naps 20 us between looks once idle for 2 ms.
-void poll_forever(Mailbox* mb) {
+// The pollers' loop: `serve_one()` answers one pending request and returns true, or returns false
+// when there is none. Spins while requests keep coming, naps 20 us between looks once idle for 2 ms.
+template <class ServeOne>
+[[noreturn]] void poll_with_naps(ServeOne serve_one) {
   using clock = std::chrono::steady_clock;
   auto last = clock::now();
   for (uint32_t i = 0;; ++i) {
-    const uint32_t id = *mb->req;
-    if (id != 0) {
-      *mb->req = 0;
-      HostForward* call = nullptr;
-      {
-        std::lock_guard<std::mutex> lock(mb->mu);
-        if (id < mb->calls.size()) call = mb->calls[id];
-      }
-      if (call) HostForward::serve(call);
-      __atomic_thread_fence(__ATOMIC_SEQ_CST);
-      mb->done[id] = 1;
+    if (serve_one()) {
       last = clock::now();
       continue;
     }
@@ -161,9 +166,144 @@ void poll_forever(Mailbox* mb) {
   }
 }
 
+// Serves doorbells: the id of the call asked for, 0 for none.
+void poll_forever(Mailbox* mb) {
+  poll_with_naps([mb] {
+    const uint32_t id = *mb->req;
+    if (id == 0) return false;
+    *mb->req = 0;
+    HostForward* call = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mb->mu);
+      if (id < mb->calls.size()) call = mb->calls[id];
+    }
+    if (call) HostForward::serve(call);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    mb->done[id] = 1;
+    return true;
+  });
+}
+
+// ---- kernel channel (LK_CPU_SIGNAL=kernel): one CUDA kernel per call copies the inputs into the
+// mapped pinned buffers, writes `req` = call_id << 32 | seq and spins until `done` == seq
+// (csrc/cuda/cpu_signal.cu explains the protocol and its costs). Layout of the mapped page:
+//   [0, 8)      req (u64, written by the GPU)
+//   [64, 68)    done (u32, written by this poller)
+//   [128, ...)  timeouts[call_id] (u32, written by the GPU: runs that gave up waiting)
+struct KernelChannel {
+  volatile uint64_t* req = nullptr;
+  volatile uint32_t* done = nullptr;
+  volatile uint32_t* timeouts = nullptr;
+  uintptr_t req_dev = 0, done_dev = 0, timeouts_dev = 0;
+  std::mutex mu;
+  std::vector<HostForward*> calls{nullptr};  // id -> call (0 unused)
+  std::atomic<bool> paused{false};           // test hook: answer nothing
+  std::unordered_map<const void*, uintptr_t> mapped;  // host pointer -> device address (cached, so a
+                                                      // call first made during graph capture needs no CUDA call)
+  std::string why;
+};
+
+void poll_kernel_channel(KernelChannel* ch);
+
+KernelChannel& kernel_channel() {
+  static KernelChannel* ch = [] {
+    auto* c = new KernelChannel;  // lives for the process: the poller thread reads it until exit
+    const CudaRuntime& rt = runtime();
+    if (!rt.host_alloc || !rt.host_device_pointer) {
+      c->why = "the CUDA runtime is not loaded (" + rt.why + ")";
+      return c;
+    }
+    uintptr_t dev = 0;
+    void* page = alloc_mapped_page(rt, 128 + size_t(kMaxCalls) * 4, &dev, &c->why);
+    if (!page) return c;
+    c->req = static_cast<volatile uint64_t*>(page);
+    c->done = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + 64);
+    c->timeouts = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(page) + 128);
+    c->req_dev = dev;
+    c->done_dev = c->req_dev + 64;
+    c->timeouts_dev = c->req_dev + 128;
+    std::thread(poll_kernel_channel, c).detach();
+    return c;
+  }();
+  return *ch;
+}
+
+// Serves requests: a request is new when its seq differs from the last one answered (each run of
+// the kernel, graph replays included, takes a fresh seq). Answers with the seq it saw, so a late
+// answer to a run that already gave up is ignored by the next run.
+void poll_kernel_channel(KernelChannel* ch) {
+  uint32_t answered = 0;
+  poll_with_naps([ch, &answered] {
+    const uint64_t r = *ch->req;  // one aligned 8-byte load: call id and seq together
+    const uint32_t seq = uint32_t(r);
+    if (seq == answered || ch->paused.load(std::memory_order_relaxed)) return false;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the inputs were written before the request
+    const uint32_t id = uint32_t(r >> 32);
+    {
+      // Held while serving, so ~HostForward (which clears its slot under this lock) cannot free
+      // the call mid-run; registration of new calls waits for at most one engine run.
+      std::lock_guard<std::mutex> lock(ch->mu);
+      if (id < ch->calls.size() && ch->calls[id]) HostForward::serve(ch->calls[id]);
+    }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // mfence: the output (streaming stores too) first
+    *ch->done = seq;
+    answered = seq;
+    return true;
+  });
+}
+
+// Called with the channel's lock held.
+uintptr_t mapped_device_address(KernelChannel& ch, const void* host, const char* what) {
+  auto hit = ch.mapped.find(host);
+  if (hit != ch.mapped.end()) return hit->second;
+  const CudaRuntime& rt = runtime();
+  void* dev = nullptr;
+  if (!rt.host_device_pointer || rt.host_device_pointer(&dev, const_cast<void*>(host), 0) != 0) {
+    if (rt.get_last_error) rt.get_last_error();
+    throw std::runtime_error(std::string("the kernel signal needs the pinned ") + what +
+                             " buffer mapped into the GPU's address space (cudaHostGetDevicePointer failed)");
+  }
+  ch.mapped.emplace(host, reinterpret_cast<uintptr_t>(dev));
+  return reinterpret_cast<uintptr_t>(dev);
+}
+
 }  // namespace
 
+void kernel_poller_pause(bool paused) { kernel_channel().paused.store(paused); }
+
+HostForward::KernelArgs HostForward::kernel_args() {
+  if (kernel_id_ != 0) return kernel_args_;
+  KernelChannel& ch = kernel_channel();
+  if (!ch.req) throw std::runtime_error("kernel signal unavailable: " + ch.why);
+  KernelArgs k;
+  k.req = ch.req_dev;
+  k.done = ch.done_dev;
+  {
+    std::lock_guard<std::mutex> lock(ch.mu);
+    k.x = mapped_device_address(ch, args_.x, "x");
+    k.ids = mapped_device_address(ch, args_.ids, "ids");
+    k.weights = mapped_device_address(ch, args_.weights, "weights");
+    k.out = mapped_device_address(ch, args_.out, "output");
+    if (ch.calls.size() >= kMaxCalls) throw std::runtime_error("too many kernel-signal calls");
+    k.call_id = uint32_t(ch.calls.size());
+    ch.calls.push_back(this);
+  }
+  k.timeouts = ch.timeouts_dev + 4ull * k.call_id;
+  kernel_timeouts_seen_ = ch.timeouts[k.call_id];
+  kernel_args_ = k;
+  kernel_id_ = k.call_id;
+  return k;
+}
+
 void HostForward::serve(HostForward* self) { run(self); }
+
+HostForward::~HostForward() {
+  if (kernel_id_ != 0) {
+    KernelChannel& ch = kernel_channel();
+    std::lock_guard<std::mutex> lock(ch.mu);
+    ch.calls[kernel_id_] = nullptr;  // a stale request for it is answered without running
+  }
+}
 
 void HostForward::enqueue_mailbox(uintptr_t stream) {
   Mailbox& mb = mailbox();
@@ -217,7 +357,15 @@ void HostForward::enqueue(uintptr_t stream) {
   if (err != 0) throw std::runtime_error(std::string("cudaLaunchHostFunc failed: ") + r.error_string(err));
 }
 
-uint32_t HostForward::take_errors() { return errors_.exchange(0); }
+uint32_t HostForward::take_errors() {
+  uint32_t n = errors_.exchange(0);
+  if (kernel_id_ != 0) {  // runs of the kernel signal that gave up waiting (written by the GPU)
+    const uint32_t seen = kernel_channel().timeouts[kernel_id_];
+    n += seen - kernel_timeouts_seen_;
+    kernel_timeouts_seen_ = seen;
+  }
+  return n;
+}
 
 // Runs on CUDA's callback thread: no CUDA calls, no exceptions, no GIL.
 void HostForward::run(void* p) {

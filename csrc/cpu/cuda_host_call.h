@@ -2,11 +2,17 @@
 // dependency: the CUDA runtime that torch already loaded is looked up at first use, so the
 // engine still loads on machines without CUDA.
 //
-// Why a host-function node (cudaLaunchHostFunc) and not a GPU<->host mailbox: it needs no
-// spinning CPU core and no SM while waiting, runs identically eager and inside captured graphs
-// (FULL, PIECEWISE), and cannot hang the GPU if the engine fails. The mailbox saves ~20 us per
-// layer (shared/design/vllm-0.26-integration.md, section 3.4); it stays the optimisation to
-// try if the measured host-node overhead is too high.
+// Three ways for the stream to hand the call to the engine (LK_CPU_SIGNAL):
+// - hostfn (default): a host-function node (cudaLaunchHostFunc). It needs no spinning CPU core and
+//   no SM while waiting, runs identically eager and inside captured graphs (FULL, PIECEWISE), and
+//   cannot hang the GPU if the engine fails. The caller's stream copies the inputs/output.
+// - mailbox: stream memory operations on a mapped pinned page served by a polling thread (saves
+//   the callback-thread wake-up; shared/design/vllm-0.26-integration.md, section 3.4).
+// - kernel: ONE CUDA kernel per call (csrc/cuda/cpu_signal.cu, launched from Python through
+//   lk_moe/_lk_cuda.so) copies the inputs into the mapped pinned buffers, writes a request word,
+//   spins until this file's poller thread answers, copies the output back: one graph node instead
+//   of five. Costs one spinning block and one spinning host thread; gives up after a timeout
+//   (NaN output, counted by take_errors) so a dead engine cannot hang the GPU.
 #pragma once
 
 #include <atomic>
@@ -32,13 +38,28 @@ class HostForward {
  public:
   HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args,
               std::shared_ptr<HostCallCounters> counters = nullptr);
+  ~HostForward();
+  HostForward(const HostForward&) = delete;
+  HostForward& operator=(const HostForward&) = delete;
   // Enqueue the engine call on a CUDA stream (cudaStream_t as an integer) as a host-function node.
   void enqueue(uintptr_t stream);
   // The same through a mailbox in mapped pinned memory: stream memory operations ring a
   // doorbell that a spinning poller thread serves, then the stream waits for the done word
   // (no driver callback thread, no kernel). Experimental: measured against enqueue().
   void enqueue_mailbox(uintptr_t stream);
-  // Number of calls that found an invalid expert id (their output rows are NaN); reset on read.
+  // The device-side addresses the single-kernel signal (csrc/cuda/cpu_signal.cu, LK_CPU_SIGNAL=kernel)
+  // needs: the mapped request/done words of the process-wide kernel channel, this call's mapped
+  // timeout counter, and the mapped pinned x/ids/weights/out buffers. Registers the call with the
+  // channel's poller thread (started on first use) the first time. Throws if mapped memory is
+  // unavailable.
+  struct KernelArgs {
+    uintptr_t req, done, timeouts;
+    uint32_t call_id;
+    uintptr_t x, ids, weights, out;
+  };
+  KernelArgs kernel_args();
+  // Number of calls that found an invalid expert id (their output rows are NaN), plus runs of the
+  // kernel signal that timed out waiting for the host (NaN too); reset on read.
   uint32_t take_errors();
   // Time of the last host-node run, split: wait for the pool + compute, in microseconds.
   double last_host_us() const { return last_us_.load(std::memory_order_relaxed); }
@@ -49,6 +70,9 @@ class HostForward {
   static void serve(HostForward* self);  // for the mailbox poller
  private:
   uint32_t mailbox_id_ = 0;
+  uint32_t kernel_id_ = 0;               // slot in the kernel channel (0: not registered)
+  uint32_t kernel_timeouts_seen_ = 0;    // timeouts[kernel_id_] already reported
+  KernelArgs kernel_args_{};
   std::shared_ptr<MoELayer> layer_;
   ForwardArgs args_;
   std::atomic<uint32_t> errors_{0};
@@ -57,6 +81,9 @@ class HostForward {
 };
 
 bool cuda_runtime_available(std::string* why);
+
+// Test hook: while paused, the kernel channel's poller answers nothing (the GPU side then times out).
+void kernel_poller_pause(bool paused);
 
 // Page-lock [ptr, ptr+bytes) for fast async copies to the GPU (cudaHostRegister); throws with the
 // CUDA error on failure (and clears it, so torch does not trip over it later).

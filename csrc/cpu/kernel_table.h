@@ -21,7 +21,7 @@ namespace lk {
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
-enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6 };
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6, kNVFP4 = 7 };
 // kSiLU: silu(gate) * up. kSwigluOAI (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit),
 // (u + 1) * g * sigmoid(alpha * g) (see moe_layer.h for the sources).
 enum class Activation : int { kSiLU = 0, kSwigluOAI = 1 };
@@ -72,9 +72,15 @@ struct Int4Weights {
 // (n, 4q + 2 + j) in the high nibble), each nibble an e2m1 code (sign bit 3, exponent bits 2-1,
 // mantissa bit 0: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}); one e8m0 scale byte s (2^(s - 127)) per output row
 // and 32 inputs. Half a byte per weight plus 1/32 byte of scale: the checkpoint's bytes.
+//
+// NVFP4 (ModelOpt, `nv`): the same code blocks; one fp8 e4m3fn scale byte per output row and 16
+// inputs ([kp/16][16] per block), and one fp32 global scale per expert projection (gate, up, down),
+// applied in fp32 to the block's dot products: weight = e2m1(code) * fp8(scale) * gs.
 struct Fp4Weights {
-  const uint8_t* w = nullptr;      // null: not mxfp4
-  const uint8_t* scale = nullptr;  // per block: [kp/32][16] e8m0 bytes
+  const uint8_t* w = nullptr;      // null: not fp4
+  const uint8_t* scale = nullptr;  // per block: [kp/32][16] e8m0 bytes (nv: [kp/16][16] fp8 e4m3fn bytes)
+  bool nv = false;                 // NVFP4: fp8 scales per 16 inputs and global scales
+  float gs[2] = {1.0f, 1.0f};      // nv: global scale of the gate and up blocks (gate_up) / of w2 (down: gs[0])
 };
 
 // Decode input of the int4 kernels (wna16_int4 with int8 activations, KernelTable::q8_row): one
@@ -98,7 +104,7 @@ struct GateUpTask {
   KernelScratch* scratch;
   Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
   Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
-  Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/32][16]
+  Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
   const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
   const int8_t* const* q8_rows = nullptr;  // int4 only: the m rows as q8 rows (q8_row_bytes(kp)), or null
   float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants
@@ -120,7 +126,7 @@ struct DownTask {
   KernelScratch* scratch;
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
   Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
-  Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/32][16] (the w2 bias is added by the engine)
+  Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)
   const int8_t* q8_act = nullptr;  // int4 only: the m act rows as q8 rows (ld q8_ld bytes), or null
   size_t q8_ld = 0;
 };

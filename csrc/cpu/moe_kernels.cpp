@@ -15,7 +15,8 @@
 //   expert has >= kAmxMinRows tokens.
 // - int4 (wna16_int4): dot_tile_q4q8 (int8 activations, vpdpbusd) or dot_tile_q4 for decode, dequantized
 //   groups for prefill (see the int4 section).
-// - mxfp4 (gpt-oss): dot_tile_fp4 for decode, dequantized segments for prefill (see the mxfp4 section).
+// - mxfp4 (gpt-oss) and nvfp4 (ModelOpt): dot_tile_fp4 for decode, dequantized segments for prefill
+//   (see the mxfp4 section).
 #include <cstring>
 
 #include "cpu/kernel_table.h"
@@ -918,6 +919,41 @@ inline __attribute__((always_inline)) void fma_quad(__m512 (&acc)[S][MR][NB], co
   }
 }
 
+// The S accumulator chains per (row, block) of the 4-bit decode tiles and their fp32 totals:
+// all start at zero; after each scale group, take_chains sums a (row, block)'s chains and restarts
+// them; store_totals writes the tile (ld 32).
+template <int MR, int NB, int S>
+inline __attribute__((always_inline)) void zero_chains(__m512 (&acc)[S][MR][NB], __m512 (&tot)[MR][NB]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
+    }
+}
+
+template <int MR, int NB, int S>
+inline __attribute__((always_inline)) __m512 take_chains(__m512 (&acc)[S][MR][NB], int r, int j) {
+  __m512 sum = acc[0][r][j];
+  acc[0][r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int i = 1; i < S; ++i) {
+    sum = _mm512_add_ps(sum, acc[i][r][j]);
+    acc[i][r][j] = _mm512_setzero_ps();
+  }
+  return sum;
+}
+
+template <int MR, int NB>
+inline __attribute__((always_inline)) void store_totals(const __m512 (&tot)[MR][NB], float* c) {
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+}
+
 // C[r][j*16 + n] (ld 32) = sum_groups scale_j[g][n] * sum_{k in g} A_r[k] * (u_j[n][k] - z_j[g][n])
 // The code u becomes the bf16 128 + u with one OR (exact: bf16 steps by 1 in [128, 256)); the bf16
 // dot then gives sum A (128 + u), and each group subtracts (128 + z) * sum A in fp32 before its
@@ -928,14 +964,7 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
                         const uint16_t* const* scale, const uint8_t* const* zero, bool fp16, const float* xsum) {
   constexpr int S = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) {
-      tot[r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
-    }
+  zero_chains<MR, NB, S>(acc, tot);
   const __m512i magic = _mm512_set1_epi16(0x4300);  // bf16 128.0
   const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
   const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
@@ -968,22 +997,12 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
                               : _mm512_set1_ps(136.0f);  // 128 + z
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        __m512 sum = acc[0][r][j];
-        acc[0][r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int i = 1; i < S; ++i) {
-          sum = _mm512_add_ps(sum, acc[i][r][j]);
-          acc[i][r][j] = _mm512_setzero_ps();
-        }
-        sum = _mm512_fnmadd_ps(off, _mm512_set1_ps(xsum[r * ngroups + s]), sum);
+        const __m512 sum = _mm512_fnmadd_ps(off, _mm512_set1_ps(xsum[r * ngroups + s]), take_chains<MR, NB, S>(acc, r, j));
         tot[r][j] = _mm512_fmadd_ps(sum, sv, tot[r][j]);
       }
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+  store_totals<MR, NB>(tot, c);
 }
 
 template <int NB, bool ASYM>
@@ -1311,7 +1330,7 @@ void down_q4(const DownTask& t) {
   }
 }
 
-// ---------------------------------------------------------------- mxfp4 (gpt-oss)
+// ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
 // Strategy. Decode (m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
@@ -1328,6 +1347,9 @@ void down_q4(const DownTask& t) {
 // probe swings between runs (43-79 GB/s), so the ratio was 0.38-0.77 (0.77 against the 44 GB/s of the
 // same run as the numbers above). Prefill M=256: 208 ms (0.25 TFLOP/s). Decode prefetch distance:
 // 96 quads measured best of 48/96/192/384 (noisy). nbytes / checkpoint bytes: 1.0027.
+// nvfp4 (ModelOpt) runs the same code with NV = true: 16-input groups (4 quads), fp8 e4m3fn scales
+// (fp8x16_to_f32 / fp8_to_f32), and the per-expert global scales applied by gate_up_fp4 / down_fp4 to
+// the fp32 results. Conventions and measurements: moe_layer.h (kNVFP4).
 
 // e2m1 code -> bf16 bits (sign bit 3, magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6}); 32 entries for vpermw.
 struct Fp4Lut {
@@ -1347,6 +1369,16 @@ inline float e8m0_to_f32(uint8_t s) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+// fp8 e4m3fn scale byte -> fp32 (exact; 0x7F / 0xFF: NaN). NVFP4's per-16-inputs block scale.
+inline float fp8_to_f32(uint8_t s) { return bf16_to_f32(fp8_to_bf16_1(s)); }
+
+// One fp4 scale byte -> fp32: e8m0 (mxfp4) or fp8 e4m3fn (nvfp4).
+template <bool NV>
+inline float fp4_scale_f32(uint8_t s) {
+  if constexpr (NV) return fp8_to_f32(s);
+  else return e8m0_to_f32(s);
 }
 
 inline float sigmoid_scalar(float z) {
@@ -1390,10 +1422,16 @@ inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out
 #endif
 }
 
-// len inputs (a multiple of 32) of an mxfp4 block -> bf16 block layout (len/2 pair-rows of 32),
-// values code x 2^(s - 127), exact. src: the segment's first quad; sc: its groups' [len/32][16] scales.
-inline void fp4_dequant_seg(const uint8_t* src, const uint8_t* sc, uint16_t* dst, int len) {
-  const int groups = len / 32;
+// len inputs (a multiple of 32) of an fp4 block -> bf16 block layout (len/2 pair-rows of 32),
+// values code x scale, exact: mxfp4 scales are powers of two; an nvfp4 scale (fp8 e4m3: 4 significant
+// bits, 2^-9 .. 448) times an e2m1 value (2 significant bits) has at most 6 significant bits and stays
+// inside bf16's range, so the fp32 product is a bf16 value and its high half is taken as is.
+// src: the segment's first quad; sc: its groups' [len/G][16] scales (G = 32 inputs, NV: 16).
+template <bool NV>
+inline void fp4_dequant_seg_t(const uint8_t* src, const uint8_t* sc, uint16_t* dst, int len) {
+  constexpr int G = NV ? 16 : 32;  // inputs per scale
+  constexpr int GQ = G / 4;        // quads per scale group
+  const int groups = len / G;
 #if defined(LK_V512)
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
   const __m512i mask = _mm512_set1_epi16(0x0F);
@@ -1401,12 +1439,12 @@ inline void fp4_dequant_seg(const uint8_t* src, const uint8_t* sc, uint16_t* dst
   const __m512i idx_hi = _mm512_add_epi32(idx_lo, _mm512_set1_epi32(8));
   for (int g = 0; g < groups; ++g) {
     float sf[16];
-    for (int n = 0; n < 16; ++n) sf[n] = e8m0_to_f32(sc[g * 16 + n]);
+    for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]);
     const __m512 sv = _mm512_loadu_ps(sf);
     const __m512 s_lo = _mm512_permutexvar_ps(idx_lo, sv);  // words 0..15 of a pair-row: rows 0..7, twice each
     const __m512 s_hi = _mm512_permutexvar_ps(idx_hi, sv);  // words 16..31: rows 8..15
-    for (int q = 0; q < 8; ++q) {
-      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + (g * 8 + q) * 32)));
+    for (int q = 0; q < GQ; ++q) {
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + (g * GQ + q) * 32)));
       const __m512i w2[2] = {_mm512_permutexvar_epi16(_mm512_and_si512(v, mask), lut),
                              _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut)};
       for (int h = 0; h < 2; ++h) {
@@ -1415,7 +1453,7 @@ inline void fp4_dequant_seg(const uint8_t* src, const uint8_t* sc, uint16_t* dst
         // products are exact in bf16: take the high halves
         const __m256i l16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(lo, s_lo)), 16));
         const __m256i h16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(hi, s_hi)), 16));
-        _mm512_storeu_si512((void*)(dst + (g * 8 + q) * 64 + h * 32),
+        _mm512_storeu_si512((void*)(dst + (g * GQ + q) * 64 + h * 32),
                             _mm512_inserti64x4(_mm512_castsi256_si512(l16), h16, 1));
       }
     }
@@ -1423,10 +1461,10 @@ inline void fp4_dequant_seg(const uint8_t* src, const uint8_t* sc, uint16_t* dst
 #else
   for (int g = 0; g < groups; ++g) {
     float sf[16];
-    for (int n = 0; n < 16; ++n) sf[n] = e8m0_to_f32(sc[g * 16 + n]);
-    for (int q = 0; q < 8; ++q) {
-      const uint8_t* s = src + (g * 8 + q) * 32;
-      uint16_t* d = dst + (g * 8 + q) * 64;
+    for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]);
+    for (int q = 0; q < GQ; ++q) {
+      const uint8_t* s = src + (g * GQ + q) * 32;
+      uint16_t* d = dst + (g * GQ + q) * 64;
       for (int b = 0; b < 32; ++b) {
         const float f = sf[b / 2];
         d[b] = f32_to_bf16(bf16_to_f32(kFp4Lut.v[s[b] & 15]) * f);
@@ -1435,6 +1473,11 @@ inline void fp4_dequant_seg(const uint8_t* src, const uint8_t* sc, uint16_t* dst
     }
   }
 #endif
+}
+
+inline void fp4_dequant_seg(const Fp4Weights& q, const uint8_t* src, const uint8_t* sc, uint16_t* dst, int len) {
+  if (q.nv) fp4_dequant_seg_t<true>(src, sc, dst, len);
+  else fp4_dequant_seg_t<false>(src, sc, dst, len);
 }
 
 #if defined(LK_V512)
@@ -1449,28 +1492,36 @@ inline __m512 e8m0x16_to_f32(const uint8_t* s) {
   return _mm512_castsi512_ps(u);
 }
 
-// C[r][j*16 + n] (ld 32) = sum_groups 2^(s_j[g][n] - 127) * sum_{k in g} A_r[k] * e2m1(code_j[n][k]).
-// With few rows the accumulator chains bound the speed: S independent accumulators per (row, block)
-// take the pair-rows in turn.
-template <int MR, int NB>
+// 16 fp8 e4m3fn bytes -> fp32 (exact). The 7 magnitude bits shifted to fp32's exponent/mantissa
+// fields (<< 20) are the value times 2^-120, subnormals included (an fp8 subnormal lands on an fp32
+// subnormal): one multiply by 2^120 rebiases; 0x7F/0xFF are NaN.
+inline __m512 fp8x16_to_f32(const uint8_t* s) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)s));
+  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi32(0x7F));
+  const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(mag, 20),
+                                       _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24));
+  const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(1.329227995784916e36f));  // 2^120
+  return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
+                            _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+// C[r][j*16 + n] (ld 32) = sum_groups s_j[g][n] * sum_{k in g} A_r[k] * e2m1(code_j[n][k]), groups of 32
+// inputs with e8m0 scales 2^(s - 127) (mxfp4) or, NV, of 16 inputs with fp8 e4m3fn scales (nvfp4; the
+// global scale is applied by the caller). With few rows the accumulator chains bound the speed: S
+// independent accumulators per (row, block) take the pair-rows in turn.
+template <int MR, int NB, bool NV>
 inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                          float* c) {
-  constexpr int S = MR == 1 ? 4 : (MR <= 2 ? 2 : 1);
+  constexpr int GQ = NV ? 4 : 8;  // quads per scale group
+  constexpr int S = MR == 1 ? (NV ? 2 : 4) : (MR <= 2 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) {
-      tot[r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
-    }
+  zero_chains<MR, NB, S>(acc, tot);
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
   const __m512i mask = _mm512_set1_epi16(0x0F);
-  const int ngroups = kp / 32;
+  const int ngroups = kp / (4 * GQ);
   for (int g = 0; g < ngroups; ++g) {
 #pragma GCC unroll 8
-    for (int q = g * 8; q < g * 8 + 8; ++q) {
+    for (int q = g * GQ; q < g * GQ + GQ; ++q) {
       if ((q & 1) == 0) {
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
@@ -1487,49 +1538,49 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
     }
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
-      const __m512 sv = e8m0x16_to_f32(sc[j] + g * 16);
+      const __m512 sv = NV ? fp8x16_to_f32(sc[j] + g * 16) : e8m0x16_to_f32(sc[j] + g * 16);
 #pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        __m512 sum = acc[0][r][j];
-        acc[0][r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int i = 1; i < S; ++i) {
-          sum = _mm512_add_ps(sum, acc[i][r][j]);
-          acc[i][r][j] = _mm512_setzero_ps();
-        }
-        tot[r][j] = _mm512_fmadd_ps(sum, sv, tot[r][j]);
-      }
+      for (int r = 0; r < MR; ++r) tot[r][j] = _mm512_fmadd_ps(take_chains<MR, NB, S>(acc, r, j), sv, tot[r][j]);
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+  store_totals<MR, NB>(tot, c);
 }
 
-template <int NB>
-void dot_rows_fp4(int mr, const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
-                  float* c) {
+template <int NB, bool NV>
+void dot_rows_fp4_t(int mr, const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                    float* c) {
   switch (mr) {
-    case 1: dot_tile_fp4<1, NB>(a, b, sc, kp, c); break;
-    case 2: dot_tile_fp4<2, NB>(a, b, sc, kp, c); break;
-    case 3: dot_tile_fp4<3, NB>(a, b, sc, kp, c); break;
-    default: dot_tile_fp4<4, NB>(a, b, sc, kp, c); break;
+    case 1: dot_tile_fp4<1, NB, NV>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4<2, NB, NV>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4<3, NB, NV>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4<4, NB, NV>(a, b, sc, kp, c); break;
   }
+}
+template <int NB>
+void dot_rows_fp4(bool nv, int mr, const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc,
+                  int kp, float* c) {
+  if (nv) dot_rows_fp4_t<NB, true>(mr, a, b, sc, kp, c);
+  else dot_rows_fp4_t<NB, false>(mr, a, b, sc, kp, c);
 }
 #else
 constexpr int kFusedFp4Rows = 0;
 template <int NB>
-void dot_rows_fp4(int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+void dot_rows_fp4(bool, int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 #endif
+
+// c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
+inline void scale_16(float* c, float s) {
+  for (int n = 0; n < 16; ++n) c[n] *= s;
+}
 
 constexpr int kFp4Seg = kMaxSeg;  // inputs dequantized at a time on the prefill path
 
 void gate_up_fp4(const GateUpTask& t) {
   const Fp4Weights& q = t.f4;
-  const int ng = t.kp / 32;
+  const int grp = q.nv ? 16 : 32;  // inputs per scale
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
-  const size_t per = size_t(ng) * kBlockN;  // scale bytes per block
+  const size_t per = size_t(t.kp / grp) * kBlockN;  // scale bytes per block
+  const bool global = q.nv && (q.gs[0] != 1.0f || q.gs[1] != 1.0f);
   uint16_t* dg = t.scratch->deq;
   uint16_t* du = dg + kFp4Seg * kBlockN;
   float* tot = t.scratch->acc;
@@ -1543,16 +1594,22 @@ void gate_up_fp4(const GateUpTask& t) {
     if (t.m <= kFusedFp4Rows) {  // decode: codes converted in registers, group scales in the tile
       const uint8_t* b[2] = {bg, bu};
       const uint8_t* sc[2] = {sg, su};
-      dot_rows_fp4<2>(t.m, t.x_rows, b, sc, t.kp, c);
-      for (int r = 0; r < t.m; ++r) act_16(t, j, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      dot_rows_fp4<2>(q.nv, t.m, t.x_rows, b, sc, t.kp, c);
+      for (int r = 0; r < t.m; ++r) {
+        if (global) {
+          scale_16(c + r * 32, q.gs[0]);
+          scale_16(c + r * 32 + 16, q.gs[1]);
+        }
+        act_16(t, j, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      }
       continue;
     }
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {  // dequantize each segment once, reuse it for every row tile
       const int len = tmin(kFp4Seg, t.kp - k0);
       const void* b[2] = {dg, du};
-      fp4_dequant_seg(bg + size_t(k0) * kBlockN / 2, sg + (k0 / 32) * kBlockN, dg, len);
-      fp4_dequant_seg(bu + size_t(k0) * kBlockN / 2, su + (k0 / 32) * kBlockN, du, len);
+      fp4_dequant_seg(q, bg + size_t(k0) * kBlockN / 2, sg + (k0 / grp) * kBlockN, dg, len);
+      fp4_dequant_seg(q, bu + size_t(k0) * kBlockN / 2, su + (k0 / grp) * kBlockN, du, len);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + k0;
@@ -1564,16 +1621,23 @@ void gate_up_fp4(const GateUpTask& t) {
         }
       }
     }
-    for (int r = 0; r < t.m; ++r)
-      act_16(t, j, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    for (int r = 0; r < t.m; ++r) {
+      float* o = tot + size_t(r) * 32;
+      if (global) {
+        scale_16(o, q.gs[0]);
+        scale_16(o + 16, q.gs[1]);
+      }
+      act_16(t, j, o, o + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    }
   }
 }
 
 void down_fp4(const DownTask& t) {
   const Fp4Weights& q = t.f4;
-  const int ng = t.kp / 32;
+  const int grp = q.nv ? 16 : 32;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
-  const size_t per = size_t(ng) * kBlockN;
+  const size_t per = size_t(t.kp / grp) * kBlockN;
+  const float gs = q.nv ? q.gs[0] : 1.0f;  // the global scale rides on the router weight (both scalars)
   uint16_t* d0 = t.scratch->deq;
   uint16_t* d1 = d0 + kFp4Seg * kBlockN;
   float* c = t.scratch->c;
@@ -1586,11 +1650,11 @@ void down_fp4(const DownTask& t) {
     const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
     const uint8_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
     if (fused) {
-      if (nb == 2) dot_rows_fp4<2>(t.m, rows, b, s, t.kp, c);
-      else dot_rows_fp4<1>(t.m, rows, b, s, t.kp, c);
+      if (nb == 2) dot_rows_fp4<2>(q.nv, t.m, rows, b, s, t.kp, c);
+      else dot_rows_fp4<1>(q.nv, t.m, rows, b, s, t.kp, c);
       for (int r = 0; r < t.m; ++r) {
         float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
-        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r], c + r * 32 + h * 16, o + h * 16);
+        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r] * gs, c + r * 32 + h * 16, o + h * 16);
       }
       continue;
     }
@@ -1598,7 +1662,7 @@ void down_fp4(const DownTask& t) {
       const int len = tmin(kFp4Seg, t.kp - k0);
       const void* bd[2] = {d0, d1};
       for (int h = 0; h < nb; ++h)
-        fp4_dequant_seg(b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / 32) * kBlockN, h ? d1 : d0, len);
+        fp4_dequant_seg(q, b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / grp) * kBlockN, h ? d1 : d0, len);
       for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
         const int mr = tmin(kMaxRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + k0;
@@ -1606,7 +1670,7 @@ void down_fp4(const DownTask& t) {
         else dot_rows<1>(mr, rows, bd, len, c);
         for (int r = 0; r < mr; ++r) {
           float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
-          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
+          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);
         }
       }
     }

@@ -118,13 +118,15 @@ class RepackJob : public Job {
     }
   }
 
-  // mxfp4: one unit = one expert's gate+up block pair or down block (see Fp4Weights).
+  // mxfp4 / nvfp4: one unit = one expert's gate+up block pair or down block (see Fp4Weights).
   void run_fp4(WorkerCtx& ctx) {
     NodeSlice& sl = slices_[ctx.node];
     const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
     const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
     const int I = sh_.intermediate, H = sh_.hidden;
-    const int ng1 = sh_.kp1 / 32, ng2 = sh_.kp2 / 32;
+    const int grp = sh_.nv ? 16 : 32;                  // inputs per scale
+    const uint8_t one = sh_.nv ? 0x38 : 127;            // scale 1.0 (fp8 e4m3fn / e8m0) for padding rows
+    const int ng1 = sh_.kp1 / grp, ng2 = sh_.kp2 / grp;
     const size_t bb1 = size_t(sh_.kp1) * kBlockN / 2, bb2 = size_t(sh_.kp2) * kBlockN / 2;  // block bytes
     const uint8_t* w13 = static_cast<const uint8_t*>(src_.w13);
     const uint8_t* w2 = static_cast<const uint8_t*>(src_.w2);
@@ -142,7 +144,8 @@ class RepackJob : public Job {
           }
           const size_t b = blk + h;
           pack_fp4(w13 + size_t(e) * src_.r13 * src_.c13, src_.c13, src_.e13 + size_t(e) * src_.r13 * src_.cs13,
-                   src_.cs13, rows, H, sh_.kp1, sl.w13.as<uint8_t>() + b * bb1, sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
+                   src_.cs13, rows, H, sh_.kp1, grp, one, sl.w13.as<uint8_t>() + b * bb1,
+                   sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
           if (sh_.bias) {
             uint16_t* bd = sl.b13.as<uint16_t>() + b * kBlockN;
             for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src_.b13 ? src_.b13[size_t(e) * src_.r13 + rows[n]] : 0;
@@ -156,7 +159,7 @@ class RepackJob : public Job {
         int rows[kBlockN];
         for (int n = 0; n < kBlockN; ++n) rows[n] = r0 + n < H ? r0 + n : -1;
         pack_fp4(w2 + size_t(e) * src_.r2 * src_.c2, src_.c2, src_.e2 + size_t(e) * src_.r2 * src_.cs2, src_.cs2, rows,
-                 I, sh_.kp2, sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
+                 I, sh_.kp2, grp, one, sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
         if (sh_.bias) {
           uint16_t* bd = sl.b2.as<uint16_t>() + b * kBlockN;
           for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src_.b2 ? src_.b2[size_t(e) * src_.r2 + rows[n]] : 0;
@@ -167,9 +170,10 @@ class RepackJob : public Job {
 
   // 16 checkpoint rows (rows[n] < 0: padding row, weight 0) of a uint8 [rows, c] matrix of e2m1
   // nibble pairs (element 2i low nibble of byte i) -> one Fp4Weights block of kp inputs; inputs at or
-  // past k get the code 0 (+0.0). Scales [rows, cs] e8m0 -> [kp/32][16]; padding gets 127 (1.0).
+  // past k get the code 0 (+0.0). Scales [rows, cs] (one per grp inputs: e8m0 for 32, fp8 e4m3fn for
+  // 16) -> [kp/grp][16]; groups past the checkpoint's and padding rows get `one` (1.0).
   static void pack_fp4(const uint8_t* src, int c, const uint8_t* scale, int cs, const int* rows, int k, int kp,
-                       uint8_t* dst, uint8_t* sd) {
+                       int grp, uint8_t one, uint8_t* dst, uint8_t* sd) {
     for (int n = 0; n < kBlockN; ++n) {
       const uint8_t* row = rows[n] >= 0 ? src + size_t(rows[n]) * c : nullptr;
       for (int q = 0; q < kp / 4; ++q) {
@@ -187,7 +191,7 @@ class RepackJob : public Job {
         dst[size_t(q) * 32 + 2 * n] = uint8_t((b0 & 15) | (b1 << 4));
         dst[size_t(q) * 32 + 2 * n + 1] = uint8_t((b0 >> 4) | (b1 & 0xF0));
       }
-      for (int g = 0; g < kp / 32; ++g) sd[g * kBlockN + n] = row ? scale[size_t(rows[n]) * cs + g] : 127;
+      for (int g = 0; g < kp / grp; ++g) sd[g * kBlockN + n] = row && g < cs ? scale[size_t(rows[n]) * cs + g] : one;
     }
   }
 
@@ -324,11 +328,20 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
     const char* q8 = std::getenv("LK_WNA16_INT8_ACT");  // default on; "0" keeps exact bf16 activations
     shape_.int4_q8 = !(q8 && std::string(q8) == "0");
   }
-  shape_.fp4 = src.type == DType::kMXFP4;
+  shape_.fp4 = src.type == DType::kMXFP4 || src.type == DType::kNVFP4;
+  shape_.nv = src.type == DType::kNVFP4;
   if (shape_.fp4) {
     shape_.bias = src.b13 || src.b2;
     shape_.alpha = src.alpha;
     shape_.limit = src.limit;
+  }
+  if (shape_.nv) {  // per-expert global scales: gate and up of w13 ([E][2]), w2 ([E])
+    if (!src.g13 || !src.g2) throw std::invalid_argument("nvfp4 needs the global scales of w13 and w2");
+    if (hidden % 16 || intermediate % 16)
+      throw std::invalid_argument("nvfp4 needs H and I to be multiples of 16 (one scale per 16 inputs), got H=" +
+                                  std::to_string(hidden) + ", I=" + std::to_string(intermediate));
+    gs13_.assign(src.g13, src.g13 + size_t(experts) * 2);
+    gs2_.assign(src.g2, src.g2 + size_t(experts));
   }
   if (act == Activation::kSwigluOAI && !shape_.fp4)
     throw std::invalid_argument("activation swigluoai is supported for mxfp4 experts only");
@@ -380,12 +393,13 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
       }
       continue;
     }
-    if (shape_.fp4) {  // 4-bit codes, one e8m0 byte per (row, 32 inputs), bf16 biases
+    if (shape_.fp4) {  // 4-bit codes, one scale byte per (row, 32 inputs: e8m0 / nv: 16 inputs, fp8), bf16 biases
+      const int grp = shape_.nv ? 16 : 32;
       const size_t b13 = size_t(experts) * (sl.ib1 - sl.ib0) * 2, b2 = size_t(experts) * (sl.hb1 - sl.hb0);
       sl.w13 = HostBuffer(b13 * shape_.kp1 * kBlockN / 2, node);
       sl.w2 = HostBuffer(b2 * shape_.kp2 * kBlockN / 2, node);
-      sl.s13 = HostBuffer(b13 * (shape_.kp1 / 32) * kBlockN, node);
-      sl.s2 = HostBuffer(b2 * (shape_.kp2 / 32) * kBlockN, node);
+      sl.s13 = HostBuffer(b13 * (shape_.kp1 / grp) * kBlockN, node);
+      sl.s2 = HostBuffer(b2 * (shape_.kp2 / grp) * kBlockN, node);
       if (shape_.bias) {
         sl.b13 = HostBuffer(b13 * kBlockN * 2, node);
         sl.b2 = HostBuffer(b2 * kBlockN * 2, node);
@@ -417,7 +431,7 @@ size_t MoELayer::nbytes() const {
   size_t n = 0;
   for (const auto& s : slices_) n += s.w13.size() + s.w2.size() + s.s13.size() + s.s2.size() + s.z13.size() + s.z2.size() +
                                    s.b13.size() + s.b2.size();
-  return n;
+  return n + (gs13_.size() + gs2_.size()) * sizeof(float);
 }
 
 void MoELayer::check_ids(const int32_t* ids, int64_t count) const {
@@ -662,7 +676,12 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
       const size_t b = (size_t(e) * nbi + lb0) * 2;
       t.w13 = nullptr;
       t.f4.w = sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
-      t.f4.scale = sl.s13.as<uint8_t>() + b * (sh.kp1 / 32) * kBlockN;
+      t.f4.scale = sl.s13.as<uint8_t>() + b * (sh.kp1 / (sh.nv ? 16 : 32)) * kBlockN;
+      if (sh.nv) {
+        t.f4.nv = true;
+        t.f4.gs[0] = layer_->global_scales13()[2 * size_t(e)];
+        t.f4.gs[1] = layer_->global_scales13()[2 * size_t(e) + 1];
+      }
       t.bias = sh.bias ? sl.b13.as<uint16_t>() + b * kBlockN : nullptr;
       t.alpha = sh.alpha;
       t.limit = sh.limit;
@@ -736,7 +755,11 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
         const size_t b = size_t(active_expert_[a]) * nbh + lb0;
         t.w2 = nullptr;
         t.f4.w = sl.w2.as<uint8_t>() + b * sh.kp2 * kBlockN / 2;
-        t.f4.scale = sl.s2.as<uint8_t>() + b * (sh.kp2 / 32) * kBlockN;
+        t.f4.scale = sl.s2.as<uint8_t>() + b * (sh.kp2 / (sh.nv ? 16 : 32)) * kBlockN;
+        if (sh.nv) {
+          t.f4.nv = true;
+          t.f4.gs[0] = layer_->global_scales2()[active_expert_[a]];
+        }
       }
       kt_->down(t);
       if (sh.bias) {  // out += w * b2 (the bias is part of the expert output the router weight scales)

@@ -46,6 +46,7 @@ struct MoEShape {
   bool int4_q8 = false;       // int4 decode (chunks <= kQ8MaxTokens) with int8 activations (LK_WNA16_INT8_ACT)
   // mxfp4 (see WeightSource): half a byte per weight, one e8m0 byte per (row, 32 inputs).
   bool fp4 = false;
+  bool nv = false;            // fp4 is NVFP4: fp8 e4m3fn scale per (row, 16 inputs) + fp32 global scales
   bool bias = false;          // w13 / w2 biases held (bf16)
   float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
 };
@@ -103,8 +104,52 @@ struct MoEShape {
 //    act = swigluoai(w13_e x + b13_e). models/gpt_oss.py l. 533-536 zeroes w2_bias on TP ranks != 0.
 // The engine repacks once into Fp4Weights blocks (kernel_table.h), de-interleaving gate/up rows and
 // dropping vLLM's padding: 4-bit codes and 1-byte scales as given, biases bf16: <= the checkpoint's bytes.
+//
+// kNVFP4 (format "nvfp4"): ModelOpt NVFP4 experts as vLLM 0.26.0's ModelOptNvFp4FusedMoE holds them after
+// weight loading, before process_weights_after_loading (model_executor/layers/quantization/modelopt.py
+// create_weights l. 1441-1555; the loader is fused_moe/routed_experts.py weight_loader). Facts relied on:
+//  - w13_weight uint8 [E, 2I, H/2] (l. 1461-1474), rows [gate (w1); up (w3)] (routed_experts.py _load_w13
+//    l. 483-489: w1 into rows [0, I), w3 into [I, 2I)); w2_weight uint8 [E, H, I/2] (l. 1476-1488).
+//    Two e2m1 codes per byte along the input dimension, element 2i in the low nibble of byte i, 2i + 1 in
+//    the high one (quantization/utils/nvfp4_emulation_utils.py break_fp4_bytes l. 316-333: l. 321-324
+//    high = (a & 0xF0) >> 4, low = a & 0x0F, stack((low, high))); code bit 3 = sign, bits 0-2 index
+//    {0, 0.5, 1, 1.5, 2, 3, 4, 6} (same file l. 20-21, 325-331).
+//  - w13_weight_scale float8_e4m3fn [E, 2I, H/16], w2_weight_scale float8_e4m3fn [E, H, I/16] (l. 1490-1516,
+//    group_size 16 = ModelOptNvFp4Config default, l. 1026 / 1089-1090): one block scale per row and 16
+//    consecutive inputs, in the same row order as the codes. 0x7F / 0xFF are NaN (e4m3fn).
+//  - w13_weight_scale_2 float32 [E, 2] (l. 1522-1526: [E, w13_num_shards], 2 for gated experts), filled
+//    per shard: [e][0] = gate_proj.weight_scale_2, [e][1] = up_proj.weight_scale_2 (routed_experts.py
+//    _load_per_tensor_weight_scale l. 290-306, reached from the ModelOpt branch l. 744-775);
+//    w2_weight_scale_2 float32 [E] (l. 1528-1532). vLLM's own GPU kernels keep only [:, 0] for w13
+//    (process_weights_after_loading l. 1557-1570, with a warning when they differ); the engine uses each
+//    shard's own scale, which is what the checkpoint says.
+//  - Dequantized weight = e2m1(code) * float(fp8 block scale) * weight_scale_2: ModelOpt stores the
+//    per-tensor global scale as amax / (6 * 448), not its reciprocal (modelopt.py l. 1253-1262, the W4A16
+//    method's note; nvfp4_emulation_utils.py dequantize_to_dtype l. 391-397: out = code * (fp8 scale *
+//    global_scale); fused_moe/experts/nvfp4_emulation_moe.py l. 98-99 the same for MoE).
+//  - w13_input_scale float32 [E', 2] and w2_input_scale float32 [E'] (l. 1541-1555; E' = E, or the global
+//    expert count on FlashInfer backends) are the activation scales of W4A4 kernels. The engine computes
+//    W4A16-style (bf16 activations, fp32 sums) like vLLM's Marlin NVFP4 MoE backend, which drops them too;
+//    they are accepted (checked for dtype and shape) and ignored.
+//  - No padding (the method keeps FusedMoEMethodBase.maybe_roundup_sizes), no biases; H and I must be
+//    multiples of 16. Non-gated experts (w13_num_shards = 1) are refused.
+// Repacked into the Fp4Weights blocks with one fp8 byte per (row, 16 inputs): the checkpoint's bytes,
+// plus 12 bytes of global scales per expert (H, I not multiples of 32 pad one zero group per row).
+// Kernels (moe_kernels.cpp, mxfp4 section, shared with mxfp4): decode (<= 4 rows per expert, AVX-512
+// tiers) converts codes to bf16 in registers through the 16-entry vpermw table, accumulates each
+// 16-input group in fp32 (vdpbf16ps, or the exact even/odd fp32 split on plain AVX-512) with 2 chains
+// per (row, block) at one row, then multiplies the group's 16 fp8 scales (converted in registers:
+// magnitude << 20 times 2^120, NaN kept) into the total; prefill and the generic/avx2 tiers dequantize
+// code x fp8 scale into bf16 per 256-input segment (exact, see fp4_dequant_seg_t) and run the bf16
+// tiles. The global scale multiplies the fp32 sums: gate/up before the activation, w2 folded into the
+// router weight. Measured (2-core Zen4 VM, avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
+// nvfp4 --shapes qwen3-30b-a3b: E=128, K=8, H=2048, I=768, 4 packed copies rotated; read bandwidth of
+// that run 41.9 GB/s): M=1 0.765 ms = 27.7 GB/s of NVFP4 bytes = 0.66 of read; M=4 2.81 ms (0.66);
+// M=16 7.14 ms (0.73); prefill M=256 59.8 ms (0.32 TFLOP/s); nbytes / checkpoint bytes 1.0000
+// (docs/results/2026-11-30_epyc2c_nvfp4_moe_layer.log). Chains at one row: 2 measured better than 4 on
+// LLC-resident experts (49 vs 34-42 GB/s, the VM is noisy); DRAM-bound runs could not tell them apart.
 struct WeightSource {
-  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4
+  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4
   const void* w13 = nullptr;  // [E, 2I, H]
   const void* w2 = nullptr;   // [E, H, I]
   const float* s13 = nullptr; // block: [E, ceil(2I/bn), H/bk] (w13_weight_scale_inv); per row: [E, 2I]
@@ -126,6 +171,10 @@ struct WeightSource {
   int r13 = 0, c13 = 0, cs13 = 0, r2 = 0, c2 = 0, cs2 = 0;
   bool interleaved = false;       // w13 row 2j = gate_j, 2j + 1 = up_j (else gate rows [0, r13/2), up after)
   float alpha = 1.702f, limit = 7.0f;
+  // kNVFP4: the kMXFP4 fields with scales fp8 e4m3fn bytes, cs13 = H/16, cs2 = I/16, no padding, no
+  // biases, [gate; up] rows; plus the fp32 global scales (weight_scale_2):
+  const float* g13 = nullptr;     // w13_weight_scale_2 [E, 2]: gate (w1) and up (w3) of each expert
+  const float* g2 = nullptr;      // w2_weight_scale_2 [E]
 };
 
 struct NodeSlice {
@@ -211,6 +260,9 @@ class MoELayer {
   size_t nbytes() const;
   ThreadPool& pool() const { return *pool_; }
   const std::vector<NodeSlice>& slices() const { return slices_; }
+  // nvfp4: fp32 global scales, [E][2] (gate, up) and [E]; empty otherwise.
+  const float* global_scales13() const { return gs13_.data(); }
+  const float* global_scales2() const { return gs2_.data(); }
 
   // Throws std::invalid_argument for an expert id outside [-1, E).
   void check_ids(const int32_t* ids, int64_t count) const;
@@ -227,6 +279,7 @@ class MoELayer {
   MoEShape shape_;
   Activation act_;
   std::vector<NodeSlice> slices_;
+  std::vector<float> gs13_, gs2_;  // nvfp4 global scales
   std::mutex submit_mu_;  // callers may be Python threads and CUDA's callback/poller threads
   ForwardJob job_;
   bool submitted_ = false;

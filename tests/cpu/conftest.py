@@ -1,3 +1,6 @@
+import contextlib
+import logging
+
 import pytest
 import torch
 
@@ -58,3 +61,35 @@ def assert_matches_reference(out, x, w13, w2, ids, weights):
     rel_rms = (err.pow(2).mean().sqrt() / rms).item()
     assert rel_rms <= 2 ** -8, f"relative RMS error {rel_rms:.4g} > 2^-8"
     return rel_rms, worst
+
+
+def with_changes(tensors: dict, **changes) -> dict:
+    """A copy of a from_checkpoint tensor dict with entries replaced (None: removed)."""
+    t = dict(tensors)
+    for k, v in changes.items():
+        if v is None:
+            t.pop(k)
+        else:
+            t[k] = v
+    return t
+
+
+@contextlib.contextmanager
+def lvllm_log_records():
+    """Collect (level, message) of what lvllm logs at INFO and above inside the block. vLLM's logging
+    config (if vLLM was imported) stops propagation at "vllm": listen on lvllm's own logger."""
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+
+    log = logging.getLogger("vllm.lvllm")
+    handler, old_level = Keep(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield seen
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)

@@ -89,5 +89,5 @@ def test_byte_formats_split_across_numa_slices(tmp_path, fmt):
 def test_quantized_layers_refuse_gpu_copies_clearly():
     tensors, _, _ = make_channel_experts("int8_channel", 2, 256, 128)
     layer = lk_moe.MoELayer.from_checkpoint("int8_channel", tensors)
-    with pytest.raises(ValueError, match="take bf16/fp16 experts only so far"):
+    with pytest.raises(ValueError, match="this layer has byte weights .* use quant_slices"):
         layer._impl.packed_slices()

@@ -12,7 +12,7 @@ from lk_moe.config import ConfigError, from_env
 def test_defaults():
     cfg = from_env({}, logical_cpus=8)
     assert cfg.threads == 0 and cfg.binding == "CPU_CORE" and cfg.isa is None and cfg.spin_us == 1000
-    assert cfg.cpu_signal == "hostfn"
+    assert cfg.cpu_signal == "auto"
 
 
 def test_values():
@@ -20,6 +20,13 @@ def test_values():
                    logical_cpus=8)
     assert (cfg.threads, cfg.binding, cfg.isa, cfg.spin_us) == (6, "NUMA_NODE", "avx2", 0)
     assert from_env({"LK_CPU_SIGNAL": "Mailbox"}, logical_cpus=8).cpu_signal == "mailbox"
+    assert from_env({"LK_CPU_SIGNAL": " KERNEL "}, logical_cpus=8).cpu_signal == "kernel"
+
+
+def test_every_signal_is_one_the_cpu_path_takes():
+    from lk_moe.config import SIGNALS
+    from lk_moe.cpu_path import CpuExpertPath
+    assert SIGNALS == CpuExpertPath.SIGNALS and SIGNALS[0] == "auto"  # auto is the default
 
 
 @pytest.mark.parametrize(
@@ -31,7 +38,8 @@ def test_values():
         ({"LK_THREAD_BINDING": "socket"}, "LK_THREAD_BINDING='socket' is not one of CPU_CORE, NUMA_NODE, NONE"),
         ({"LK_ISA": "avx9"}, "LK_ISA='avx9' is not one of"),
         ({"LK_SPIN_US": "-5"}, "LK_SPIN_US=-5 is out of range"),
-        ({"LK_CPU_SIGNAL": "poll"}, "LK_CPU_SIGNAL='poll' is not one of hostfn, mailbox"),
+        ({"LK_CPU_SIGNAL": "poll"}, "LK_CPU_SIGNAL='poll' is not one of auto, hostfn, mailbox, kernel"),
+        ({"LK_FORCE_GPU_FALLBACK": "maybe"}, "LK_FORCE_GPU_FALLBACK='maybe' is not a boolean"),
     ],
 )
 def test_bad_values_name_the_variable(env, words):
@@ -64,3 +72,12 @@ def test_lk_threads_applies_to_default_pool():
     r = _run("import lk_moe; print(lk_moe.default_pool().num_threads)", LK_THREADS="1")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "1"
+
+
+def test_auto_signal_names_why_the_kernel_cannot_run_here():
+    import torch
+    from lk_moe.cpu_path import kernel_signal_unusable
+    why = kernel_signal_unusable()
+    assert (why is None) == torch.cuda.is_available() or "lk_moe/_lk_cuda.so" in (why or "")
+    if not torch.cuda.is_available():
+        assert why == "signal 'kernel' needs a CUDA device"

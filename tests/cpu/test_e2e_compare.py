@@ -32,7 +32,41 @@ def test_near_tie_flip_is_allowed_and_stops_the_prompt():
 def test_clear_flip_fails():
     test = [out([9, 6, 7], [{"9": -0.1, "5": -2.5}, {"6": -0.5}, {"7": -0.2}])]
     c = compare_outputs(REF, test)
-    assert any("greedy 5 vs 9 with reference margin 2.4" in f for f in c.failures) and not c.ok()
+    assert not c.ok() and "greedy 5 vs 9 with reference margin 2.4" in c.summary()
+
+
+def _prompts(n, length=20):
+    """n prompts whose every position has a clear margin (1.0)."""
+    return [out([1] * length, [{"1": -0.2, "2": -1.2} for _ in range(length)]) for _ in range(n)]
+
+
+def _flip(run, p, i, jump):
+    """Prompt p of run flips at position i: that position's logprobs move by `jump` nats."""
+    run[p] = out(run[p]["tokens"][:i] + [2], run[p]["logprobs"][:i] + [{"1": -0.2 - jump, "2": -1.2 + jump}])
+
+
+def test_an_isolated_router_spike_may_flip_a_clear_margin():
+    ref, test = _prompts(5), _prompts(5)
+    _flip(test, 4, 19, 0.8)  # a spike at the last position: margin 1.0, nothing before it
+    c = compare_outputs(ref, test)
+    assert c.ok() and len(c.spike_flips) == 1 and "spike flips 1" in c.summary()
+
+
+def test_a_flip_after_drift_fails():
+    ref, test = _prompts(5), _prompts(5)
+    test[2]["logprobs"][5] = {"1": -0.5, "2": -1.0}  # 0.3 nats off before the flip
+    _flip(test, 2, 10, 0.8)
+    c = compare_outputs(ref, test)
+    assert not c.ok() and any("earlier max 0.300" in f for f in c.failures)
+
+
+def test_spikes_flipping_several_prompts_fail():
+    """A fault at one decode step flips the prompts of that batch together."""
+    ref, test = _prompts(5), _prompts(5)
+    for p in (0, 1, 3):
+        _flip(test, p, 12, 0.8)
+    c = compare_outputs(ref, test)
+    assert not c.ok() and "3 flips beyond the margin" in c.summary()
 
 
 def _noisy(ref, rng, scale, outlier_rate=0.0):

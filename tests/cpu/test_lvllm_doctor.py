@@ -55,6 +55,17 @@ def test_config_only_is_estimated(tmp_path):
     assert info.estimated and info.moe_layers == 3 and info.expert_bytes == 3 * 8 * 3 * 64 * 32  # 1 byte/weight
 
 
+def test_modelopt_nvfp4_config_is_estimated_as_4_bit(tmp_path):
+    # ModelOpt writes quant_method "modelopt" and names the algorithm apart.
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 2,
+           "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+           "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    info = read_checkpoint(str(tmp_path))
+    assert info.quant_method == "modelopt/NVFP4"
+    assert info.expert_bytes == int(2 * 8 * 3 * 64 * 32 * 0.56)
+
+
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="no config.json"):
         read_checkpoint(str(tmp_path))

@@ -85,6 +85,23 @@ def test_resident_layers_keep_vllms_method():
                     moe_config(activation=Act.SWIGLUOAI, has_bias=True), ON).kind == "gpu_resident"
 
 
+def test_modelopt_nvfp4_maps_to_nvfp4():
+    for algo in ("NVFP4", "W4A16_NVFP4"):
+        m = method("ModelOptNvFp4FusedMoE", quant_config=SimpleNamespace(quant_method=algo))
+        assert engine_format(m) == ("nvfp4", None)
+        p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), ON)
+        assert (p.kind, p.format) == ("hybrid", "nvfp4")
+    # silu only, no biases, gated: what the engine's nvfp4 layer computes
+    for over, words in ((dict(activation=Act.SWIGLUOAI), "activation 'swigluoai' with nvfp4 experts"),
+                        (dict(has_bias=True), "expert biases with nvfp4 experts"),
+                        (dict(is_act_and_mul=False), "non-gated experts")):
+        with pytest.raises(UnsupportedMoELayer, match=words):
+            plan_for("model.layers.3.mlp.experts", method("ModelOptNvFp4FusedMoE"), LAYER, moe_config(**over), ON)
+    # the other ModelOpt MoE methods are not nvfp4
+    with pytest.raises(UnsupportedMoELayer, match="ModelOptMxFp8FusedMoE is not supported"):
+        engine_format(method("ModelOptMxFp8FusedMoE"))
+
+
 def test_mxfp4_takes_gpt_oss_activation_and_biases():
     gpt_oss = moe_config(activation=Act.SWIGLUOAI, has_bias=True)
     p = plan_for("model.layers.3.mlp.experts", method("GptOssMxfp4MoEMethod"), LAYER, gpt_oss, ON)
@@ -107,8 +124,20 @@ def test_unsupported_features_stop_with_the_layer_named(over, words):
     assert "model.layers.3.mlp.experts" in str(ei.value) and words in str(ei.value)
 
 
-def test_quantized_layers_refuse_gpu_prefill_for_now():
+def test_gpu_prefill_per_format():
+    """Every engine format streams to the GPU for prefill (bf16 as is, the byte and 4-bit formats
+    dequantized there); a format without a GPU path would keep CPU prefill (the runtime warns once per
+    format, see test_lvllm_progress), never a load failure."""
+    from lvllm.policy import GPU_PREFILL_FORMATS, gpu_prefill_min_batch
     cfg = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "1024"})
     m = method("Fp8MoEMethod", block_quant=True, weight_block_size=[128, 128])
-    with pytest.raises(UnsupportedMoELayer, match="LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0"):
-        plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), cfg)
+    p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), cfg)
+    assert p.format == "fp8_block" and gpu_prefill_min_batch(p.format, cfg) == 1024
+    for fmt in ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"):
+        assert gpu_prefill_min_batch(fmt, cfg) == 1024
+    assert gpu_prefill_min_batch("fp6_someday", cfg) == 0
+    p = plan_for("model.layers.3.mlp.experts", method("ModelOptNvFp4FusedMoE"), LAYER, moe_config(), cfg)
+    assert p.format == "nvfp4" and p.kind == "hybrid"
+    assert gpu_prefill_min_batch("fp8_block", ON) == ON.gpu_prefill_min_batch
+    import lk_moe.gpu_dequant
+    assert GPU_PREFILL_FORMATS == lk_moe.gpu_dequant.GPU_FORMATS  # the policy's literal matches lk_moe

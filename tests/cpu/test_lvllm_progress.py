@@ -1,6 +1,8 @@
 """Startup progress lines: every few seconds and at the last layer, with size and speed."""
 from lvllm.progress import LoadProgress
 
+from .conftest import lvllm_log_records
+
 
 def test_lines_every_interval_and_at_the_end():
     t = [0.0]
@@ -22,8 +24,6 @@ def test_unknown_total():
 
 
 def test_runtime_counts_planned_layers_and_logs_the_last():
-    import logging
-
     from lvllm.config import from_env
     from lvllm.policy import LayerPlan
     from lvllm.runtime import WorkerRuntime
@@ -33,21 +33,36 @@ def test_runtime_counts_planned_layers_and_logs_the_last():
     for i in (1, 2):
         rt.note_planned(LayerPlan(f"model.layers.{i}.mlp.experts", i, "hybrid", "bf16"))
     assert rt.planned_hybrid == 2 and rt.resident_layers == [0]
-    seen = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
-    # vLLM's logging config (if vLLM was imported) stops propagation at "vllm": listen on ours.
-    log = logging.getLogger("vllm.lvllm")
-    handler, old_level = Keep(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
+    with lvllm_log_records() as seen:
         rt.layer_loaded(1 << 30, 0.5)
         rt.layer_loaded(1 << 30, 0.5)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
-    assert any("lk_moe: experts of all 2/2 hybrid MoE layers in host RAM (2.0 GiB" in m for m in seen), seen
+    assert any("lk_moe: experts of all 2/2 hybrid MoE layers in host RAM (2.0 GiB" in m for _, m in seen), seen
+
+
+def test_runtime_warns_once_per_format_that_keeps_cpu_prefill():
+    """GPU prefill on: every engine format streams (int4/fp4 too), no warning; a format without a GPU
+    path (made-up names here: the engine has none today) gets one warning per model and format."""
+    import logging
+
+    from lvllm.config import from_env
+    from lvllm.policy import LayerPlan
+    from lvllm.runtime import WorkerRuntime
+
+    with lvllm_log_records() as seen:
+        rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "2048"}))
+        for i, fmt in enumerate(["wna16_int4", "fp8_block", "mxfp4", "int8_channel", "nvfp4", "bf16"]):
+            rt.note_planned(LayerPlan(f"model.layers.{i}.mlp.experts", i, "hybrid", fmt))
+    assert not [m for lvl, m in seen if lvl == logging.WARNING] and rt.cpu_prefill_formats == []
+    assert "CPU prefill for" not in rt.summary()
+    with lvllm_log_records() as seen:
+        for i, fmt in enumerate(["fp6_someday", "fp8_block", "fp6_someday", "int3_someday"]):
+            rt.note_planned(LayerPlan(f"model.layers.{i + 6}.mlp.experts", i + 6, "hybrid", fmt))
+        off = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1"}))
+        off.note_planned(LayerPlan("model.layers.0.mlp.experts", 0, "hybrid", "fp6_someday"))
+    warnings = [m for lvl, m in seen if lvl == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "fp6_someday experts have no GPU path" in warnings[0] and "stays on the CPU" in warnings[0]
+    assert "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=2048" in warnings[0]
+    assert "int3_someday experts have no GPU path" in warnings[1]
+    assert rt.cpu_prefill_formats == ["fp6_someday", "int3_someday"] and off.cpu_prefill_formats == []
+    assert "(CPU prefill for fp6_someday, int3_someday layers: no GPU path)" in rt.summary()

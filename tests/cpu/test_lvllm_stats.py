@@ -1,9 +1,10 @@
 """Runtime statistics: totals from the engine counters and the GPU-path counts, one line per
 interval (injected clock), nothing for idle intervals; the engine's counter object."""
-import logging
 from types import SimpleNamespace
 
 from lvllm.stats import Totals, WorkerStats, format_line
+
+from .conftest import lvllm_log_records
 
 
 class FakeLayer:
@@ -120,22 +121,9 @@ def test_runtime_makes_stats_unless_off_and_logs_through_vllms_logger():
     assert WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_STATS_INTERVAL": "0"})).stats is None
     rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_STATS_INTERVAL": "5"}))
     assert rt.stats.interval == 5 and rt.stats.rank == rt.local_rank
-    seen = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
-    log = logging.getLogger("vllm.lvllm")
-    handler, old_level = Keep(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
+    with lvllm_log_records() as seen:
         rt.stats.log("lk_moe stats (rank 0, last 5 s): 1 steps")
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
-    assert seen == ["lk_moe stats (rank 0, last 5 s): 1 steps"]
+    assert [m for _, m in seen] == ["lk_moe stats (rank 0, last 5 s): 1 steps"]
 
 
 def test_reporting_thread_logs_and_stops():

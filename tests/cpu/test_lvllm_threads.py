@@ -1,4 +1,4 @@
-"""Engine threads per vLLM rank: disjoint CPU shares, one core left to the rank's GPU thread."""
+"""Engine threads per vLLM rank: disjoint CPU shares, cores left to the rank's GPU and callback threads."""
 
 import pytest
 
@@ -14,9 +14,9 @@ def test_rank_shares_are_disjoint_and_cover_everything():
     assert sorted(sum(shares, [])) == list(range(10)) and all(shares)
 
 
-def test_default_threads_leave_one_core(tmp_path):
-    plan = plan_threads(0, 1, None, allowed=list(range(16)), sysfs_root=str(tmp_path))  # no topology: logical
-    assert plan.threads == 15 and plan.cpus == tuple(range(16))
+def test_small_shares_leave_one_core(tmp_path):
+    plan = plan_threads(0, 1, None, allowed=list(range(8)), sysfs_root=str(tmp_path))  # no topology: logical
+    assert plan.threads == 7 and plan.cpus == tuple(range(8))
     plan = plan_threads(1, 2, None, allowed=list(range(16)), sysfs_root=str(tmp_path))
     assert plan.threads == 7 and plan.cpus == tuple(range(8, 16))
     assert plan_threads(0, 1, None, allowed=[3], sysfs_root=str(tmp_path)).threads == 1
@@ -30,6 +30,14 @@ def test_smt_siblings_count_once(tmp_path):
         (d / "core_id").write_text(f"{cpu % 4}\n")
     plan = plan_threads(0, 1, None, allowed=list(range(8)), sysfs_root=str(tmp_path))
     assert plan.physical_cores == 4 and plan.threads == 3
+
+
+def test_big_shares_leave_two_cores(tmp_path):
+    # 12+ cores: the GPU thread and the callback/poller thread each keep a core
+    assert plan_threads(0, 1, None, allowed=list(range(16)), sysfs_root=str(tmp_path)).threads == 14
+    assert plan_threads(0, 1, None, allowed=list(range(11)), sysfs_root=str(tmp_path)).threads == 10
+    assert plan_threads(1, 2, None, allowed=list(range(32)), sysfs_root=str(tmp_path)).threads == 14
+    assert plan_threads(0, 1, None, allowed=list(range(16)), sysfs_root=str(tmp_path)).cpus == tuple(range(16))
 
 
 def test_lk_threads_must_fit_the_share(tmp_path):

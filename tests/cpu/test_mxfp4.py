@@ -11,7 +11,7 @@ import torch
 import lk_moe
 from lk_moe.reference import dequantize_mxfp4, moe_reference, random_routing, swigluoai
 
-from .conftest import assert_matches_reference
+from .conftest import assert_matches_reference, with_changes
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7 (code | 8: negative)
 
@@ -223,13 +223,7 @@ def test_mxfp4_rejects_bad_inputs():
     tensors, *_ = make_mxfp4(2, 96, 64)
 
     def bad(**kw):
-        t = dict(tensors)
-        for k, v in kw.items():
-            if v is None:
-                t.pop(k)
-            else:
-                t[k] = v
-        return t
+        return with_changes(tensors, **kw)
 
     with pytest.raises(ValueError, match="w2_weight_scale"):
         _layer(bad(w2_weight_scale=None))

@@ -9,8 +9,9 @@ Tolerance: relative RMS <= 0.01. The engine rounds the layer input and the SwiGL
 gate/up, wrong nibble or scale) gives O(1).
 
 Each case runs in its own process (vLLM's distributed state is per process). vLLM's CPU platform
-stands in for the GPU one during construction (and answers the W4A16 backend question as a CUDA
-machine would: Marlin); MLA models (DeepSeek: no CPU MLA) and models with dense MLP layers
+stands in for the GPU one during construction (and answers the W4A16 and NVFP4 backend questions as
+a CUDA machine would: Marlin; on the CPU platform ModelOptNvFp4FusedMoE's constructor finds no NVFP4
+backend and raises, see vllm_cpu_load.lend_nvfp4_backend); MLA models (DeepSeek: no CPU MLA) and models with dense MLP layers
 (GLM-4.5: the CPU platform wants vLLM's compiled SiluAndMul) are covered by tests/e2e on the GPU
 machine instead."""
 import json
@@ -33,6 +34,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "fp8", 0, "fp8_block"),
     ("qwen3_moe", "w4a16", 0, "wna16_int4"),
     ("gpt_oss", "bf16", 0, "mxfp4"),
+    ("qwen3_moe", "nvfp4", 0, "nvfp4"),  # ModelOpt NVFP4 (gate/up global scales differ)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
 
@@ -40,9 +42,9 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
 @pytest.mark.parametrize("i,arch,quant,layer,fmt", [(i, *c) for i, c in enumerate(CASES)],
                          ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quant, layer, fmt):
-    # FP8 attention needs GPU kernels: this FP8 checkpoint keeps attention in bf16 (experts FP8).
+    # FP8 / NVFP4 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
     written = "bf16" if quant == "dummy" else quant
-    model = make_checkpoint(arch, str(tmp_path / arch), quant=written, fp8_experts_only=(quant == "fp8"))
+    model = make_checkpoint(arch, str(tmp_path / arch), quant=written, experts_only=quant in ("fp8", "nvfp4"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
     env["LK_THREADS"] = "2"
     port = str(29700 + (os.getpid() % 200) * 5 + i)
@@ -56,7 +58,8 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["rel_rms"] <= 0.01, r
 
 
-TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16")]
+TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16"),
+            ("qwen3_moe", "nvfp4")]
 
 
 @pytest.mark.parametrize("i,arch,quant", [(i, *c) for i, c in enumerate(TP_CASES)], ids=[f"{a}-{q}" for a, q in TP_CASES])
@@ -65,7 +68,7 @@ def test_tensor_parallel_shards_sum_to_the_layer(tmp_path, i, arch, quant):
     interleaved rows, w2_bias only on rank 0); each rank's engine holds that shard; vLLM would
     all-reduce the partial outputs: their sum must be the whole layer, each alone must not."""
     import torch
-    model = make_checkpoint(arch, str(tmp_path / arch), quant=quant, fp8_experts_only=(quant == "fp8"))
+    model = make_checkpoint(arch, str(tmp_path / arch), quant=quant, experts_only=quant in ("fp8", "nvfp4"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
     env["LK_THREADS"] = "1"
     port = str(30100 + (os.getpid() % 200) * 5 + i)

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from lvllm.tiny_checkpoint import ARCHS, decode_mxfp4, make_checkpoint, quantize_mxfp4
+from lvllm.tiny_checkpoint import (ARCHS, decode_mxfp4, decode_nvfp4, make_checkpoint, quantize_mxfp4,
+                                   quantize_nvfp4_tensor)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -53,3 +54,68 @@ def test_quantized_variants_declare_their_format(tmp_path):
     assert w4["quantization_config"]["format"] == "pack-quantized"
     with pytest.raises(ValueError, match="MXFP4"):
         make_checkpoint("gpt_oss", str(tmp_path / "g"), quant="fp8")
+    nv = json.load(open(make_checkpoint("qwen3_moe", str(tmp_path / "n"), quant="nvfp4") + "/config.json"))
+    qc = nv["quantization_config"]
+    assert (qc["quant_method"], qc["quant_algo"], qc["group_size"]) == ("modelopt", "NVFP4", 16)
+
+
+def test_nvfp4_encoder_round_trip():
+    w = torch.randn(8, 64) * 3
+    q, sf, gs = quantize_nvfp4_tensor(w)
+    assert (q.dtype, sf.dtype, gs.dtype, tuple(q.shape), tuple(sf.shape), gs.dim()) == \
+        (torch.uint8, torch.float8_e4m3fn, torch.float32, (8, 32), (8, 4), 0)
+    assert torch.isclose(gs, w.abs().max() / (6 * 448))  # ModelOpt: amax / (6 * 448), not the reciprocal
+    deq = decode_nvfp4(q, sf, gs)
+    # e2m1 spacing near a group's largest value is 1/6 of it (4 -> 6), the fp8 scale adds 2^-4: within 1/4
+    assert ((deq - w).abs() <= w.abs().reshape(8, 4, 16).amax(-1).repeat_interleave(16, 1) / 4 + 1e-6).all()
+
+
+def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
+    """ModelOpt names and dtypes per expert projection; vLLM 0.26's ModelOpt config parses the
+    quantization_config (NVFP4, group 16, the bf16 modules excluded) and its own NVFP4 decoder agrees
+    with decode_nvfp4."""
+    from safetensors.torch import load_file
+    path = make_checkpoint("qwen3_moe", str(tmp_path / "n"), quant="nvfp4", experts_only=True)
+    t = load_file(f"{path}/model.safetensors")
+    p = "model.layers.1.mlp.experts.3.up_proj."
+    assert (t[p + "weight"].dtype, t[p + "weight_scale"].dtype) == (torch.uint8, torch.float8_e4m3fn)
+    assert t[p + "weight_scale_2"].shape == () and t[p + "input_scale"].shape == ()
+    assert t["model.layers.1.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    modelopt = pytest.importorskip("vllm.model_executor.layers.quantization.modelopt")
+    cfg = modelopt.ModelOptNvFp4Config.from_config(json.load(open(f"{path}/config.json"))["quantization_config"])
+    assert cfg.quant_method == "NVFP4" and cfg.group_size == 16 and cfg.is_checkpoint_nvfp4_serialized
+    assert cfg.is_layer_excluded("model.layers.1.self_attn.q_proj") and not cfg.is_layer_excluded("model.layers.1.mlp.experts")
+    emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
+    theirs = emu.dequantize_to_dtype(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"].reshape(1),
+                                     torch.float32, block_size=16, swizzle=False)
+    ours = decode_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
+    # vLLM multiplies code * (scale * global): the same value up to the order of two fp32 roundings
+    torch.testing.assert_close(theirs, ours, rtol=2.5e-7, atol=0)
+
+
+@pytest.mark.parametrize("quant", ["fp8", "w4a16", "nvfp4"])
+def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
+    """The e2e reference for quantized experts: a bf16 checkpoint whose experts are the decoded
+    quantized ones (bf16-rounded), everything else unchanged, loadable as a plain bf16 model."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lvllm.tiny_checkpoint import decode_projection, make_checkpoint, write_dequantized_twin
+    src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant=quant, experts_only=True)
+    twin = write_dequantized_twin(src, str(tmp_path / "twin"))
+    q, t = load_file(f"{src}/model.safetensors"), load_file(f"{twin}/model.safetensors")
+    assert "quantization_config" not in json.load(open(f"{twin}/config.json"))
+    base = "model.layers.0.mlp.experts.3.down_proj."
+    assert t[base + "weight"].dtype == torch.bfloat16
+    assert torch.equal(t[base + "weight"], decode_projection(q, base).to(torch.bfloat16))
+    assert not any(n.endswith(("_scale", "_scale_inv", "_packed", "_scale_2")) for n in t)
+    assert torch.equal(t["model.layers.0.self_attn.q_proj.weight"], q["model.layers.0.self_attn.q_proj.weight"])
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(twin, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_twin_refuses_quantized_non_expert_projections(tmp_path):
+    from lvllm.tiny_checkpoint import make_checkpoint, write_dequantized_twin
+    src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant="fp8")  # attention FP8 too
+    with pytest.raises(ValueError, match="outside the routed experts"):
+        write_dequantized_twin(src, str(tmp_path / "twin"))

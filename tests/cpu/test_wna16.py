@@ -311,5 +311,5 @@ def test_wna16_bad_tensors_are_named():
     with pytest.raises(TypeError, match="w2_weight_zero_point must be a torch.Tensor"):
         lk_moe.MoELayer.from_checkpoint("wna16_int4", dict(tensors, w2_weight_zero_point=[1, 2]))
     layer = build()
-    with pytest.raises(ValueError, match="take bf16/fp16 experts only so far"):
+    with pytest.raises(ValueError, match="this layer has 4-bit weights .*use quant4_slices"):
         layer._impl.packed_slices()

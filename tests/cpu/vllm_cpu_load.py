@@ -40,20 +40,13 @@ from vllm.model_executor.model_loader import get_model  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
-from lvllm.tiny_checkpoint import decode_mxfp4  # noqa: E402
+from lvllm.tiny_checkpoint import decode_mxfp4, decode_projection  # noqa: E402
+
 
 def expert_weight(t, base, quant):
-    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors."""
-    if quant == "bf16":
-        return t[base + "weight"].float()
-    if quant == "fp8":
-        q, s = t[base + "weight"].float(), t[base + "weight_scale_inv"]
-        return q * s.repeat_interleave(128, 0)[:q.shape[0]].repeat_interleave(128, 1)[:, :q.shape[1]]
-    if quant == "w4a16":  # weight_packed [N, K/8] int32, 8 codes per word along K, code = q + 8
-        p, s = t[base + "weight_packed"].to(torch.int64) & 0xFFFFFFFF, t[base + "weight_scale"].float()
-        codes = torch.stack([(p >> (4 * i)) & 15 for i in range(8)], dim=-1).reshape(p.shape[0], -1)
-        return (codes - 8).float() * s.repeat_interleave(codes.shape[1] // s.shape[1], dim=1)
-    raise ValueError(quant)
+    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors (the writer's
+    decoders: file layouts, independent of lk_moe)."""
+    return decode_projection(t, base)
 
 
 def dummy_reference(model_dir, arch):
@@ -96,10 +89,25 @@ def lend_marlin_backend():
     marlin.select_wna16_moe_backend = lambda *a, **k: (WNA16MoEBackend.MARLIN, None)
 
 
+def lend_nvfp4_backend():
+    """ModelOptNvFp4FusedMoE.__init__ asks the NVFP4 oracle for a backend (select_nvfp4_moe_backend);
+    on the CPU platform every candidate declines (FlashInfer/CUTLASS/Marlin need CUDA, the emulation
+    backend's Triton experts need a CUDA-alike or XPU device), so construction raises NotImplementedError
+    ("No NvFp4 MoE backend supports the deployment configuration"). Answer as a CUDA machine would
+    (Marlin, W4A16); the method, its create_weights (the tensors the engine reads) and the loader stay
+    vLLM's own. Its process_weights_after_loading, which would build the backend's kernel, is replaced by
+    the plugin's hand-over anyway."""
+    from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
+    from vllm.model_executor.layers.quantization import modelopt
+    modelopt.select_nvfp4_moe_backend = lambda *a, **k: (NvFp4MoeBackend.MARLIN, None)
+
+
 def main():
     model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     if quant == "w4a16":
         lend_marlin_backend()
+    if quant == "nvfp4":
+        lend_nvfp4_backend()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
                     load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))

@@ -75,6 +75,8 @@ def main() -> int:
         } for o in outs])
     cache = llm.llm_engine.vllm_config.cache_config
     result = {
+        "model": os.path.abspath(a.model),
+        "prompts": [p["prompt_token_ids"] for p in ps],  # for the fp32 oracle (tests/e2e/oracle.py)
         "env": {k: v for k, v in os.environ.items() if k.startswith(("LVLLM_", "LK_", "VLLM_PLUGINS"))},
         "startup_s": startup_s,
         "gpu_memory_used_mib": mem,

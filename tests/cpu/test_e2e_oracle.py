@@ -1,0 +1,192 @@
+"""tests/e2e/oracle.py on tiny checkpoints: router hooks, boundary gaps, bf16 noise, a forced tie."""
+import json
+import math
+import os
+import random
+import shutil
+
+import pytest
+import torch
+
+from lvllm.tiny_checkpoint import make_checkpoint
+from tests.e2e.oracle import explain_flip, router_gaps, swapped_margin
+
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")
+N_TOKENS = 64
+
+
+def _ids(vocab=2000, n=N_TOKENS):
+    rng = random.Random(0)
+    return [rng.randrange(3, vocab) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("oracle")
+    return {a: make_checkpoint(a, str(root / a)) for a in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def results(ckpts):
+    return {a: router_gaps(d, _ids()) for a, d in ckpts.items()}
+
+
+def _config(d):
+    with open(os.path.join(d, "config.json")) as f:
+        return json.load(f)
+
+
+def _moe_layers(cfg):
+    return list(range(cfg.get("first_k_dense_replace", 0), cfg["num_hidden_layers"]))
+
+
+def _expected_gap(row, cfg):
+    """Plain-python recomputation of one position's top-k boundary gap from its selection scores."""
+    k = cfg["num_experts_per_tok"]
+    if "n_group" not in cfg:
+        s = sorted(row, reverse=True)
+        return s[k - 1] - s[k]
+    n, tg = cfg["n_group"], cfg["topk_group"]
+    size = len(row) // n
+    groups = [row[g * size:(g + 1) * size] for g in range(n)]
+    gscore = [sum(sorted(g, reverse=True)[:2]) for g in groups]
+    order = sorted(range(n), key=lambda g: -gscore[g])
+    group_gap = gscore[order[tg - 1]] - gscore[order[tg]] if n > tg else math.inf
+    cand = sorted((x for g in order[:tg] for x in groups[g]), reverse=True)
+    expert_gap = cand[k - 1] - cand[k] if len(cand) > k else math.inf
+    return min(group_gap, expert_gap)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hooks_capture_every_moe_layer_and_position(arch, ckpts, results):
+    cfg, r = _config(ckpts[arch]), results[arch]
+    n_experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    assert r.layers == _moe_layers(cfg)
+    assert tuple(r.gaps.shape) == (N_TOKENS, len(r.layers))
+    assert tuple(r.noise.shape) == (len(r.layers),)
+    for layer in r.layers:
+        assert tuple(r.scores[layer].shape) == (N_TOKENS, n_experts)
+    assert r.logprobs.shape == (cfg["vocab_size"],)
+    assert abs(float(r.logprobs.exp().sum()) - 1) < 1e-6
+    # positions differ: the hook sees every token, not one broadcast row
+    assert len({round(float(x), 6) for x in r.gaps[:, 0]}) > N_TOKENS // 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gaps_match_a_direct_recomputation(arch, ckpts, results):
+    cfg, r = _config(ckpts[arch]), results[arch]
+    assert (r.gaps >= 0).all()
+    for i, layer in enumerate(r.layers):
+        want = [_expected_gap(row, cfg) for row in r.scores[layer].tolist()]
+        assert r.gaps[:, i].tolist() == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_noise_is_positive_and_small(arch, results):
+    r = results[arch]
+    for i, layer in enumerate(r.layers):
+        noise = float(r.noise[i])
+        assert noise > 0
+        # bf16 keeps ~8 bits: the drift through 4 layers stays well under the scores' spread
+        assert noise < 0.25 * float(r.scores[layer].std()), (layer, noise)
+
+
+def _tied_copy(src, dst):
+    """A copy whose last MoE layer routes with identical gate rows (and bias): every expert ties."""
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    t = load_file(os.path.join(src, "model.safetensors"))
+    layer = _moe_layers(_config(src))[-1]
+    hit = 0
+    for name in list(t):
+        if f"layers.{layer}." in name and (".gate." in name or ".router." in name):
+            w = t[name]
+            t[name] = w[:1].expand_as(w).contiguous()
+            hit += 1
+    assert hit, "no router tensor found"
+    save_file(t, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return layer
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forced_tie_gives_gap_zero_and_is_explained(arch, ckpts, results, tmp_path):
+    layer = _tied_copy(ckpts[arch], tmp_path / "tied")
+    ids = _ids()
+    r = router_gaps(str(tmp_path / "tied"), ids, noise=False)
+    i = r.layers.index(layer)
+    assert r.gaps[:, i].abs().max() == 0
+    # a flip between the fp32 top-1 and the least likely token: the output is no near-tie,
+    # only the router tie explains it
+    top, last = int(r.logprobs.argmax()), int(r.logprobs.argmin())
+    e = explain_flip(str(tmp_path / "tied"), ids, top, last)
+    assert e.margin > 0.5
+    assert e.explained and e.layer == layer and e.gap == 0 and e.ratio == 0, str(e)
+
+
+def test_large_margin_without_router_tie_is_not_explained(ckpts, results):
+    d, r = ckpts["qwen3_moe"], results["qwen3_moe"]
+    top, last = int(r.logprobs.argmax()), int(r.logprobs.argmin())
+    e = explain_flip(d, _ids(), top, last, factor=1e-9)  # only an exact tie could explain it
+    assert e.margin > 0.5 and not e.explained and e.ratio > 1e-9, str(e)
+    second = int(r.logprobs.topk(2).indices[1])
+    if r.logprobs[top] - r.logprobs[second] < 0.5:  # an output near-tie explains itself
+        assert explain_flip(d, _ids(), top, second, factor=1e-9).explained
+
+
+@pytest.mark.parametrize("bad", [[], ["vocab"], [5, -1], [5, 2.0], [True]])
+def test_bad_token_ids(ckpts, bad):
+    vocab = _config(ckpts["qwen3_moe"])["vocab_size"]
+    with pytest.raises(ValueError):
+        router_gaps(ckpts["qwen3_moe"], [vocab if t == "vocab" else t for t in bad])
+
+
+def test_bad_flip_tokens(ckpts):
+    with pytest.raises(ValueError):
+        explain_flip(ckpts["qwen3_moe"], [5, 6], 1, 10 ** 6)
+    with pytest.raises(ValueError):
+        explain_flip(ckpts["qwen3_moe"], [], 1, 2)
+
+
+def test_swapping_the_boundary_expert_moves_the_output(ckpts, results):
+    """The counterfactual: swapping one expert choice at the last token changes the last logits
+    (and only through the swap: the unswapped margin matches router_gaps' fp32 logprobs)."""
+    d, r = ckpts["qwen3_moe"], results["qwen3_moe"]
+    top, second = (int(x) for x in r.logprobs.topk(2).indices)
+    base = float(r.logprobs[top] - r.logprobs[second])
+    moved = [abs(swapped_margin(d, _ids(), top, second, layer) - base) for layer in r.layers]
+    assert max(moved) > 1e-3, moved
+    with pytest.raises(ValueError):
+        swapped_margin(d, _ids(), top, second, layer=99)
+
+
+def test_spike_flips_of_a_comparison_get_oracle_notes(ckpts):
+    from tests.e2e.compare import compare_outputs
+    from tests.e2e.oracle import diagnose_spikes
+    prompt = _ids(n=40)
+
+    def run(tokens, top):  # two agreed positions, then a flip where the reference margin is 1.0
+        return [{"tokens": tokens, "logprobs": [{str(tokens[0]): -0.1, "7": -3.0}, {str(tokens[1]): -0.1, "7": -3.0},
+                                                 top]}]
+    ref = run([11, 12, 13], {"13": -0.2, "14": -1.2})
+    test = run([11, 12, 14], {"14": -0.3, "13": -0.9})
+    c = compare_outputs(ref, test)
+    assert list(c.spike_cases) == [(0, 2)] and c.spike_cases[(0, 2)] == ([11, 12], 13, 14)
+    lines = diagnose_spikes({"model": ckpts["qwen3_moe"], "prompts": [prompt]}, c)
+    assert len(lines) == 1 and lines[0].startswith("prompt 0 pos 2 (13 vs 14): fp32 margin")
+    assert "boundary expert swapped the fp32 margin is" in lines[0]
+    with pytest.raises(ValueError, match="no model/prompts"):
+        diagnose_spikes({"runs": []}, c)
+
+
+def test_grouped_routers_keep_their_groups_for_the_next_candidate():
+    from types import SimpleNamespace
+    from tests.e2e.oracle import _kept_groups
+    router = SimpleNamespace(num_group=2, topk_group=1)
+    scores = torch.tensor([[0.9, 0.8, 0.1, 0.95, 0.05, 0.0]])  # groups {0,1,2} (sum 1.7) and {3,4,5} (1.0)
+    masked, group_scores = _kept_groups(router, scores)
+    assert torch.equal(group_scores, torch.tensor([[1.7, 0.95 + 0.05]], dtype=scores.dtype))
+    assert masked[0, :3].tolist() == pytest.approx([0.9, 0.8, 0.1]) and torch.isinf(masked[0, 3:]).all()
+    # the best expert outside the top-2 {0, 1} within the kept group is 2 (not 3, whose group was dropped)
+    rest = masked[0].clone()
+    rest[[0, 1]] = -math.inf
+    assert int(rest.argmax()) == 2

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The acceptance runs of the GPU-facing issues on nvidia-h200-x2, in three parts that each fit one
+# 10-minute device run (the plan that fitted the 30-minute budget on 2026-11-30, fourth session:
+# payload ~70 s, then these back to back). Each part splits the machine into two 16-core halves
+# (GPU0 + cores 0-15, GPU1 + cores 16-31; a half is the single-H200 machine) so two jobs run at once.
+#   bash tools/device_acceptance.sh decode    # hybrid decode benchmark | bf16 e2e suite
+#   bash tools/device_acceptance.sh baseline  # offload + eager + stock benchmarks | quantized e2e + tests/gpu
+#   bash tools/device_acceptance.sh rest      # TP=2 e2e, CPU-path signals, per-format decode, demo, doctor
+# Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
+# Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
+# hybrid-vs-offload ratios printed in one table.
+set -uo pipefail
+part="${1:-}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export LVLLM_DEVICE_WHEEL=1 LVLLM_DEVICE_LIMIT="${LVLLM_DEVICE_LIMIT:-560}"
+half0="taskset -c 0-15" half1="taskset -c 16-31"
+left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
+e2e="python3 -m pytest -q -s -p no:cacheprovider"
+case "$part" in
+  decode)
+    body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes hybrid \
+--results \$OUT/bench.json --log-dir \$OUT --timeout 420 > \$OUT/bench_hybrid.log 2>&1) &
+CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e \
+-k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
+wait; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -12; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log" ;;
+  baseline)
+    body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
+(CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes offload,hybrid-eager,stock \
+--reps 2 --decode-tokens 64 --results \$OUT/bench.json --log-dir \$OUT --timeout 330 > \$OUT/bench_baseline.log 2>&1) &
+CUDA_VISIBLE_DEVICES=1 $half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 90)) $e2e --basetemp=/root/e2e-tmp/quant \
+tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
+OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=1 $half1 bash tools/device_gpu_tests.sh all 75
+wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
+grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
+  rest)
+    body="timeout 240 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
+grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
+timeout 100 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
+--format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done' > \$OUT/moe_layer.log 2>&1
+(CUDA_VISIBLE_DEVICES=0 $half0 timeout 120 bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1) &
+LK_THREADS=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout 75 python3 benchmarks/cpu_path.py --shapes qwen3-30b-a3b \
+--tokens 1,4 --reps 20 > \$OUT/cpu_path.log 2>&1
+python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen > /dev/null
+python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big > /dev/null
+(python3 -m lvllm doctor --model /root/tiny-qwen; python3 -m lvllm doctor --model /root/dsv3big --tp 2) > \$OUT/doctor.log 2>&1
+cuobjdump --list-elf /root/lvllm-wheel/lk_moe/_lk_cuda.so > \$OUT/cuobjdump.txt 2>&1
+wait; cat \$OUT/cpu_path.log; grep -h 'read bandwidth\|^ *[14] ' \$OUT/moe_layer.log; tail -3 \$OUT/demo.log" ;;
+  *)
+    sed -n 2,12p "${BASH_SOURCE[0]}"; exit 2 ;;
+esac
+exec bash "$here/device_session.sh" bash -c "$body"
