@@ -83,11 +83,12 @@ struct Fp4Weights {
   float gs[2] = {1.0f, 1.0f};      // nv: global scale of the gate and up blocks (gate_up) / of w2 (down: gs[0])
 };
 
-// Decode input of the int4 kernels (wna16_int4 with int8 activations, KernelTable::q8_row): one
-// activation row of kp inputs quantized per 32 inputs, symmetric int8: kp codes q (int8), then
-// kp/32 fp32 scales d (x ~ d * q), then kp/32 fp32 d * sum(q) (for the zero points).
+// Decode input of the 4-bit kernels with int8 activations (wna16_int4, mxfp4, nvfp4;
+// KernelTable::q8_row): one activation row of kp inputs quantized per 32 inputs, symmetric int8: kp
+// codes q (int8), then kp/32 fp32 scales d (x ~ d * q), then kp/32 fp32 d * sum(q) (int4 zero
+// points), then kp/16 int32 sums of q per 16 inputs (the fp4 kernels' code offset, exact in integers).
 constexpr int kQ8Group = 32;
-inline size_t q8_row_bytes(int kp) { return size_t(kp) + size_t(kp / kQ8Group) * 8; }
+inline size_t q8_row_bytes(int kp) { return size_t(kp) + size_t(kp / kQ8Group) * 16; }
 constexpr int kQ8MaxTokens = 16;  // the engine quantizes activations for chunks of at most this many tokens
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
@@ -106,7 +107,7 @@ struct GateUpTask {
   Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
   Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
   const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
-  const int8_t* const* q8_rows = nullptr;  // int4 only: the m rows as q8 rows (q8_row_bytes(kp)), or null
+  const int8_t* const* q8_rows = nullptr;  // int4 / fp4 decode: the m rows as q8 rows (q8_row_bytes(kp)), or null
   float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants
 };
 
@@ -127,7 +128,7 @@ struct DownTask {
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
   Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
   Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)
-  const int8_t* q8_act = nullptr;  // int4 only: the m act rows as q8 rows (ld q8_ld bytes), or null
+  const int8_t* q8_act = nullptr;  // int4 / fp4 decode: the m act rows as q8 rows (ld q8_ld bytes), or null
   size_t q8_ld = 0;
 };
 
@@ -142,7 +143,7 @@ struct KernelTable {
   // Sum of n bytes (multiple of 64) read as int64 lanes; used by the read-bandwidth probe.
   uint64_t (*read_sum)(const void* src, size_t n);
   // One bf16 row of kp inputs (kp a multiple of 32) -> a q8 row (see q8_row_bytes). Null on tiers
-  // without the int8-activation int4 kernels (generic, avx2): they take the exact bf16 path.
+  // without the int8-activation 4-bit kernels (generic, avx2): they take the exact bf16 path.
   void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
 };
 

@@ -719,16 +719,16 @@ void down_fp8(const DownTask& t) {
 // nibble) and 8o + 4 + j (high nibble) of row n, so one cache line is 128 codes and one and (low) or
 // shift + and (high) yields 16 dwords of 4 consecutive u8 codes per output row: the u8 operand of
 // vpdpbusd, without widening anything to 16 bits.
-// Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_WNA16_INT8_ACT=0 turns
-// it off): the engine quantizes each activation row once per chunk (x before phase 1, act before
-// phase 2) per 32 inputs to symmetric int8 (q8_row: d = max|x| / 127, llama.cpp's Q8_0 scheme);
-// dot_tile_q4q8 accumulates u * q in int32 with vpdpbusd (vpmaddubsw + vpmaddwd on the avx512 tier,
+// Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT=0, first named
+// LK_WNA16_INT8_ACT, turns it off): the engine quantizes each activation row once per chunk (x before
+// phase 1, act before phase 2) per 32 inputs to symmetric int8 (q8_row: d = max|x| / 127, llama.cpp's
+// Q8_0 scheme); dot_tile_q4q8 accumulates u * q in int32 with vpdpbusd (vpmaddubsw + vpmaddwd on the avx512 tier,
 // same integers: no saturation at |2 * 15 * 127|), converts every 32 inputs and multiplies by d in
 // fp32, and per weight group subtracts z * sum(d * sum q) and applies the 16 row scales. About 5
 // vector ops per 128 weights and row (against ~16 for the bf16 widening below); up to 4 rows share
 // each weight load. Error: rel RMS of the layer output ~0.012 against the fp32 reference on the
-// dequantized weights (exact path ~0.0035); budget and reasoning in tests/cpu/test_wna16.py.
-// Decode, exact (LK_WNA16_INT8_ACT=0, m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
+// dequantized weights (exact path ~0.0035); budget and reasoning in tests/cpu/conftest.py.
+// Decode, exact (LK_INT8_ACT=0, m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
 // pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR 0x4300 = bf16(128 +
 // u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
 // in fp32 per group, then (128 + z) * sum A (row sums computed once per task) is subtracted and the
@@ -745,6 +745,8 @@ void down_fp8(const DownTask& t) {
 // Hot weights (one expert, L3-resident, 1 thread): M=1 68 GB/s of quantized bytes per core (bf16
 // widening: 49), M=4 2.3x and M=16 2.3x the bf16 path: decode is now bound by the weight stream
 // (DRAM latency of short streams, hence decode units of 8 blocks), not by the unpacking.
+
+constexpr int kQ8TileRows = 4;  // activation rows per int8-activation tile (int4 and fp4)
 
 // bf16 bits of a small integer (exact for |v| < 256).
 constexpr uint16_t bf16_of_int(int v) {
@@ -1037,6 +1039,7 @@ void q8_row(const uint16_t* src, int kp, int8_t* dst) {
   const int nb = kp / kQ8Group;
   float* d = reinterpret_cast<float*>(dst + kp);
   float* ds = d + nb;
+  int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int b = 0; b < nb; ++b) {
     const __m512 x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32)));
@@ -1051,12 +1054,13 @@ void q8_row(const uint16_t* src, int kp, int8_t* dst) {
     const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
     const float db = amax <= 3.4e38f && !nan ? amax / 127.0f : __builtin_nanf("");
     d[b] = db;
-    ds[b] = db * float(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    s16[2 * b] = _mm512_reduce_add_epi32(q0);
+    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+    ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
   }
 }
 
 constexpr int kQ8PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
-constexpr int kQ8TileRows = 4;
 
 // C[r][j*16 + n] (ld 32) = sum_g scale_j[g][n] * sum_{k in g} x_r[k] * (u_j[n][k] - z_j[g][n]) with
 // x_r ~ d_r[b] * q_r[k] (q8 rows, b = k / 32): per 32 inputs the integer sum of u * q (vpdpbusd: one
@@ -1331,7 +1335,25 @@ void down_q4(const DownTask& t) {
 }
 
 // ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
-// Strategy. Decode (m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
+// Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT=0
+// turns it off): the int4 section's int8 activations (q8 rows, quantized once per chunk per 32
+// inputs) times exact int8 weights: 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}, so each
+// quad (32 bytes, the block layout as it is) becomes 16 dwords of 4 unsigned codes 12 + 2 e2m1
+// (vpmovzxwd, one vpternlogd, one vpshufb table) and vpdpbusd (vpmaddubsw + vpmaddwd on the avx512
+// tier) sums them with the activation bytes in int32; one chain per group starts at -12 x sum q (the
+// offset, exact), and per scale group (mxfp4: 32 inputs, e8m0; nvfp4: 16 inputs, fp8 e4m3) the sum
+// is converted once and multiplied by scale x d in fp32; the 1/2 and the nvfp4 global scales are
+// applied to the totals. About 4 vector ops per 64 weights and row against ~9 for the bf16 widening
+// below. Error: only the activations' int8 rounding (rel RMS of the layer output ~0.011-0.012
+// against the fp32 reference, exact path ~0.0023; budget in tests/cpu/conftest.py).
+// Measured on the 2-core Zen4 dev VM (avx512_bf16 with VNNI, benchmarks/moe_layer.py --shapes
+// qwen3-30b-a3b, LK_INT8_ACT=0 -> 1, medians of 3 runs; docs/results/2026-12-01_epyc2c_fp4_int8act_moe_layer.log,
+// taken while other jobs loaded the VM, so M=4 with 2 threads swung 2-23 ms and is not quoted):
+// 2 threads, M=1: mxfp4 0.689 -> 0.498 ms (29 -> 40 GB/s of quantized bytes), nvfp4 0.622 -> 0.584 ms
+// (34 -> 36 GB/s). Hot weights (8 experts in L3, 1 thread): mxfp4 M=1 0.89 -> 0.57 ms, M=4 1.08 ->
+// 0.65 ms; nvfp4 M=1 0.81 -> 0.54 ms, M=4 1.26 -> 1.02 ms (its per-16 epilogue, the fp8 scale
+// conversion above all, is the larger share: a cheaper fp8x16_to_f32 is the next step there).
+// Decode, exact (LK_INT8_ACT=0, m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
 // split without AVX512-BF16) accumulates each 32-input group in fp32, then the group's 16 e8m0 scales
@@ -1546,6 +1568,130 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
   store_totals<MR, NB>(tot, c);
 }
 
+// ---- int8 activations (decode): exact int8 weights from the e2m1 codes
+// 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}; stored as kFp4Offset + 2 e2m1 in [0, 24] it is
+// the unsigned operand of vpdpbusd (the q8 activation codes are the signed one; vpmaddubsw cannot
+// saturate: 2 * 24 * 127 < 2^15), and the offset is taken back exactly in integers as kFp4Offset x the
+// sum of q over the scale group (per 16 inputs in the q8 row). The 2 is divided out of the fp32 total.
+constexpr int kFp4Offset = 12;
+struct Fp4U8Lut {
+  uint8_t v[64];  // the 16-entry table in each 128-bit lane (vpshufb looks up within a lane)
+};
+constexpr Fp4U8Lut make_fp4_u8_lut() {
+  Fp4U8Lut t{};
+  const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  for (int i = 0; i < 64; ++i) t.v[i] = uint8_t(kFp4Offset + (i & 8 ? -mag2[i & 7] : mag2[i & 7]));
+  return t;
+}
+constexpr Fp4U8Lut kFp4U8Lut = make_fp4_u8_lut();
+
+// One quad of a block (32 bytes; row n's inputs 4q + j in the low nibble of byte 2n + j, 4q + 2 + j in
+// the high one) -> 16 dwords, dword n = row n's 4 inputs in order as kFp4Offset + 2 e2m1: zero-extend
+// the byte pairs to dwords, (v | v << 12) & 0x0F0F0F0F puts the nibbles lo0, lo1, hi0, hi1 in bytes
+// 0..3 (one vpternlogd), vpshufb maps them. Works on the quad layout as it is, so the exact bf16 paths
+// (decode and prefill) keep their layout and code.
+inline __attribute__((always_inline)) __m512i fp4_quad_u8(const uint8_t* quad, __m512i lut) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)quad));
+  const __m512i nib = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), _mm512_set1_epi8(0x0F), 0xA8);
+  return _mm512_shuffle_epi8(lut, nib);
+}
+
+// C[r][j*16 + n] (ld 32) as dot_tile_fp4, from q8 rows x_r ~ d_r[b] * q_r[k] (b = k / 32): per scale
+// group (32 inputs, NV: 16) the integer sum of (kFp4Offset + 2 e2m1) * q (vpdpbusd, one chain seeded
+// with -kFp4Offset * sum q), converted once and multiplied by the group's scale and d in fp32; the
+// tile's totals are halved at the end. MR = 1 runs two integer chains per (row, block).
+template <int MR, int NB, bool NV>
+inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                           float* c) {
+  constexpr int G = NV ? 16 : 32;  // inputs per weight scale
+  constexpr int GQ = G / 4;        // quads per scale group
+  constexpr int S = MR == 1 ? 2 : 1;
+  __m512i acc[S][MR][NB];
+  __m512 tot[MR][NB];
+  const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
+  const int nb = kp / kQ8Group;
+  const float* d[MR];
+  const int32_t* s16[MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + kp);
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + 2 * nb);
+  }
+  // chain 0 of (r, j) starts each group at -kFp4Offset * sum q of the group, the others at zero
+  auto seed = [&](int g) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const int32_t sq = NV ? s16[r][g] : s16[r][2 * g] + s16[r][2 * g + 1];
+      const __m512i o = _mm512_set1_epi32(-kFp4Offset * sq);
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        acc[0][r][j] = o;
+#pragma GCC unroll 2
+        for (int i = 1; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+      }
+    }
+  };
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) tot[r][j] = _mm512_setzero_ps();
+  const int ngroups = kp / G;
+  for (int g = 0; g < ngroups; ++g) {
+    seed(g);
+#pragma GCC unroll 8
+    for (int qq = 0; qq < GQ; ++qq) {
+      const int q = g * GQ + qq;
+      __m512i w[NB];
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        if ((qq & 1) == 0) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+        w[j] = fp4_quad_u8(b[j] + q * 32, lut);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        int32_t x;
+        memcpy(&x, a[r] + 4 * q, 4);
+        const __m512i av = _mm512_set1_epi32(x);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) acc[qq % S][r][j] = dot4_u8s8(acc[qq % S][r][j], w[j], av);
+      }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m512 sv = NV ? fp8x16_to_f32(sc[j] + g * 16) : e8m0x16_to_f32(sc[j] + g * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        __m512i sum = acc[0][r][j];
+#pragma GCC unroll 2
+        for (int i = 1; i < S; ++i) sum = _mm512_add_epi32(sum, acc[i][r][j]);
+        const __m512 sd = _mm512_mul_ps(sv, _mm512_set1_ps(d[r][NV ? g / 2 : g]));
+        tot[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sd, tot[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
+}
+
+template <int NB, bool NV>
+void dot_rows_fp4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                      float* c) {
+  switch (mr) {
+    case 1: dot_tile_fp4q8<1, NB, NV>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4q8<2, NB, NV>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4q8<3, NB, NV>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4q8<4, NB, NV>(a, b, sc, kp, c); break;
+  }
+}
+template <int NB>
+void dot_rows_fp4q8(bool nv, int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc,
+                    int kp, float* c) {
+  if (nv) dot_rows_fp4q8_t<NB, true>(mr, a, b, sc, kp, c);
+  else dot_rows_fp4q8_t<NB, false>(mr, a, b, sc, kp, c);
+}
+
 template <int NB, bool NV>
 void dot_rows_fp4_t(int mr, const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                     float* c) {
@@ -1566,6 +1712,8 @@ void dot_rows_fp4(bool nv, int mr, const uint16_t* const* a, const uint8_t* cons
 constexpr int kFusedFp4Rows = 0;
 template <int NB>
 void dot_rows_fp4(bool, int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+template <int NB>
+void dot_rows_fp4q8(bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 #endif
 
 // c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
@@ -1591,17 +1739,29 @@ void gate_up_fp4(const GateUpTask& t) {
     const uint8_t* bu = bg + block_bytes;
     const uint8_t* sg = q.scale + size_t(j) * 2 * per;
     const uint8_t* su = sg + per;
+    // gate|up pre-activations of one row (fp32, 32) -> that row's act values of block j
+    auto finish = [&](float* g, int r) {
+      if (global) {
+        scale_16(g, q.gs[0]);
+        scale_16(g + 16, q.gs[1]);
+      }
+      act_16(t, j, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    };
+    if (kHaveQ8 && t.q8_rows) {  // decode with int8 activations, the block pair in L1/L2 across row tiles
+      const uint8_t* b[2] = {bg, bu};
+      const uint8_t* sc[2] = {sg, su};
+      for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+        const int mr = tmin(kQ8TileRows, t.m - r0);
+        dot_rows_fp4q8<2>(q.nv, mr, t.q8_rows + r0, b, sc, t.kp, c);
+        for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
+      }
+      continue;
+    }
     if (t.m <= kFusedFp4Rows) {  // decode: codes converted in registers, group scales in the tile
       const uint8_t* b[2] = {bg, bu};
       const uint8_t* sc[2] = {sg, su};
       dot_rows_fp4<2>(q.nv, t.m, t.x_rows, b, sc, t.kp, c);
-      for (int r = 0; r < t.m; ++r) {
-        if (global) {
-          scale_16(c + r * 32, q.gs[0]);
-          scale_16(c + r * 32 + 16, q.gs[1]);
-        }
-        act_16(t, j, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
-      }
+      for (int r = 0; r < t.m; ++r) finish(c + r * 32, r);
       continue;
     }
     memset(tot, 0, size_t(t.m) * 32 * 4);
@@ -1621,14 +1781,7 @@ void gate_up_fp4(const GateUpTask& t) {
         }
       }
     }
-    for (int r = 0; r < t.m; ++r) {
-      float* o = tot + size_t(r) * 32;
-      if (global) {
-        scale_16(o, q.gs[0]);
-        scale_16(o + 16, q.gs[1]);
-      }
-      act_16(t, j, o, o + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
-    }
+    for (int r = 0; r < t.m; ++r) finish(tot + size_t(r) * 32, r);
   }
 }
 
@@ -1649,6 +1802,20 @@ void down_fp4(const DownTask& t) {
     const int nb = tmin(2, t.nblk - j);
     const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
     const uint8_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    if (kHaveQ8 && t.q8_act) {  // decode with int8 activations
+      const int8_t* rows8[kQ8TileRows];
+      for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+        const int mr = tmin(kQ8TileRows, t.m - r0);
+        for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+        if (nb == 2) dot_rows_fp4q8<2>(q.nv, mr, rows8, b, s, t.kp, c);
+        else dot_rows_fp4q8<1>(q.nv, mr, rows8, b, s, t.kp, c);
+        for (int r = 0; r < mr; ++r) {
+          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);
+        }
+      }
+      continue;
+    }
     if (fused) {
       if (nb == 2) dot_rows_fp4<2>(q.nv, t.m, rows, b, s, t.kp, c);
       else dot_rows_fp4<1>(q.nv, t.m, rows, b, s, t.kp, c);

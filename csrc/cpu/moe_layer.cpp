@@ -1,6 +1,7 @@
 #include "cpu/moe_layer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +25,22 @@ enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight,
 enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowSums, kQ8RowPtrs };
 
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
+
+// LK_INT8_ACT: 4-bit decode with int8 activations (default on; 0/false/no/off keeps exact bf16
+// activations). LK_WNA16_INT8_ACT, its first name (int4 only then), is read when it is unset.
+bool int8_act_from_env() {
+  for (const char* name : {"LK_INT8_ACT", "LK_WNA16_INT8_ACT"}) {
+    const char* v = std::getenv(name);
+    if (!v) continue;
+    std::string s(v);
+    for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+    if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+    throw std::invalid_argument(std::string(name) + "=" + v +
+                                " is not a switch: use 1/0, true/false, yes/no or on/off");
+  }
+  return true;
+}
 size_t elem_size(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
 // Split `blocks` among node slots in proportion to their threads.
@@ -325,11 +342,10 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
     shape_.int4_fp16 = src.fp16_scale;
     shape_.seg1 = seg_of(src.gs1);
     shape_.seg2 = seg_of(src.gs2);
-    const char* q8 = std::getenv("LK_WNA16_INT8_ACT");  // default on; "0" keeps exact bf16 activations
-    shape_.int4_q8 = !(q8 && std::string(q8) == "0");
   }
   shape_.fp4 = src.type == DType::kMXFP4 || src.type == DType::kNVFP4;
   shape_.nv = src.type == DType::kNVFP4;
+  shape_.int8_act = (shape_.int4 || shape_.fp4) && int8_act_from_env();
   if (shape_.fp4) {
     shape_.bias = src.b13 || src.b2;
     shape_.alpha = src.alpha;
@@ -521,7 +537,7 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   slot_weight_ = static_cast<float*>(buf(kSlotWeight, S * 4));
   pieces_ = static_cast<int32_t*>(buf(kPieces, (S / kPieceRows + E + 1) * 3 * 4));
   act_ = static_cast<uint16_t*>(buf(kAct, (S + kSlack) * sh.kp2 * 2));
-  q8_ = sh.int4 && sh.int4_q8 && kt_->q8_row && tc <= kQ8MaxTokens;
+  q8_ = sh.int8_act && kt_->q8_row && tc <= kQ8MaxTokens;
   if (q8_) {
     xq_ = static_cast<int8_t*>(buf(kXq8, size_t(tc) * q8_row_bytes(sh.kp1)));
     aq_ = static_cast<int8_t*>(buf(kActq8, S * q8_row_bytes(sh.kp2)));
@@ -576,7 +592,7 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
   const auto& sl0 = layer_->slices()[0];
   const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
-  // int4 decode with int8 activations is cheap enough per byte that short weight streams (one block
+  // 4-bit decode with int8 activations is cheap enough per byte that short weight streams (one block
   // per unit: 6-32 KiB) cost more in DRAM latency than they gain in balance: start wide as well.
   group1_ = wide || q8_ ? kWideGroup : 1;
   while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < 4 * max_threads) group1_ /= 2;
@@ -604,7 +620,7 @@ void ForwardJob::convert_inputs(WorkerCtx& ctx, int64_t t0, int tc) {
   }
 }
 
-// The act rows of every slot as q8 rows (int4 decode), before phase 2.
+// The act rows of every slot as q8 rows (4-bit decode), before phase 2.
 void ForwardJob::quantize_act(WorkerCtx& ctx) {
   const MoEShape& sh = layer_->shape();
   const int S = active_begin_[num_active_];
@@ -670,8 +686,8 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
       t.q4.zero = sh.int4_asym ? sl.z13.as<uint8_t>() + b * per / 2 : nullptr;
       t.q4.group = sh.seg1;
       t.q4.fp16_scale = sh.int4_fp16;
-      t.q8_rows = rows8;
     }
+    t.q8_rows = rows8;  // null unless a 4-bit decode chunk with int8 activations
     if (sh.fp4) {
       const size_t b = (size_t(e) * nbi + lb0) * 2;
       t.w13 = nullptr;
@@ -746,10 +762,10 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
         t.q4.zero = sh.int4_asym ? sl.z2.as<uint8_t>() + b * per / 2 : nullptr;
         t.q4.group = sh.seg2;
         t.q4.fp16_scale = sh.int4_fp16;
-        if (q8_) {
-          t.q8_ld = q8_row_bytes(sh.kp2);
-          t.q8_act = aq_ + s0 * t.q8_ld;
-        }
+      }
+      if (q8_) {  // 4-bit decode chunk with int8 activations
+        t.q8_ld = q8_row_bytes(sh.kp2);
+        t.q8_act = aq_ + s0 * t.q8_ld;
       }
       if (sh.fp4) {
         const size_t b = size_t(active_expert_[a]) * nbh + lb0;

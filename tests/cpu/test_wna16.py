@@ -2,16 +2,15 @@
 holds them after loading: K-first int32 packing, bf16/fp16 group scales, optional packed zero points)
 against the fp32 reference on the dequantized weights, on every ISA tier this CPU has."""
 import functools
-import os
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import dequantize_wna16_int4, moe_reference, random_routing, unpack_int4
+from lk_moe.reference import dequantize_wna16_int4, random_routing, unpack_int4
 
-from .conftest import assert_matches_reference
+from .conftest import (assert_int8_budget as int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
+                       check_int8_decode, int8_activations)
 
 
 # ------------------------------------------------------------------ an independent packer
@@ -57,20 +56,6 @@ def make_int4_experts(E, H, I, gs, asym, scale_dtype=torch.bfloat16, seed=0):
     if asym:
         tensors.update(w13_weight_zero_point=z13, w2_weight_zero_point=z2)
     return tensors, d13, d2
-
-
-@contextmanager
-def int8_activations(on: bool):
-    """LK_WNA16_INT8_ACT as a layer built inside sees it (read once, at construction)."""
-    before = os.environ.get("LK_WNA16_INT8_ACT")
-    os.environ["LK_WNA16_INT8_ACT"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["LK_WNA16_INT8_ACT"]
-        else:
-            os.environ["LK_WNA16_INT8_ACT"] = before
 
 
 def build(tensors, int8_act=False, **kw):
@@ -151,35 +136,17 @@ def test_wna16_channel_groups(tier):
 
 
 # ------------------------------------------------------------------ (b') int8 activations (decode)
-# Budget of the default decode path (chunks of <= 16 tokens on the AVX-512 tiers): the activation
-# rows (x, and silu(gate) * up before the down projection) are quantized per 32 inputs to symmetric
-# int8 (d = max|x| / 127, llama.cpp's Q8_0 scheme), so each input moves by at most d / 2: uniform
-# rounding, RMS d / sqrt(12) ~ max|x| / 440, i.e. ~2^-7.5 of the group's RMS for Gaussian-like x
-# (max ~ 2.3 RMS over 32 values) and ~2^-7 for the heavier-tailed SwiGLU output (max ~ 3.7 RMS).
-# These roundings are random-signed and the two phases add in quadrature (silu(g) * u carries the
-# phase-1 error into both factors): measured rel RMS of the layer output 0.0120-0.0126 (2^-6.4) for
-# every group size, sym/asym, M = 1, 5, 16 on the Qwen3-30B-A3B shape (phase 1 alone ~0.008, phase 2
-# alone ~0.009, torch emulation), against 0.0033-0.0036 for the exact bf16 path: ~3.5x the bf16
-# path's error. Budget: relative RMS <= 2^-6 (0.0156, 1.25x the measured value: grouping per 64
-# inputs or a wrong rounding would exceed it), and every element within 2^-4 * (mag + |ref|) (mag:
-# the magnitude of conftest's rounding analysis; a wrong block, zero point or scale is off by O(1)).
-# Why this is the default: the int4 weights themselves are ~11% (RMS) away from the weights they
-# quantize (step max|w| / 7.5 over 128 Gaussian weights, uniform rounding), so 1.2% more from the
-# activations adds < 0.1% to the model's error against its unquantized original; llama.cpp runs its
-# 4-bit CPU matmuls the same way. LK_WNA16_INT8_ACT=0 (read when the layer is built) keeps the exact
-# bf16 path; tiers without the int8 kernels (generic, avx2) and chunks of more than 16 tokens
-# (prefill) are exact either way.
-INT8_REL_RMS = 2.0 ** -6
+# Budget and its derivation: conftest.assert_int8_budget. Measured for wna16_int4: rel RMS of the
+# layer output 0.0120-0.0126 (2^-6.4) for every group size, sym/asym, M = 1, 5, 16 on the
+# Qwen3-30B-A3B shape (phase 1 alone ~0.008, phase 2 alone ~0.009, torch emulation), against
+# 0.0033-0.0036 for the exact bf16 path. Why this is the default: the int4 weights themselves are
+# ~11% (RMS) away from the weights they quantize (step max|w| / 7.5 over 128 Gaussian weights,
+# uniform rounding), so 1.2% more from the activations adds < 0.1% to the model's error against its
+# unquantized original; llama.cpp runs its 4-bit CPU matmuls the same way.
 
 
 def assert_int8_budget(out, x, d13, d2, ids, w):
-    ref, mag = moe_reference(x, d13.bfloat16(), d2.bfloat16(), ids, w, return_magnitude=True)
-    err = (out.float() - ref).abs()
-    rel_rms = (err.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
-    worst = (err / (2.0 ** -4 * (mag + ref.abs())).clamp_min(1e-30)).max().item()
-    assert rel_rms <= INT8_REL_RMS, f"relative RMS error {rel_rms:.4g} > {INT8_REL_RMS:.4g}"
-    assert worst <= 1.0, f"an element is off by {worst:.3g}x the per-element bound"
-    return rel_rms
+    return int8_budget(out, x, d13.bfloat16(), d2.bfloat16(), ids, w)
 
 
 @pytest.mark.parametrize("asym", [False, True], ids=["sym", "asym"])
@@ -187,15 +154,8 @@ def assert_int8_budget(out, x, d13, d2, ids, w):
 @pytest.mark.parametrize("H,I,E,K", [(2048, 768, 4, 2), (1152, 384, 5, 3)])
 def test_wna16_int8_activations_every_tier(tier, H, I, E, K, gs, asym):
     layer, d13, d2 = make_layer(E, H, I, gs, asym, int8_act=True)
-    int8_kernels = tier.startswith("avx512") or tier == "amx"
-    for M in MS:
-        x = torch.randn(M, H).bfloat16()
-        ids, w = random_routing(M, E, K)
-        out = layer.forward(x, ids, w)
-        if M <= 16 and int8_kernels:
-            assert_int8_budget(out, x, d13, d2, ids, w)
-        else:  # prefill, or a tier without the int8 kernels: exact
-            assert_matches_reference(out, x, d13, d2, ids, w)
+    check_int8_decode(layer, tier, E, K, MS, lambda out, x, ids, w: assert_int8_budget(out, x, d13, d2, ids, w),
+                      lambda out, x, ids, w: assert_matches_reference(out, x, d13, d2, ids, w))
 
 
 def test_wna16_int8_activations_fp16_and_channel(tier):
@@ -220,12 +180,7 @@ def test_wna16_int8_activations_fp16_and_channel(tier):
 
 def test_wna16_int8_activations_nonfinite_input_propagates():
     layer, _, _ = make_layer(4, 512, 256, 64, True, torch.float16, int8_act=True)
-    x = torch.randn(2, 512).bfloat16()
-    x[0, 7] = float("nan")
-    x[1, 100] = float("inf")
-    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
-    out = layer.forward(x, ids, torch.full((2, 2), 0.5))
-    assert not torch.isfinite(out.float()).all(dim=1).any()  # each row sees its non-finite input
+    assert_nonfinite_input_propagates(layer, 512)
 
 
 @pytest.mark.parametrize("gs,asym", [(32, True), (128, False)])
