@@ -222,8 +222,10 @@ def dequant_w2(slices, kp2: int, seg: int, codes: str, impl: str = "auto") -> to
 
 
 # -- 4-bit formats: plain torch on the engine's packed blocks (Layer.quant4_slices), any device.
-# Block layout (moe_layer.cpp pack_int4 / pack_fp4): 16 output rows x kp inputs in kp/4 quads of 32
-# bytes; byte (q, n, j) holds element (n, 4q + j) in its low nibble and (n, 4q + 2 + j) in its high one.
+# Block layout (moe_layer.cpp pack_fp4): 16 output rows x kp inputs in kp/4 quads of 32 bytes; byte
+# (q, n, j) holds element (n, 4q + j) in its low nibble and (n, 4q + 2 + j) in its high one.
+# wna16_int4 (pack_int4) groups the same bytes in kp/8 octets of 64: byte (o, n, j) holds element
+# (n, 8o + j) low and (n, 8o + 4 + j) high (the order of its int8-activation decode kernel).
 # Values are what the CPU engine computes with, rounded to bf16 once:
 #   wna16_int4: (u - z) x scale (z = 8 without zero points): the exact product (4 x 11 bits at most)
 #     rounded to bf16 once (the engine keeps u - z in bf16 and applies the scale to fp32 sums);
@@ -238,10 +240,13 @@ _SCALE_DTYPES = {"wna16_int4": (torch.bfloat16, torch.float16), "mxfp4": (torch.
                  "nvfp4": (torch.float8_e4m3fn,)}
 
 
-def _nibble_rows(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 blocks [..., kp/4, 16, 2] -> uint8 codes [..., 16, kp] in row order."""
-    v = torch.stack((codes & 15, codes >> 4), dim=-2)  # [..., q, n, h, j]: element 4q + 2h + j of row n
-    return v.transpose(-4, -3).reshape(*codes.shape[:-3], 16, codes.shape[-3] * 4)
+def _nibble_rows(codes: torch.Tensor, octets: bool = False) -> torch.Tensor:
+    """uint8 blocks [..., kp/4, 16, 2] (octets: the int4 order) -> uint8 codes [..., 16, kp] in row order."""
+    lead, kp = codes.shape[:-3], codes.shape[-3] * 4
+    if octets:
+        codes = codes.reshape(*lead, kp // 8, 16, 4)
+    v = torch.stack((codes & 15, codes >> 4), dim=-2)  # [..., o, n, h, j]: element w*o + w/2*h + j of row n
+    return v.transpose(-4, -3).reshape(*lead, 16, kp)
 
 
 _tables: dict = {}  # (table id, device) -> the table on that device
@@ -284,7 +289,7 @@ def dequant4_blocks(format: str, codes: torch.Tensor, scales: torch.Tensor, zero
                          else f"{format} takes no global scale")
     if global_scale is not None and global_scale.dtype != torch.float32:
         raise ValueError(f"global_scale must be float32, got {global_scale.dtype}")
-    c = _nibble_rows(codes).unflatten(-1, (groups, kp // groups))  # [..., 16, G, kp/G]
+    c = _nibble_rows(codes, octets=format == "wna16_int4").unflatten(-1, (groups, kp // groups))  # [..., 16, G, kp/G]
     s = scales.transpose(-1, -2).unsqueeze(-1)                      # [..., 16, G, 1]
     out = torch.empty(c.shape, dtype=torch.bfloat16, device=codes.device)
     if format == "wna16_int4":

@@ -52,10 +52,12 @@ struct Fp8Weights {
 };
 
 // 4-bit integer weights (compressed-tensors WNA16 int4; conventions in moe_layer.h). A block is 16
-// output rows x kp inputs in kp/4 "quads" of 32 bytes, in the bf16 block order above: byte 2n + j
-// of quad q holds element (n, 4q + j) in its low nibble (pair-row 2q) and element (n, 4q + 2 + j)
-// in its high nibble (pair-row 2q + 1). Nibbles u are unsigned; weight = (u - zero) * scale with
-// one scale (and zero) per output row and `group` inputs. Half a byte per weight in memory.
+// output rows x kp inputs in kp/8 "octets" of 64 bytes (one cache line): byte 4n + j of octet o
+// holds element (n, 8o + j) in its low nibble and element (n, 8o + 4 + j) in its high nibble, so
+// one and/shift gives a dword per output row of 4 consecutive inputs: the u8 operand of VNNI
+// vpdpbusd (see the int4 section of moe_kernels.cpp). Nibbles u are unsigned; weight =
+// (u - zero) * scale with one scale (and zero) per output row and `group` inputs. Half a byte per
+// weight in memory.
 struct Int4Weights {
   const uint8_t* w = nullptr;       // null: not int4
   const uint16_t* scale = nullptr;  // per block: [kp/group][16] bf16 or fp16 bits
@@ -65,8 +67,8 @@ struct Int4Weights {
   bool fp16_scale = false;          // scales are fp16 (else bf16)
 };
 
-// MXFP4 weights (OCP microscaling FP4, gpt-oss; conventions in moe_layer.h): the Int4Weights block
-// layout (kp/4 quads of 32 bytes, byte 2n + j of quad q: element (n, 4q + j) in the low nibble,
+// MXFP4 weights (OCP microscaling FP4, gpt-oss; conventions in moe_layer.h): a block is kp/4 quads
+// of 32 bytes (the bf16 pair-row order, byte 2n + j of quad q: element (n, 4q + j) in the low nibble,
 // (n, 4q + 2 + j) in the high nibble), each nibble an e2m1 code (sign bit 3, exponent bits 2-1,
 // mantissa bit 0: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}); one e8m0 scale byte s (2^(s - 127)) per output row
 // and 32 inputs. Half a byte per weight plus 1/32 byte of scale: the checkpoint's bytes.
@@ -80,6 +82,14 @@ struct Fp4Weights {
   bool nv = false;                 // NVFP4: fp8 scales per 16 inputs and global scales
   float gs[2] = {1.0f, 1.0f};      // nv: global scale of the gate and up blocks (gate_up) / of w2 (down: gs[0])
 };
+
+// Decode input of the 4-bit kernels with int8 activations (wna16_int4, mxfp4, nvfp4;
+// KernelTable::q8_row): one activation row of kp inputs quantized per 32 inputs, symmetric int8: kp
+// codes q (int8), then kp/32 fp32 scales d (x ~ d * q), then kp/32 fp32 d * sum(q) (int4 zero
+// points), then kp/16 int32 sums of q per 16 inputs (the fp4 kernels' code offset, exact in integers).
+constexpr int kQ8Group = 32;
+inline size_t q8_row_bytes(int kp) { return size_t(kp) + size_t(kp / kQ8Group) * 16; }
+constexpr int kQ8MaxTokens = 16;  // the engine quantizes activations for chunks of at most this many tokens
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
 // nblk I-blocks starting at w13 (layout [nblk][gate block][up block]).
@@ -97,6 +107,7 @@ struct GateUpTask {
   Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
   Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
   const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
+  const int8_t* const* q8_rows = nullptr;  // int4 / fp4 decode: the m rows as q8 rows (q8_row_bytes(kp)), or null
   float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants
 };
 
@@ -117,6 +128,8 @@ struct DownTask {
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
   Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
   Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)
+  const int8_t* q8_act = nullptr;  // int4 / fp4 decode: the m act rows as q8 rows (ld q8_ld bytes), or null
+  size_t q8_ld = 0;
 };
 
 struct KernelTable {
@@ -129,6 +142,9 @@ struct KernelTable {
   void (*store_row)(const float* src, void* dst, DType dst_type, int n);
   // Sum of n bytes (multiple of 64) read as int64 lanes; used by the read-bandwidth probe.
   uint64_t (*read_sum)(const void* src, size_t n);
+  // One bf16 row of kp inputs (kp a multiple of 32) -> a q8 row (see q8_row_bytes). Null on tiers
+  // without the int8-activation 4-bit kernels (generic, avx2): they take the exact bf16 path.
+  void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
 };
 
 namespace tier_generic { const KernelTable* kernel_table(); }

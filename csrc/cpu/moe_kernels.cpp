@@ -13,7 +13,8 @@
 //   forward) and of prefill on tiers without AMX.
 // - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
 //   expert has >= kAmxMinRows tokens.
-// - int4 (wna16_int4): dot_tile_q4 for decode, dequantized groups for prefill (see the int4 section).
+// - int4 (wna16_int4): dot_tile_q4q8 (int8 activations, vpdpbusd) or dot_tile_q4 for decode, dequantized
+//   groups for prefill (see the int4 section).
 // - mxfp4 (gpt-oss) and nvfp4 (ModelOpt): dot_tile_fp4 for decode, dequantized segments for prefill
 //   (see the mxfp4 section).
 #include <cstring>
@@ -714,20 +715,38 @@ void down_fp8(const DownTask& t) {
 }
 
 // ---------------------------------------------------------------- int4 (wna16_int4)
-// Strategy. Decode (m <= kFusedQ4Rows rows on the AVX-512 tiers, dot_tile_q4): the 4-bit codes
-// stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble =
-// two pair-rows, OR 0x4300 = bf16(128 + u) exactly; vdpbf16ps (or the even/odd fp32 split without
-// AVX512-BF16) accumulates sum A (128 + u) in fp32 per group, then (128 + z) * sum A (row sums
-// computed once per task) is subtracted and the group's 16 per-row scales applied in fp32.
+// Strategy. Layout (kernel_table.h Int4Weights): octets of 64 bytes, byte 4n + j = inputs 8o + j (low
+// nibble) and 8o + 4 + j (high nibble) of row n, so one cache line is 128 codes and one and (low) or
+// shift + and (high) yields 16 dwords of 4 consecutive u8 codes per output row: the u8 operand of
+// vpdpbusd, without widening anything to 16 bits.
+// Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT=0, first named
+// LK_WNA16_INT8_ACT, turns it off): the engine quantizes each activation row once per chunk (x before
+// phase 1, act before phase 2) per 32 inputs to symmetric int8 (q8_row: d = max|x| / 127, llama.cpp's
+// Q8_0 scheme); dot_tile_q4q8 accumulates u * q in int32 with vpdpbusd (vpmaddubsw + vpmaddwd on the avx512 tier,
+// same integers: no saturation at |2 * 15 * 127|), converts every 32 inputs and multiplies by d in
+// fp32, and per weight group subtracts z * sum(d * sum q) and applies the 16 row scales. About 5
+// vector ops per 128 weights and row (against ~16 for the bf16 widening below); up to 4 rows share
+// each weight load. Error: rel RMS of the layer output ~0.012 against the fp32 reference on the
+// dequantized weights (exact path ~0.0035); budget and reasoning in tests/cpu/conftest.py.
+// Decode, exact (LK_INT8_ACT=0, m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
+// pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR 0x4300 = bf16(128 +
+// u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
+// in fp32 per group, then (128 + z) * sum A (row sums computed once per task) is subtracted and the
+// group's 16 per-row scales applied in fp32.
 // Prefill (more rows) and every row count on the generic/avx2 tiers: per group, dequantize u - z of
 // the block (pair) once to bf16 in L1 (exact: |u - z| <= 15; a 32-entry vpermw table on AVX-512)
 // and run the bf16 dot_rows over all row tiles on it, adding scale x partial into fp32 sums (as the
 // fp8 path). AMX tier: the same vector paths (no AMX tiles for int4 yet).
-// Measured on the 2-core Zen4 dev VM (avx512_bf16, benchmarks/moe_layer.py --format wna16_int4,
-// Qwen3-30B-A3B shape, gs=128 sym, 2 threads): M=1 0.80 ms = 24.5 GB/s of quantized bytes, 0.33 of
-// the 73 GB/s read bandwidth measured in the same run (below the 0.7 target: cold streams are
-// latency bound per core, ~16-25 GB/s per thread; the same tile runs ~48 GB/s per core on cached
-// weights); M=256 52 ms (0.37 TFLOP/s).
+// Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
+// wna16_int4 --shapes qwen3-30b-a3b, gs=128 sym; docs/results/2026-11-30_epyc2c_wna16_vnni_moe_layer.log):
+// medians of 3 runs, before (bf16 widening) -> after: M=1 0.565 -> 0.535 ms (0.75 -> 0.78 of read
+// bandwidth), M=4 2.14 -> 2.07 ms (0.75 -> 0.74), M=16 5.97 -> 5.74 ms (0.69 -> 0.74), with the VM's
+// read bandwidth at 41-49 GB/s (it measured 81 GB/s on the day the old kernel reached 0.30).
+// Hot weights (one expert, L3-resident, 1 thread): M=1 68 GB/s of quantized bytes per core (bf16
+// widening: 49), M=4 2.3x and M=16 2.3x the bf16 path: decode is now bound by the weight stream
+// (DRAM latency of short streams, hence decode units of 8 blocks), not by the unpacking.
+
+constexpr int kQ8TileRows = 4;  // activation rows per int8-activation tile (int4 and fp4)
 
 // bf16 bits of a small integer (exact for |v| < 256).
 constexpr uint16_t bf16_of_int(int v) {
@@ -784,38 +803,72 @@ inline __m512i q4_zero_words(const uint8_t* z) {
 }
 #endif
 
-// One segment (seg inputs = seg/4 quads) of an int4 block -> bf16 block layout (seg/2 pair-rows of
+#if defined(LK_V512)
+// Word indices that gather, from the nibbles of an octet zero-extended to words (A: bytes 0..31 =
+// rows 0..7, B: bytes 32..63 = rows 8..15, word 4n + j), the pair-row of inputs (j0, j0 + 1) in the
+// bf16 block order (word 2n + t), for vpermt2w over (A, B).
+struct Q4Perm {
+  uint16_t v[32];
+};
+constexpr Q4Perm make_q4_perm() {
+  Q4Perm t{};
+  for (int p = 0; p < 32; ++p) t.v[p] = uint16_t(p / 2 < 8 ? 4 * (p / 2) + p % 2 : 32 + 4 * (p / 2 - 8) + p % 2);
+  return t;
+}
+constexpr Q4Perm kQ4Perm = make_q4_perm();
+
+// One octet (8 inputs x 16 rows, 64 bytes) -> its 4 pair-rows (inputs 0-1, 2-3, 4-5, 6-7) as words
+// holding the codes u in the bf16 block order (word 2n + t: row n, input 2p + t).
+inline __attribute__((always_inline)) void q4_octet_words(const uint8_t* src, __m512i idx0, __m512i idx2,
+                                                           __m512i (&pr)[4]) {
+  const __m512i mask = _mm512_set1_epi16(0x0F);
+  const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)src));
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + 32)));
+  const __m512i la = _mm512_and_si512(a, mask), lb = _mm512_and_si512(b, mask);
+  const __m512i ha = _mm512_srli_epi16(a, 4), hb = _mm512_srli_epi16(b, 4);
+  pr[0] = _mm512_permutex2var_epi16(la, idx0, lb);
+  pr[1] = _mm512_permutex2var_epi16(la, idx2, lb);
+  pr[2] = _mm512_permutex2var_epi16(ha, idx0, hb);
+  pr[3] = _mm512_permutex2var_epi16(ha, idx2, hb);
+}
+#endif
+
+// One segment (seg inputs = seg/8 octets) of an int4 block -> bf16 block layout (seg/2 pair-rows of
 // 32), values u - z exactly. zero: 8 bytes of 16 zero points, or null for the symmetric 8.
 inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg) {
-  const int quads = seg / 4;
+  const int octets = seg / 8;
 #if defined(LK_V512)
   const __m512i lut = _mm512_loadu_si512((const void*)kQ4Lut.v);
   const __m512i zv = zero ? q4_zero_words(zero) : _mm512_set1_epi16(8);
-  const __m512i mask = _mm512_set1_epi16(0x0F);
-  for (int q = 0; q < quads; ++q) {
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + q * 32)));
-    const __m512i lo = _mm512_sub_epi16(_mm512_and_si512(v, mask), zv);
-    const __m512i hi = _mm512_sub_epi16(_mm512_srli_epi16(v, 4), zv);
-    _mm512_storeu_si512((void*)(dst + q * 64), _mm512_permutexvar_epi16(lo, lut));
-    _mm512_storeu_si512((void*)(dst + q * 64 + 32), _mm512_permutexvar_epi16(hi, lut));
+  const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
+  const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
+  for (int o = 0; o < octets; ++o) {
+    __m512i pr[4];
+    q4_octet_words(src + o * 64, idx0, idx2, pr);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      _mm512_storeu_si512((void*)(dst + o * 128 + i * 32), _mm512_permutexvar_epi16(_mm512_sub_epi16(pr[i], zv), lut));
   }
 #else
-  uint8_t z2[32];
-  for (int b = 0; b < 32; ++b) z2[b] = zero ? (zero[b / 4] >> (4 * ((b / 2) % 2))) & 15 : 8;  // row n = b/2
-  for (int q = 0; q < quads; ++q) {
-    const uint8_t* s = src + q * 32;
-    uint16_t* d = dst + q * 64;
-    for (int b = 0; b < 32; ++b) {
-      d[b] = kQ4Lut.v[((s[b] & 15) - z2[b]) & 31];
-      d[32 + b] = kQ4Lut.v[((s[b] >> 4) - z2[b]) & 31];
-    }
+  uint8_t zn[16];
+  for (int n = 0; n < 16; ++n) zn[n] = zero ? (zero[n / 2] >> (4 * (n % 2))) & 15 : 8;
+  for (int o = 0; o < octets; ++o) {
+    const uint8_t* s = src + o * 64;
+    uint16_t* d = dst + o * 128;
+    for (int n = 0; n < 16; ++n)
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t v = s[4 * n + j];
+        const int k0 = j, k1 = 4 + j;  // inputs of the low and high nibble within the octet
+        d[(k0 / 2) * 32 + 2 * n + (k0 & 1)] = kQ4Lut.v[((v & 15) - zn[n]) & 31];
+        d[(k1 / 2) * 32 + 2 * n + (k1 & 1)] = kQ4Lut.v[((v >> 4) - zn[n]) & 31];
+      }
   }
 #endif
 }
 
 #if defined(LK_V512)
 constexpr int kFusedQ4Rows = 4;
-constexpr int kQ4PrefetchQuads = 192;  // prefetch distance in each block stream (32 B per quad)
+constexpr int kQ4PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
 
 // Per row r and group g of `seg` inputs: xsum[r * (kp/seg) + g] = sum of the row's inputs (fp32).
 inline void q4_row_sums(const uint16_t* const* a, int m, int kp, int seg, float* xsum) {
@@ -914,24 +967,28 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
   constexpr int S = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
   zero_chains<MR, NB, S>(acc, tot);
-  const __m512i mask = _mm512_set1_epi16(0x0F);
   const __m512i magic = _mm512_set1_epi16(0x4300);  // bf16 128.0
-  const int ngroups = kp / group, gq = group / 4;
+  const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
+  const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
+  const int ngroups = kp / group, go = group / 8;
   for (int s = 0; s < ngroups; ++s) {
-    for (int q = s * gq; q < (s + 1) * gq; q += 2) {
+    for (int o = s * go; o < (s + 1) * go; ++o) {
+      __m512i pr[NB][4];
 #pragma GCC unroll 2
-      for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kQ4PrefetchQuads) * 32), _MM_HINT_T0);
+      for (int j = 0; j < NB; ++j) {
+        _mm_prefetch((const char*)(b[j] + (o + kQ4PrefetchOctets) * 64), _MM_HINT_T0);
+        q4_octet_words(b[j] + o * 64, idx0, idx2, pr[j]);
+      }
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h) {  // quad 2o + h: pair-rows 2h and 2h + 1 of the octet
         __m512i wl[NB], wh[NB];
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) {
-          const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b[j] + (q + h) * 32)));
-          wl[j] = _mm512_or_si512(_mm512_and_si512(v, mask), magic);
-          wh[j] = _mm512_or_si512(_mm512_srli_epi16(v, 4), magic);
+          wl[j] = _mm512_or_si512(pr[j][2 * h], magic);
+          wh[j] = _mm512_or_si512(pr[j][2 * h + 1], magic);
         }
         const int il = (2 * h) % S, ih = (2 * h + 1) % S;  // accumulators of this quad's two pair-rows
-        fma_quad<MR, NB, S>(acc, a, q + h, wl, wh, il, ih);
+        fma_quad<MR, NB, S>(acc, a, 2 * o + h, wl, wh, il, ih);
       }
     }
 #pragma GCC unroll 2
@@ -966,7 +1023,204 @@ void dot_rows_q4(int mr, const uint16_t* const* a, const uint8_t* const* b, int 
   if (zero[0]) dot_rows_q4_t<NB, true>(mr, a, b, kp, c, group, scale, zero, fp16, xsum);
   else dot_rows_q4_t<NB, false>(mr, a, b, kp, c, group, scale, zero, fp16, xsum);
 }
+
+// ---- int8 activations (decode): u8 x s8 dot products
+// acc (16 x int32) += sum over the 4 bytes of each dword of u[byte] * s[byte] (u unsigned, s signed).
+inline __m512i dot4_u8s8(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else  // vpmaddubsw cannot saturate here: |2 * 15 * 128| < 2^15
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+
+// One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
+void q8_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  float* d = reinterpret_cast<float*>(dst + kp);
+  float* ds = d + nb;
+  int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int b = 0; b < nb; ++b) {
+    const __m512 x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32)));
+    const __m512 x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32 + 16)));
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));  // round to nearest even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+    // max|x| not finite (inf/NaN input): d = NaN, so the outputs that read it are NaN as in the bf16 path
+    const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+    const float db = amax <= 3.4e38f && !nan ? amax / 127.0f : __builtin_nanf("");
+    d[b] = db;
+    s16[2 * b] = _mm512_reduce_add_epi32(q0);
+    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+    ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
+  }
+}
+
+constexpr int kQ8PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
+
+// C[r][j*16 + n] (ld 32) = sum_g scale_j[g][n] * sum_{k in g} x_r[k] * (u_j[n][k] - z_j[g][n]) with
+// x_r ~ d_r[b] * q_r[k] (q8 rows, b = k / 32): per 32 inputs the integer sum of u * q (vpdpbusd: one
+// and/shift per 128 codes, no widening), times d in fp32; per group minus z * sum_b d * sum q, times
+// the scales. With few rows the accumulator chains bound the speed: S independent integer
+// accumulators per (row, block) take the low/high nibbles of each octet in turn.
+template <int MR, int NB, bool ASYM>
+inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                          const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  constexpr int S = MR == 1 ? 4 : 2;
+  __m512i acc[S][MR][NB];
+  __m512 gacc[MR][NB], tot[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = gacc[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+    }
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const int nb = kp / kQ8Group, ngroups = kp / group, bpg = group / kQ8Group;
+  const float* d[MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) d[r] = reinterpret_cast<const float*>(a[r] + kp);
+  for (int g = 0; g < ngroups; ++g) {
+    for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) {
+#pragma GCC unroll 4
+      for (int oo = 0; oo < 4; ++oo) {
+        const int o = bb * 4 + oo;
+        __m512i lo[NB], hi[NB];
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          _mm_prefetch((const char*)(b[j] + (o + kQ8PrefetchOctets) * 64), _MM_HINT_T0);
+          const __m512i v = _mm512_loadu_si512((const void*)(b[j] + o * 64));
+          lo[j] = _mm512_and_si512(v, mask);
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        }
+        const int il = (2 * oo) % S, ih = (2 * oo + 1) % S;
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          int32_t x0, x1;
+          memcpy(&x0, a[r] + 8 * o, 4);
+          memcpy(&x1, a[r] + 8 * o + 4, 4);
+          const __m512i a0 = _mm512_set1_epi32(x0), a1 = _mm512_set1_epi32(x1);
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) {
+            acc[il][r][j] = dot4_u8s8(acc[il][r][j], lo[j], a0);
+            acc[ih][r][j] = dot4_u8s8(acc[ih][r][j], hi[j], a1);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m512 dv = _mm512_set1_ps(d[r][bb]);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          __m512i sum = acc[0][r][j];
+          acc[0][r][j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int i = 1; i < S; ++i) {
+            sum = _mm512_add_epi32(sum, acc[i][r][j]);
+            acc[i][r][j] = _mm512_setzero_si512();
+          }
+          gacc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dv, gacc[r][j]);
+        }
+      }
+    }
+    float zs[MR];  // sum over the group of d * sum q, per row
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      zs[r] = 0.0f;
+      for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) zs[r] += d[r][nb + bb];
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m256i sv16 = _mm256_loadu_si256((const __m256i*)(scale[j] + g * 16));
+      const __m512 sv = fp16 ? _mm512_cvtph_ps(sv16) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sv16), 16));
+      const __m512 zf = ASYM ? _mm512_cvtepi32_ps(q4_zero_dwords(zero[j] + g * 8)) : _mm512_set1_ps(8.0f);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m512 v = _mm512_fnmadd_ps(zf, _mm512_set1_ps(zs[r]), gacc[r][j]);
+        tot[r][j] = _mm512_fmadd_ps(v, sv, tot[r][j]);
+        gacc[r][j] = _mm512_setzero_ps();
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
+}
+
+template <int NB, bool ASYM>
+void dot_rows_q4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                     const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  switch (mr) {
+    case 1: dot_tile_q4q8<1, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 2: dot_tile_q4q8<2, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 3: dot_tile_q4q8<3, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    default: dot_tile_q4q8<4, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+  }
+}
+template <int NB>
+void dot_rows_q4q8(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+                   const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  if (zero[0]) dot_rows_q4q8_t<NB, true>(mr, a, b, kp, c, group, scale, zero, fp16);
+  else dot_rows_q4q8_t<NB, false>(mr, a, b, kp, c, group, scale, zero, fp16);
+}
+
+void gate_up_q4q8(const GateUpTask& t) {
+  const Int4Weights& q = t.q4;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(t.kp / q.group) * kBlockN;
+  float* c = t.scratch->c;
+  for (int j = 0; j < t.nblk; ++j) {  // the block pair stays in L1/L2 across the row tiles
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* b[2] = {bg, bg + block_bytes};
+    const uint16_t* scg = q.scale + size_t(j) * 2 * per;
+    const uint16_t* sc[2] = {scg, scg + per};
+    const uint8_t* zg = q.zero ? q.zero + size_t(j) * per : nullptr;
+    const uint8_t* zz[2] = {zg, zg ? zg + per / 2 : nullptr};
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      dot_rows_q4q8<2>(mr, t.q8_rows + r0, b, t.kp, c, q.group, sc, zz, q.fp16_scale);
+      for (int r = 0; r < mr; ++r)
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+    }
+  }
+}
+
+void down_q4q8(const DownTask& t) {
+  const Int4Weights& q = t.q4;
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(t.kp / q.group) * kBlockN;
+  float* c = t.scratch->c;
+  const int8_t* rows[kQ8TileRows];
+  for (int j = 0; j < t.nblk; j += 2) {  // two blocks per tile share the activation broadcasts
+    const int nb = tmin(2, t.nblk - j);
+    const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
+    const uint16_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    const uint8_t* z[2] = {q.zero ? q.zero + size_t(j) * per / 2 : nullptr,
+                           q.zero ? q.zero + size_t(j + nb - 1) * per / 2 : nullptr};
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+      if (nb == 2) dot_rows_q4q8<2>(mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
+      else dot_rows_q4q8<1>(mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
+      for (int r = 0; r < mr; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
+      }
+    }
+  }
+}
+constexpr bool kHaveQ8 = true;
 #else
+constexpr bool kHaveQ8 = false;
+inline void gate_up_q4q8(const GateUpTask&) {}
+inline void down_q4q8(const DownTask&) {}
 constexpr int kFusedQ4Rows = 0;
 template <int NB>
 void dot_rows_q4(int, const uint16_t* const*, const uint8_t* const*, int, float*, int, const uint16_t* const*,
@@ -979,6 +1233,7 @@ inline bool q4_fused(int m, int kp, int group) {
 }
 
 void gate_up_q4(const GateUpTask& t) {
+  if (kHaveQ8 && t.q8_rows) return gate_up_q4q8(t);  // decode with int8 activations
   const Int4Weights& q = t.q4;
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
@@ -1032,6 +1287,7 @@ void gate_up_q4(const GateUpTask& t) {
 }
 
 void down_q4(const DownTask& t) {
+  if (kHaveQ8 && t.q8_act) return down_q4q8(t);
   const Int4Weights& q = t.q4;
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
@@ -1079,7 +1335,25 @@ void down_q4(const DownTask& t) {
 }
 
 // ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
-// Strategy. Decode (m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
+// Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT=0
+// turns it off): the int4 section's int8 activations (q8 rows, quantized once per chunk per 32
+// inputs) times exact int8 weights: 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}, so each
+// quad (32 bytes, the block layout as it is) becomes 16 dwords of 4 unsigned codes 12 + 2 e2m1
+// (vpmovzxwd, one vpternlogd, one vpshufb table) and vpdpbusd (vpmaddubsw + vpmaddwd on the avx512
+// tier) sums them with the activation bytes in int32; one chain per group starts at -12 x sum q (the
+// offset, exact), and per scale group (mxfp4: 32 inputs, e8m0; nvfp4: 16 inputs, fp8 e4m3) the sum
+// is converted once and multiplied by scale x d in fp32; the 1/2 and the nvfp4 global scales are
+// applied to the totals. About 4 vector ops per 64 weights and row against ~9 for the bf16 widening
+// below. Error: only the activations' int8 rounding (rel RMS of the layer output ~0.011-0.012
+// against the fp32 reference, exact path ~0.0023; budget in tests/cpu/conftest.py).
+// Measured on the 2-core Zen4 dev VM (avx512_bf16 with VNNI, benchmarks/moe_layer.py --shapes
+// qwen3-30b-a3b, LK_INT8_ACT=0 -> 1, medians of 3 runs; docs/results/2026-12-01_epyc2c_fp4_int8act_moe_layer.log,
+// taken while other jobs loaded the VM, so M=4 with 2 threads swung 2-23 ms and is not quoted):
+// 2 threads, M=1: mxfp4 0.689 -> 0.498 ms (29 -> 40 GB/s of quantized bytes), nvfp4 0.622 -> 0.584 ms
+// (34 -> 36 GB/s). Hot weights (8 experts in L3, 1 thread): mxfp4 M=1 0.89 -> 0.57 ms, M=4 1.08 ->
+// 0.65 ms; nvfp4 M=1 0.81 -> 0.54 ms, M=4 1.26 -> 1.02 ms (its per-16 epilogue, the fp8 scale
+// conversion above all, is the larger share: a cheaper fp8x16_to_f32 is the next step there).
+// Decode, exact (LK_INT8_ACT=0, m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
 // split without AVX512-BF16) accumulates each 32-input group in fp32, then the group's 16 e8m0 scales
@@ -1294,6 +1568,130 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
   store_totals<MR, NB>(tot, c);
 }
 
+// ---- int8 activations (decode): exact int8 weights from the e2m1 codes
+// 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}; stored as kFp4Offset + 2 e2m1 in [0, 24] it is
+// the unsigned operand of vpdpbusd (the q8 activation codes are the signed one; vpmaddubsw cannot
+// saturate: 2 * 24 * 127 < 2^15), and the offset is taken back exactly in integers as kFp4Offset x the
+// sum of q over the scale group (per 16 inputs in the q8 row). The 2 is divided out of the fp32 total.
+constexpr int kFp4Offset = 12;
+struct Fp4U8Lut {
+  uint8_t v[64];  // the 16-entry table in each 128-bit lane (vpshufb looks up within a lane)
+};
+constexpr Fp4U8Lut make_fp4_u8_lut() {
+  Fp4U8Lut t{};
+  const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  for (int i = 0; i < 64; ++i) t.v[i] = uint8_t(kFp4Offset + (i & 8 ? -mag2[i & 7] : mag2[i & 7]));
+  return t;
+}
+constexpr Fp4U8Lut kFp4U8Lut = make_fp4_u8_lut();
+
+// One quad of a block (32 bytes; row n's inputs 4q + j in the low nibble of byte 2n + j, 4q + 2 + j in
+// the high one) -> 16 dwords, dword n = row n's 4 inputs in order as kFp4Offset + 2 e2m1: zero-extend
+// the byte pairs to dwords, (v | v << 12) & 0x0F0F0F0F puts the nibbles lo0, lo1, hi0, hi1 in bytes
+// 0..3 (one vpternlogd), vpshufb maps them. Works on the quad layout as it is, so the exact bf16 paths
+// (decode and prefill) keep their layout and code.
+inline __attribute__((always_inline)) __m512i fp4_quad_u8(const uint8_t* quad, __m512i lut) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)quad));
+  const __m512i nib = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), _mm512_set1_epi8(0x0F), 0xA8);
+  return _mm512_shuffle_epi8(lut, nib);
+}
+
+// C[r][j*16 + n] (ld 32) as dot_tile_fp4, from q8 rows x_r ~ d_r[b] * q_r[k] (b = k / 32): per scale
+// group (32 inputs, NV: 16) the integer sum of (kFp4Offset + 2 e2m1) * q (vpdpbusd, one chain seeded
+// with -kFp4Offset * sum q), converted once and multiplied by the group's scale and d in fp32; the
+// tile's totals are halved at the end. MR = 1 runs two integer chains per (row, block).
+template <int MR, int NB, bool NV>
+inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                           float* c) {
+  constexpr int G = NV ? 16 : 32;  // inputs per weight scale
+  constexpr int GQ = G / 4;        // quads per scale group
+  constexpr int S = MR == 1 ? 2 : 1;
+  __m512i acc[S][MR][NB];
+  __m512 tot[MR][NB];
+  const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
+  const int nb = kp / kQ8Group;
+  const float* d[MR];
+  const int32_t* s16[MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + kp);
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + 2 * nb);
+  }
+  // chain 0 of (r, j) starts each group at -kFp4Offset * sum q of the group, the others at zero
+  auto seed = [&](int g) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const int32_t sq = NV ? s16[r][g] : s16[r][2 * g] + s16[r][2 * g + 1];
+      const __m512i o = _mm512_set1_epi32(-kFp4Offset * sq);
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        acc[0][r][j] = o;
+#pragma GCC unroll 2
+        for (int i = 1; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+      }
+    }
+  };
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) tot[r][j] = _mm512_setzero_ps();
+  const int ngroups = kp / G;
+  for (int g = 0; g < ngroups; ++g) {
+    seed(g);
+#pragma GCC unroll 8
+    for (int qq = 0; qq < GQ; ++qq) {
+      const int q = g * GQ + qq;
+      __m512i w[NB];
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        if ((qq & 1) == 0) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+        w[j] = fp4_quad_u8(b[j] + q * 32, lut);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        int32_t x;
+        memcpy(&x, a[r] + 4 * q, 4);
+        const __m512i av = _mm512_set1_epi32(x);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) acc[qq % S][r][j] = dot4_u8s8(acc[qq % S][r][j], w[j], av);
+      }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m512 sv = NV ? fp8x16_to_f32(sc[j] + g * 16) : e8m0x16_to_f32(sc[j] + g * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        __m512i sum = acc[0][r][j];
+#pragma GCC unroll 2
+        for (int i = 1; i < S; ++i) sum = _mm512_add_epi32(sum, acc[i][r][j]);
+        const __m512 sd = _mm512_mul_ps(sv, _mm512_set1_ps(d[r][NV ? g / 2 : g]));
+        tot[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sd, tot[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
+}
+
+template <int NB, bool NV>
+void dot_rows_fp4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                      float* c) {
+  switch (mr) {
+    case 1: dot_tile_fp4q8<1, NB, NV>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4q8<2, NB, NV>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4q8<3, NB, NV>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4q8<4, NB, NV>(a, b, sc, kp, c); break;
+  }
+}
+template <int NB>
+void dot_rows_fp4q8(bool nv, int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc,
+                    int kp, float* c) {
+  if (nv) dot_rows_fp4q8_t<NB, true>(mr, a, b, sc, kp, c);
+  else dot_rows_fp4q8_t<NB, false>(mr, a, b, sc, kp, c);
+}
+
 template <int NB, bool NV>
 void dot_rows_fp4_t(int mr, const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                     float* c) {
@@ -1314,6 +1712,8 @@ void dot_rows_fp4(bool nv, int mr, const uint16_t* const* a, const uint8_t* cons
 constexpr int kFusedFp4Rows = 0;
 template <int NB>
 void dot_rows_fp4(bool, int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+template <int NB>
+void dot_rows_fp4q8(bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 #endif
 
 // c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
@@ -1339,17 +1739,29 @@ void gate_up_fp4(const GateUpTask& t) {
     const uint8_t* bu = bg + block_bytes;
     const uint8_t* sg = q.scale + size_t(j) * 2 * per;
     const uint8_t* su = sg + per;
+    // gate|up pre-activations of one row (fp32, 32) -> that row's act values of block j
+    auto finish = [&](float* g, int r) {
+      if (global) {
+        scale_16(g, q.gs[0]);
+        scale_16(g + 16, q.gs[1]);
+      }
+      act_16(t, j, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    };
+    if (kHaveQ8 && t.q8_rows) {  // decode with int8 activations, the block pair in L1/L2 across row tiles
+      const uint8_t* b[2] = {bg, bu};
+      const uint8_t* sc[2] = {sg, su};
+      for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+        const int mr = tmin(kQ8TileRows, t.m - r0);
+        dot_rows_fp4q8<2>(q.nv, mr, t.q8_rows + r0, b, sc, t.kp, c);
+        for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
+      }
+      continue;
+    }
     if (t.m <= kFusedFp4Rows) {  // decode: codes converted in registers, group scales in the tile
       const uint8_t* b[2] = {bg, bu};
       const uint8_t* sc[2] = {sg, su};
       dot_rows_fp4<2>(q.nv, t.m, t.x_rows, b, sc, t.kp, c);
-      for (int r = 0; r < t.m; ++r) {
-        if (global) {
-          scale_16(c + r * 32, q.gs[0]);
-          scale_16(c + r * 32 + 16, q.gs[1]);
-        }
-        act_16(t, j, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
-      }
+      for (int r = 0; r < t.m; ++r) finish(c + r * 32, r);
       continue;
     }
     memset(tot, 0, size_t(t.m) * 32 * 4);
@@ -1369,14 +1781,7 @@ void gate_up_fp4(const GateUpTask& t) {
         }
       }
     }
-    for (int r = 0; r < t.m; ++r) {
-      float* o = tot + size_t(r) * 32;
-      if (global) {
-        scale_16(o, q.gs[0]);
-        scale_16(o + 16, q.gs[1]);
-      }
-      act_16(t, j, o, o + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
-    }
+    for (int r = 0; r < t.m; ++r) finish(tot + size_t(r) * 32, r);
   }
 }
 
@@ -1397,6 +1802,20 @@ void down_fp4(const DownTask& t) {
     const int nb = tmin(2, t.nblk - j);
     const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
     const uint8_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    if (kHaveQ8 && t.q8_act) {  // decode with int8 activations
+      const int8_t* rows8[kQ8TileRows];
+      for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+        const int mr = tmin(kQ8TileRows, t.m - r0);
+        for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+        if (nb == 2) dot_rows_fp4q8<2>(q.nv, mr, rows8, b, s, t.kp, c);
+        else dot_rows_fp4q8<1>(q.nv, mr, rows8, b, s, t.kp, c);
+        for (int r = 0; r < mr; ++r) {
+          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);
+        }
+      }
+      continue;
+    }
     if (fused) {
       if (nb == 2) dot_rows_fp4<2>(q.nv, t.m, rows, b, s, t.kp, c);
       else dot_rows_fp4<1>(q.nv, t.m, rows, b, s, t.kp, c);
@@ -1617,7 +2036,11 @@ uint64_t read_sum(const void* src, size_t n) {
 #endif
 }
 
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum};
+#if defined(LK_V512)
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row};
+#else
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr};
+#endif
 
 }  // namespace
 

@@ -1,8 +1,10 @@
 #include "cpu/moe_layer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -18,11 +20,27 @@ constexpr int kSlack = 32;
 constexpr int kWideGroup = 8;          // blocks per unit for prefill-sized chunks             // readable rows past the last slot (AMX reads 32-row tiles)
 
 // Pool shared-buffer slots (one job runs at a time, so they are reused by every layer).
-enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight, kPieces, kAct, kXbf16 };
+enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight, kPieces, kAct, kXbf16, kXq8, kActq8 };
 // Per-worker buffer slots.
-enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowSums };
+enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowSums, kQ8RowPtrs };
 
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
+
+// LK_INT8_ACT: 4-bit decode with int8 activations (default on; 0/false/no/off keeps exact bf16
+// activations). LK_WNA16_INT8_ACT, its first name (int4 only then), is read when it is unset.
+bool int8_act_from_env() {
+  for (const char* name : {"LK_INT8_ACT", "LK_WNA16_INT8_ACT"}) {
+    const char* v = std::getenv(name);
+    if (!v) continue;
+    std::string s(v);
+    for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+    if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+    throw std::invalid_argument(std::string(name) + "=" + v +
+                                " is not a switch: use 1/0, true/false, yes/no or on/off");
+  }
+  return true;
+}
 size_t elem_size(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
 // Split `blocks` among node slots in proportion to their threads.
@@ -199,14 +217,10 @@ class RepackJob : public Job {
   static void pack_int4(const int32_t* src, int n_cols, int col0, int col_end, int k, uint8_t* dst) {
     for (int k8 = 0; k8 < k / 8; ++k8) {
       const int32_t* row = src + size_t(k8) * n_cols + col0;
-      uint8_t* d = dst + size_t(k8) * 64;  // quads 2*k8 and 2*k8+1
+      uint8_t* d = dst + size_t(k8) * 64;  // octet k8: byte 4n + j = codes 8 k8 + j (low), 8 k8 + 4 + j (high)
       for (int n = 0; n < kBlockN; ++n) {
         const uint32_t w = col0 + n < col_end ? uint32_t(row[n]) : 0x88888888u;
-        for (int h = 0; h < 2; ++h)
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t lo = (w >> (4 * (4 * h + j))) & 15u, hi = (w >> (4 * (4 * h + 2 + j))) & 15u;
-            d[h * 32 + 2 * n + j] = uint8_t(lo | (hi << 4));
-          }
+        for (int j = 0; j < 4; ++j) d[4 * n + j] = uint8_t(((w >> (4 * j)) & 15u) | (((w >> (4 * (4 + j))) & 15u) << 4));
       }
     }
   }
@@ -331,6 +345,7 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   }
   shape_.fp4 = src.type == DType::kMXFP4 || src.type == DType::kNVFP4;
   shape_.nv = src.type == DType::kNVFP4;
+  shape_.int8_act = (shape_.int4 || shape_.fp4) && int8_act_from_env();
   if (shape_.fp4) {
     shape_.bias = src.b13 || src.b2;
     shape_.alpha = src.alpha;
@@ -484,12 +499,16 @@ void ForwardJob::run(WorkerCtx& ctx) {
     const int tc = int(std::min<int64_t>(chunk_tokens_, a_.tokens - t0));
     if (ctx.tid == 0) plan_chunk(ctx, t0, tc);
     ctx.barrier();
-    if (copy_x_) {
+    if (copy_x_ || q8_) {
       convert_inputs(ctx, t0, tc);
       ctx.barrier();
     }
     phase_gate_up(ctx);
     ctx.barrier();
+    if (q8_) {
+      quantize_act(ctx);
+      ctx.barrier();
+    }
     phase_down(ctx, t0, tc);
     if (t0 + tc < a_.tokens) ctx.barrier();  // the next plan overwrites this chunk's scratch
   }
@@ -518,6 +537,11 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   slot_weight_ = static_cast<float*>(buf(kSlotWeight, S * 4));
   pieces_ = static_cast<int32_t*>(buf(kPieces, (S / kPieceRows + E + 1) * 3 * 4));
   act_ = static_cast<uint16_t*>(buf(kAct, (S + kSlack) * sh.kp2 * 2));
+  q8_ = sh.int8_act && kt_->q8_row && tc <= kQ8MaxTokens;
+  if (q8_) {
+    xq_ = static_cast<int8_t*>(buf(kXq8, size_t(tc) * q8_row_bytes(sh.kp1)));
+    aq_ = static_cast<int8_t*>(buf(kActq8, S * q8_row_bytes(sh.kp2)));
+  }
   if (copy_x_) {
     x_rows_base_ = static_cast<uint16_t*>(buf(kXbf16, size_t(tc) * sh.kp1 * 2));
     x_ld_ = sh.kp1;
@@ -568,10 +592,12 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
   const auto& sl0 = layer_->slices()[0];
   const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
-  group1_ = wide ? kWideGroup : 1;
+  // 4-bit decode with int8 activations is cheap enough per byte that short weight streams (one block
+  // per unit: 6-32 KiB) cost more in DRAM latency than they gain in balance: start wide as well.
+  group1_ = wide || q8_ ? kWideGroup : 1;
   while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < 4 * max_threads) group1_ /= 2;
   token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
-  group2_ = wide ? kWideGroup : 1;
+  group2_ = wide || q8_ ? kWideGroup : 1;
   while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads) group2_ /= 2;
   while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads && tc / (token_ranges_ * 2) >= 16)
     token_ranges_ *= 2;
@@ -586,9 +612,20 @@ void ForwardJob::convert_inputs(WorkerCtx& ctx, int64_t t0, int tc) {
   const MoEShape& sh = layer_->shape();
   const size_t esz = elem_size(a_.x_type);
   uint16_t* xb = const_cast<uint16_t*>(x_rows_base_);
-  for (int r = ctx.tid; r < tc; r += ctx.num_threads)
-    kt_->to_bf16(static_cast<const char*>(a_.x) + (size_t(t0) + r) * sh.hidden * esz, a_.x_type,
-                 xb + size_t(r) * sh.kp1, sh.hidden, sh.kp1);
+  for (int r = ctx.tid; r < tc; r += ctx.num_threads) {
+    if (copy_x_)
+      kt_->to_bf16(static_cast<const char*>(a_.x) + (size_t(t0) + r) * sh.hidden * esz, a_.x_type,
+                   xb + size_t(r) * sh.kp1, sh.hidden, sh.kp1);
+    if (q8_) kt_->q8_row(x_rows_base_ + size_t(r) * x_ld_, sh.kp1, xq_ + size_t(r) * q8_row_bytes(sh.kp1));
+  }
+}
+
+// The act rows of every slot as q8 rows (4-bit decode), before phase 2.
+void ForwardJob::quantize_act(WorkerCtx& ctx) {
+  const MoEShape& sh = layer_->shape();
+  const int S = active_begin_[num_active_];
+  for (int p = ctx.tid; p < S; p += ctx.num_threads)
+    kt_->q8_row(act_ + size_t(p) * sh.kp2, sh.kp2, aq_ + size_t(p) * q8_row_bytes(sh.kp2));
 }
 
 KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
@@ -611,6 +648,8 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   KernelScratch ks = scratch(ctx, sh);
   ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(kPieceRows + 32) * sh.kp1 * 2));
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
+  auto rows8 = q8_ ? static_cast<const int8_t**>(ctx.buffer(kQ8RowPtrs, kPieceRows * sizeof(void*))) : nullptr;
+  const size_t q8_ld1 = q8_row_bytes(sh.kp1);
   const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
   const int nseg1 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp1 / sh.seg) : 0;
   for (int u; (u = next1_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
@@ -619,6 +658,8 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
     const int e = active_expert_[pc[0]];
     const int lb0 = g * group1_, lb1 = std::min(nbi, lb0 + group1_);
     for (int p = pc[1]; p < pc[2]; ++p) rows[p - pc[1]] = x_rows_base_ + size_t(slot_token_[p]) * x_ld_;
+    if (q8_)
+      for (int p = pc[1]; p < pc[2]; ++p) rows8[p - pc[1]] = xq_ + size_t(slot_token_[p]) * q8_ld1;
     GateUpTask t;
     t.x_rows = rows;
     t.m = pc[2] - pc[1];
@@ -646,6 +687,7 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
       t.q4.group = sh.seg1;
       t.q4.fp16_scale = sh.int4_fp16;
     }
+    t.q8_rows = rows8;  // null unless a 4-bit decode chunk with int8 activations
     if (sh.fp4) {
       const size_t b = (size_t(e) * nbi + lb0) * 2;
       t.w13 = nullptr;
@@ -720,6 +762,10 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
         t.q4.zero = sh.int4_asym ? sl.z2.as<uint8_t>() + b * per / 2 : nullptr;
         t.q4.group = sh.seg2;
         t.q4.fp16_scale = sh.int4_fp16;
+      }
+      if (q8_) {  // 4-bit decode chunk with int8 activations
+        t.q8_ld = q8_row_bytes(sh.kp2);
+        t.q8_act = aq_ + s0 * t.q8_ld;
       }
       if (sh.fp4) {
         const size_t b = size_t(active_expert_[a]) * nbh + lb0;

@@ -45,6 +45,7 @@ struct MoEShape {
   int seg1 = 0, seg2 = 0;     // int4: inputs per scale in phase 1 (over H) and phase 2 (over I)
   // mxfp4 (see WeightSource): half a byte per weight, one e8m0 byte per (row, 32 inputs).
   bool fp4 = false;
+  bool int8_act = false;      // int4 / fp4 decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
   bool nv = false;            // fp4 is NVFP4: fp8 e4m3fn scale per (row, 16 inputs) + fp32 global scales
   bool bias = false;          // w13 / w2 biases held (bf16)
   float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
@@ -217,6 +218,7 @@ class ForwardJob : public Job {
   void convert_inputs(WorkerCtx& ctx, int64_t t0, int tc);
   void phase_gate_up(WorkerCtx& ctx);
   void phase_down(WorkerCtx& ctx, int64_t t0, int tc);
+  void quantize_act(WorkerCtx& ctx);
 
   const MoELayer* layer_ = nullptr;
   const KernelTable* kt_ = nullptr;
@@ -238,6 +240,9 @@ class ForwardJob : public Job {
   int group2_ = 1;                    // H-blocks per phase-2 unit
   int token_ranges_ = 1;              // phase-2 token ranges
   uint16_t* act_ = nullptr;           // [S + 32][kp2]
+  bool q8_ = false;                   // 4-bit decode chunk with int8 activations:
+  int8_t* xq_ = nullptr;              // [tc] q8 rows of x (q8_row_bytes(kp1) each)
+  int8_t* aq_ = nullptr;              // [S] q8 rows of act (q8_row_bytes(kp2) each)
   std::atomic<int> next1_[kMaxNodes];
   std::atomic<int> next2_[kMaxNodes];
   std::atomic<int64_t> start_ns_{0}, end_ns_{0};

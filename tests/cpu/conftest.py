@@ -1,11 +1,12 @@
 import contextlib
 import logging
+import os
 
 import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import moe_reference
+from lk_moe.reference import moe_reference, random_routing
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +62,79 @@ def assert_matches_reference(out, x, w13, w2, ids, weights):
     rel_rms = (err.pow(2).mean().sqrt() / rms).item()
     assert rel_rms <= 2 ** -8, f"relative RMS error {rel_rms:.4g} > 2^-8"
     return rel_rms, worst
+
+
+@contextlib.contextmanager
+def int8_activations(on: bool, name: str = "LK_INT8_ACT"):
+    """The int8-activation decode switch (LK_INT8_ACT, or its first name LK_WNA16_INT8_ACT) as a layer
+    built inside sees it (read once, at construction); the other name is unset meanwhile."""
+    names = ("LK_INT8_ACT", "LK_WNA16_INT8_ACT")
+    before = {n: os.environ.get(n) for n in names}
+    for n in names:
+        os.environ.pop(n, None)
+    os.environ[name] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        for n, v in before.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
+
+
+# Budget of the int8-activation decode path of the 4-bit formats (wna16_int4, mxfp4, nvfp4; chunks of
+# <= 16 tokens on the AVX-512 tiers, LK_INT8_ACT): the activation rows (x, and the activation output
+# before the down projection) are quantized per 32 inputs to symmetric int8 (d = max|x| / 127,
+# llama.cpp's Q8_0 scheme), so each input moves by at most d / 2: uniform rounding, RMS d / sqrt(12)
+# ~ max|x| / 440, i.e. ~2^-7.5 of the group's RMS for Gaussian-like x (max ~ 2.3 RMS over 32 values)
+# and ~2^-7 for the heavier-tailed SwiGLU output (max ~ 3.7 RMS). The weight side is exact (integer
+# codes; the scales are applied in fp32), so these roundings are the whole difference from the bf16
+# path; they are random-signed and the two phases add in quadrature (the activation carries the
+# phase-1 error into both factors): ~2^-6.5 relative RMS of the layer output expected (measured per
+# format in its tests: 0.010-0.014). Budget: relative RMS <= 2^-6 (0.0156; grouping per 64 inputs or
+# a wrong rounding would exceed it), and every element within 2^-4 * (mag + |ref|) (mag: the
+# magnitude of assert_matches_reference's rounding analysis; a wrong block, scale, offset or zero
+# point is off by O(1)). LK_INT8_ACT=0 (read when a layer is built) keeps the exact bf16 path; the
+# generic/avx2 tiers and chunks of more than 16 tokens (prefill) are exact either way.
+INT8_REL_RMS = 2.0 ** -6
+
+
+def assert_int8_budget(out, x, w13, w2, ids, weights, **act):
+    """The int8-activation budget above against the fp32 reference on (w13, w2) as given; act: the
+    activation / bias options of moe_reference. Returns the relative RMS error."""
+    x = x.bfloat16() if x.dtype == torch.float16 else x
+    ref, mag = moe_reference(x, w13, w2, ids, weights, return_magnitude=True, **act)
+    assert out.shape == ref.shape
+    err = (out.float() - ref).abs()
+    rel_rms = (err.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+    worst = (err / (2.0 ** -4 * (mag + ref.abs())).clamp_min(1e-30)).max().item()
+    assert rel_rms <= INT8_REL_RMS, f"relative RMS error {rel_rms:.4g} > {INT8_REL_RMS:.4g}"
+    assert worst <= 1.0, f"an element is off by {worst:.3g}x the per-element bound"
+    return rel_rms
+
+
+def check_int8_decode(layer, tier: str, experts: int, top_k: int, ms, int8_check, exact_check):
+    """Forwards of M random tokens for M in ms on a layer built with int8 activations: decode chunks
+    (M <= 16) on the tiers with the int8 kernels (avx512*, amx) go to int8_check, the rest (prefill,
+    generic/avx2: exact either way) to exact_check; both are called as check(out, x, ids, w)."""
+    int8_kernels = tier.startswith("avx512") or tier == "amx"
+    for M in ms:
+        x = torch.randn(M, layer.hidden_size).bfloat16()
+        ids, w = random_routing(M, experts, top_k)
+        out = layer.forward(x, ids, w)
+        (int8_check if M <= 16 and int8_kernels else exact_check)(out, x, ids, w)
+
+
+def assert_nonfinite_input_propagates(layer, hidden: int):
+    """A NaN in one token's input and an inf in another's make every output row non-finite that saw
+    them (experts 0..3; the int8 activations carry them as a NaN scale, never as a finite code)."""
+    x = torch.randn(2, hidden).bfloat16()
+    x[0, 7] = float("nan")
+    x[1, 100] = float("inf")
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    out = layer.forward(x, ids, torch.full((2, 2), 0.5))
+    assert not torch.isfinite(out.float()).all(dim=1).any()
 
 
 def with_changes(tensors: dict, **changes) -> dict:

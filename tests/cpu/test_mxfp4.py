@@ -11,7 +11,8 @@ import torch
 import lk_moe
 from lk_moe.reference import dequantize_mxfp4, moe_reference, random_routing, swigluoai
 
-from .conftest import assert_matches_reference, with_changes
+from .conftest import (assert_int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
+                       check_int8_decode, int8_activations, with_changes)
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7 (code | 8: negative)
 
@@ -126,8 +127,10 @@ def test_reference_dequantization_is_exact(K):
 MS = (1, 5, 64, 600)
 
 
-def _layer(tensors, **kw):
-    return lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, **kw)
+def _layer(tensors, int8_act=False, **kw):
+    """An mxfp4 layer; by default with exact bf16 activations (the rounding-bound tests)."""
+    with int8_activations(int8_act):
+        return lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, **kw)
 
 
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "split"])
@@ -204,6 +207,46 @@ def test_mxfp4_unused_slots_and_memory():
     ids_ref = ids.clone()
     assert_matches_reference_act(out, x, d13, d2, ids_ref, w, activation="swigluoai", interleaved=True,
                                  w13_bias=b13, w2_bias=b2)
+
+
+# ------------------------------------------------------------------ (b') int8 activations (decode)
+# Budget: conftest.assert_int8_budget (derivation there). The e2m1 codes become exact integers (2 x
+# e2m1) and the e8m0 scales are applied in fp32, so the only extra error is the int8 rounding of the
+# activations per 32 inputs. Measured (this data, biases, swigluoai): rel RMS 0.0108-0.0110 at M = 1,
+# 5, 16 on the gpt-oss shape, 0.0095-0.0113 on the small and padded shapes (exact path 0.0022-0.0026).
+@pytest.mark.parametrize("H,I,Hp,Ip,E,K", [(176, 72, 256, 128, 4, 3), (2880, 2880, None, None, 3, 2)])
+def test_mxfp4_int8_activations_every_tier(tier, H, I, Hp, Ip, E, K):
+    tensors, d13, d2, b13, b2 = make_mxfp4(E, H, I, Hp, Ip)
+    layer = _layer(tensors, int8_act=True, hidden_size=H, intermediate_size=I)
+    act = dict(activation="swigluoai", interleaved=True, w13_bias=b13, w2_bias=b2)
+    ms = (1, 5, 16, 64) if H < 2880 or tier != "generic" else (1, 5)
+    check_int8_decode(layer, tier, E, K, ms, lambda out, x, ids, w: assert_int8_budget(out, x, d13, d2, ids, w, **act),
+                      lambda out, x, ids, w: assert_matches_reference_act(out, x, d13, d2, ids, w, **act))
+
+
+def test_mxfp4_int8_activations_silu_fp16_and_switch():
+    """silu without biases and fp16 in/out on the int8 path; LK_INT8_ACT=0 and its first name
+    LK_WNA16_INT8_ACT=0 both give the exact path (bit for bit the same output)."""
+    E, H, I = 4, 256, 192
+    tensors, d13, d2, _, _ = make_mxfp4(E, H, I, interleaved=False, bias=False, h_std=1.0)
+    layer = _layer(tensors, int8_act=True, activation="silu")
+    x = torch.randn(5, H).half()
+    ids, w = random_routing(5, E, 2)
+    out = layer.forward(x, ids, w)
+    assert out.dtype == torch.float16
+    assert_int8_budget(out, x, d13, d2, ids, w)
+    exact = _layer(tensors, activation="silu").forward(x, ids, w)
+    assert_matches_reference(exact, x, d13, d2, ids, w)
+    with int8_activations(False, name="LK_WNA16_INT8_ACT"):
+        alias = lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, activation="silu")
+    assert torch.equal(alias.forward(x, ids, w), exact)
+    if lk_moe.isa().startswith("avx512") or lk_moe.isa() == "amx":
+        assert not torch.equal(out, exact)  # the switch switches
+
+
+def test_mxfp4_int8_activations_nonfinite_input_propagates():
+    tensors, *_ = make_mxfp4(4, 256, 192, interleaved=False, bias=False, h_std=1.0)
+    assert_nonfinite_input_propagates(_layer(tensors, int8_act=True, activation="silu"), 256)
 
 
 def test_swigluoai_reference_matches_vllm_definition():

@@ -14,6 +14,7 @@ error <= 2^-8. A wrong nibble order, scale, global scale (gate and up differ her
 by orders of magnitude."""
 import functools
 import math
+import os
 
 import pytest
 import torch
@@ -22,7 +23,8 @@ import lk_moe
 from lk_moe.reference import (dequantize_nvfp4, dequantize_nvfp4_experts, moe_torch_baseline_nvfp4,
                               random_routing)
 
-from .conftest import assert_matches_reference, with_changes
+from .conftest import (assert_int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
+                       check_int8_decode, int8_activations, with_changes)
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7 (code | 8: negative)
 NAMES = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
@@ -88,8 +90,10 @@ def make_nvfp4(E, H, I, h_std=1.0, seed=0, input_scales=True):
     return t, d13, d2
 
 
-def _layer(tensors, **kw):
-    return lk_moe.MoELayer.from_checkpoint("nvfp4", tensors, **kw)
+def _layer(tensors, int8_act=False, **kw):
+    """An nvfp4 layer; by default with exact bf16 activations (the rounding-bound tests)."""
+    with int8_activations(int8_act):
+        return lk_moe.MoELayer.from_checkpoint("nvfp4", tensors, **kw)
 
 
 # ------------------------------------------------------------------ (a) dequantization, bit for bit
@@ -190,6 +194,51 @@ def test_nvfp4_fp16_activations_and_unused_slots(tier):
     out = layer.forward(x, ids, w)
     assert out.dtype == torch.float16
     assert_matches_reference(out, x, d13, d2, ids, w)
+
+
+# ------------------------------------------------------------------ (b') int8 activations (decode)
+# Budget: conftest.assert_int8_budget (derivation there). The e2m1 codes become exact integers (2 x
+# e2m1), the fp8 block scales and global scales are applied in fp32, so the only extra error is the
+# int8 rounding of the activations per 32 inputs (two weight blocks of 16 share one activation scale).
+# Measured (this data): rel RMS 0.0121-0.0123 at M = 1, 5, 16 on the Qwen3-30B-A3B shape,
+# 0.011-0.014 on the small shapes (exact path 0.0022-0.0025).
+@pytest.mark.parametrize("H,I,E,K", [(176, 80, 4, 3),       # H, I multiples of 16 only (a padded group)
+                                     (2048, 768, 3, 2)])    # Qwen3-30B-A3B expert shape
+def test_nvfp4_int8_activations_every_tier(tier, H, I, E, K):
+    tensors, d13, d2 = make_nvfp4(E, H, I)
+    layer = _layer(tensors, int8_act=True)
+    ms = (1, 5, 16, 64) if H < 2048 or tier != "generic" else (1, 5)
+    check_int8_decode(layer, tier, E, K, ms, lambda out, x, ids, w: assert_int8_budget(out, x, d13, d2, ids, w),
+                      lambda out, x, ids, w: assert_matches_reference(out, x, d13, d2, ids, w))
+
+
+def test_nvfp4_int8_activations_fp16_unused_slots_and_switch():
+    """fp16 in/out and an unused slot on the int8 path; LK_INT8_ACT=0 and its first name
+    LK_WNA16_INT8_ACT=0 both give the exact path (bit for bit the same output)."""
+    E, H, I = 4, 256, 192
+    tensors, d13, d2 = make_nvfp4(E, H, I)
+    x = torch.randn(7, H).half()
+    ids, w = random_routing(7, E, 2)
+    ids[2, 1] = -1
+    out = _layer(tensors, int8_act=True).forward(x, ids, w)
+    assert out.dtype == torch.float16
+    assert_int8_budget(out, x, d13, d2, ids, w)
+    exact = _layer(tensors).forward(x, ids, w)
+    assert_matches_reference(exact, x, d13, d2, ids, w)
+    with int8_activations(False, name="LK_WNA16_INT8_ACT"):
+        alias = lk_moe.MoELayer.from_checkpoint("nvfp4", tensors)
+    assert torch.equal(alias.forward(x, ids, w), exact)
+    if lk_moe.isa().startswith("avx512") or lk_moe.isa() == "amx":
+        assert not torch.equal(out, exact)  # the switch switches
+    with int8_activations(False):
+        os.environ["LK_INT8_ACT"] = "maybe"
+        with pytest.raises(ValueError, match="LK_INT8_ACT=maybe is not a switch"):
+            lk_moe.MoELayer.from_checkpoint("nvfp4", tensors)
+
+
+def test_nvfp4_int8_activations_nonfinite_input_propagates():
+    tensors, *_ = make_nvfp4(4, 256, 192)
+    assert_nonfinite_input_propagates(_layer(tensors, int8_act=True), 256)
 
 
 def test_gate_and_up_global_scales_are_each_used():
