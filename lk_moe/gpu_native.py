@@ -98,12 +98,15 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _swap_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Engine int4 quads [..., kp/4, 16, 2] (byte j of quad q: element 4q + j low, 4q + 2 + j high) ->
-    the same shape with byte j of quad q holding elements 4q + 2j (low) and 4q + 2j + 1 (high)."""
-    b0, b1 = codes[..., 0], codes[..., 1]
-    lo = (b0 & 0x0F) | ((b1 & 0x0F) << 4)   # elements 4q, 4q + 1
-    hi = (b0 >> 4) | (b1 & 0xF0)             # elements 4q + 2, 4q + 3
-    return torch.stack((lo, hi), dim=-1)
+    """Engine int4 blocks [..., kp/4, 16, 2], grouped in octets of 64 bytes (moe_layer.cpp pack_int4:
+    byte j of octet o holds element 8o + j low and 8o + 4 + j high, the order of the int8-activation
+    decode) -> quads of the same shape whose byte j of quad q holds elements 4q + 2j (low) and
+    4q + 2j + 1 (high): sequential pairs, as vLLM packs int4 along K."""
+    lead, quads = codes.shape[:-3], codes.shape[-3]
+    b0, b1, b2, b3 = codes.reshape(*lead, quads // 2, 16, 4).unbind(-1)
+    first = torch.stack(((b0 & 0x0F) | ((b1 & 0x0F) << 4), (b2 & 0x0F) | ((b3 & 0x0F) << 4)), dim=-1)  # 8o..8o+3
+    second = torch.stack(((b0 >> 4) | (b1 & 0xF0), (b2 >> 4) | (b3 & 0xF0)), dim=-1)                   # 8o+4..8o+7
+    return torch.stack((first, second), dim=-3).reshape(codes.shape)
 
 
 def relayout(fmt: str, per_slice, padded_dims, parts=()) -> NativeWeights:
