@@ -37,8 +37,10 @@ wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   formats)
     body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 100
-timeout 90 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
---format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done' > \$OUT/moe_layer.log 2>&1
+timeout 120 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
+--format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done; for f in wna16_int4 nvfp4 mxfp4; do \
+echo \"## LK_INT8_ACT=0\"; LK_INT8_ACT=0 $half0 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
+--tokens 1 --threads all; done' > \$OUT/moe_layer.log 2>&1
 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $half0 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e \
 -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1) &
 LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
