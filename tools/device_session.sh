@@ -55,12 +55,17 @@ mkdir -p /root/e2e-tmp  # parent of the e2e runs' --basetemp=/root/e2e-tmp/<suit
 set +e
 "$@" 2>&1 | tee -a "$out/session.log"
 rc=${PIPESTATUS[0]}
-# vLLM run logs and results of the e2e tests (the checkpoints stay behind)
+# vLLM run logs and results of the e2e tests (the checkpoints stay behind), and any folders the
+# command wrote under $OUT (tests/gpu logs and backtraces), in one archive: the device tool brings
+# back at most 8 files.
+bundle=$(mktemp -d)
 if [ -d /root/e2e-tmp ]; then
-  mkdir -p "$out/e2e"
+  mkdir -p "$bundle/e2e"
   # <basetemp>/<test>/<tag>.json|log only (not the checkpoints' or compile caches' files below them)
   find /root/e2e-tmp -mindepth 3 -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -size -8M | while read -r f; do
-    cp "$f" "$out/e2e/$(basename "$(dirname "$f")")-$(basename "$f")"
+    cp "$f" "$bundle/e2e/$(basename "$(dirname "$f")")-$(basename "$f")"
   done
 fi
+for d in "$out"/*/; do [ -d "$d" ] && mv "$d" "$bundle/"; done
+tar -C "$bundle" -czf "$out/details.tar.gz" . && echo "[device] e2e runs and sub-folders bundled in \$OUT/details.tar.gz"
 exit $rc

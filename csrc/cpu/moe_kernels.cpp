@@ -1335,8 +1335,10 @@ void down_q4(const DownTask& t) {
 }
 
 // ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
-// Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT=0
-// turns it off): the int4 section's int8 activations (q8 rows, quantized once per chunk per 32
+// Strategy. Decode with int8 activations (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers, only
+// with LK_INT8_ACT=1: on the 16-core AMX host, 2026-12-01, M=1 it gained 5-6% (mxfp4 0.327 -> 0.308 ms,
+// nvfp4 0.329 -> 0.312) while its error moved gpt-oss's greedy logprobs past the e2e bound, so the exact
+// path below is the default): the int4 section's int8 activations (q8 rows, quantized once per chunk per 32
 // inputs) times exact int8 weights: 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}, so each
 // quad (32 bytes, the block layout as it is) becomes 16 dwords of 4 unsigned codes 12 + 2 e2m1
 // (vpmovzxwd, one vpternlogd, one vpshufb table) and vpdpbusd (vpmaddubsw + vpmaddwd on the avx512
@@ -1353,7 +1355,7 @@ void down_q4(const DownTask& t) {
 // (34 -> 36 GB/s). Hot weights (8 experts in L3, 1 thread): mxfp4 M=1 0.89 -> 0.57 ms, M=4 1.08 ->
 // 0.65 ms; nvfp4 M=1 0.81 -> 0.54 ms, M=4 1.26 -> 1.02 ms (its per-16 epilogue, the fp8 scale
 // conversion above all, is the larger share: a cheaper fp8x16_to_f32 is the next step there).
-// Decode, exact (LK_INT8_ACT=0, m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
+// Decode, exact (default, m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
 // split without AVX512-BF16) accumulates each 32-input group in fp32, then the group's 16 e8m0 scales

@@ -232,7 +232,7 @@ def test_nvfp4_int8_activations_fp16_unused_slots_and_switch():
         assert not torch.equal(out, exact)  # the switch switches
     with int8_activations(False):
         os.environ["LK_INT8_ACT"] = "maybe"
-        with pytest.raises(ValueError, match="LK_INT8_ACT=maybe is not a switch"):
+        with pytest.raises(ValueError, match="LK_INT8_ACT=maybe is not a switch: use auto, 1/0"):
             lk_moe.MoELayer.from_checkpoint("nvfp4", tensors)
 
 
@@ -332,3 +332,36 @@ def test_nvfp4_rejects_bad_inputs():
     with pytest.raises(ValueError, match="x must have shape"):
         layer.forward(torch.randn(2, 64).bfloat16(), *random_routing(2, 2, 1))
     assert lk_moe.MoELayer.tensor_names("nvfp4") == (NAMES, ("w13_input_scale", "w2_input_scale"))
+
+
+def test_int8_activations_default_to_wna16_only():
+    """LK_INT8_ACT unset or auto: wna16_int4 decodes with int8 activations, the FP4 formats keep exact
+    bf16 activations (bit for bit LK_INT8_ACT=0); LK_INT8_ACT=1 turns them on for FP4 too; the first
+    name LK_WNA16_INT8_ACT=1 stays int4-only."""
+    from .test_wna16 import make_int4_experts
+    if not (lk_moe.isa().startswith("avx512") or lk_moe.isa() == "amx"):
+        pytest.skip("the int8-activation decode runs on the AVX-512 tiers")
+    E, H, I = 4, 256, 192
+    fp4, *_ = make_nvfp4(E, H, I)
+    int4 = make_int4_experts(E, H, I, 64, False)[0]
+    x = torch.randn(3, H).bfloat16()
+    ids, w = random_routing(3, E, 2)
+
+    def out(fmt, tensors, env):
+        names = ("LK_INT8_ACT", "LK_WNA16_INT8_ACT")
+        before = {n: os.environ.pop(n, None) for n in names}
+        os.environ.update(env)
+        try:
+            return lk_moe.MoELayer.from_checkpoint(fmt, tensors).forward(x, ids, w)
+        finally:
+            for n in names:
+                os.environ.pop(n, None)
+                if before[n] is not None:
+                    os.environ[n] = before[n]
+
+    for fmt, t, default_int8 in (("nvfp4", fp4, False), ("wna16_int4", int4, True)):
+        exact, on = out(fmt, t, {"LK_INT8_ACT": "0"}), out(fmt, t, {"LK_INT8_ACT": "1"})
+        assert not torch.equal(exact, on)
+        for env in ({}, {"LK_INT8_ACT": "auto"}, {"LK_INT8_ACT": "AUTO"}):
+            assert torch.equal(out(fmt, t, env), on if default_int8 else exact), (fmt, env)
+        assert torch.equal(out(fmt, t, {"LK_WNA16_INT8_ACT": "1"}), on if fmt == "wna16_int4" else exact)

@@ -56,7 +56,11 @@ def main() -> int:
     with open(os.path.join(a.model, "tokenizer.json")) as f:
         vocab = len(json.load(f)["model"]["vocab"])
     t0 = time.time()
-    mem_args = {"kv_cache_memory_bytes": a.kv_bytes} if a.kv_bytes else {"gpu_memory_utilization": a.gpu_util}
+    # With a fixed KV size vLLM 0.26 still checks at start-up that free memory >= utilization x total
+    # (default 0.92): runs sharing a GPU failed that check on 2026-12-01 (14 at a time). A low value
+    # keeps the check meaningful (7 GiB free) without touching the sizing, which the fixed bytes decide.
+    mem_args = ({"kv_cache_memory_bytes": a.kv_bytes, "gpu_memory_utilization": 0.05} if a.kv_bytes
+                else {"gpu_memory_utilization": a.gpu_util})
     extra = {}
     if a.tp > 1:
         # vLLM 0.26 fuses all-reduce + RMSNorm through FlashInfer and picks its "mnnvl" backend,

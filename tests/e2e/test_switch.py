@@ -301,7 +301,7 @@ def test_quantized_gpu_prefill_matches_bf16_twin(quantized_runs, arch, quant):
     fmt = ENGINE_FORMAT[quant]
     assert "GPU prefill from 128 tokens" in on["log"], "the plugin did not plan GPU prefill"
     assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
-    assert f"GPU path of {fmt}: {fmt}: LK_FORCE_GPU_FALLBACK=1" in on["log"], "the fallback was not forced"
+    assert f"GPU path of {fmt}: LK_FORCE_GPU_FALLBACK=1" in on["log"], "the fallback was not forced"
     _check(twin, on, f"{arch} {quant} GPU prefill (fallback) vs bf16 twin")
 
 
@@ -319,7 +319,7 @@ def test_quantized_gpu_prefill_native_kernels(quantized_runs, arch, quant):
     fmt = ENGINE_FORMAT[quant]
     on = _get(quantized_runs, f"{arch}-{quant}-gpu-native")
     twin = _get(quantized_runs, f"{arch}-{quant}-twin-stock")
-    assert f"GPU path of {fmt}: {fmt}: native on sm_" in on["log"], "the native kernel was not taken"
+    assert f"GPU path of {fmt}: native on sm_" in on["log"], "the native kernel was not taken"
     assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
     if fmt not in W8A8_NATIVE:
         _check(twin, on, f"{arch} {quant} GPU prefill (native) vs bf16 twin")
