@@ -21,7 +21,7 @@ case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
 --modes hybrid --results \$OUT/bench.json --log-dir \$OUT --timeout 330 > \$OUT/bench_hybrid.log 2>&1
-OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 90
+OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 240
 CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1) &
 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel and not kv_cache' > \$OUT/e2e_bf16.log 2>&1
@@ -36,7 +36,7 @@ tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
 wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   formats)
-    body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 100
+    body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 240
 timeout 120 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done; for f in wna16_int4 nvfp4 mxfp4; do \
 echo \"## LK_INT8_ACT=0\"; LK_INT8_ACT=0 $half0 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
