@@ -202,3 +202,14 @@ def test_a_flip_after_one_earlier_spike_is_a_spike_flip():
     _flip(test, 2, 12, 0.8)
     c = compare_outputs(ref, test)
     assert not c.failures and list(c.spike_flips) == [(2, 12)]
+
+
+def test_e2e_summary_texts_are_what_the_plugin_prints():
+    """The e2e tests find the GPU path in the startup summary ("GPU path of " + gpu_path's reason,
+    lvllm/runtime.py); a wrong expected text cost a whole GPU run once."""
+    from lk_moe.gpu_dequant import gpu_path
+    from tests.e2e.test_switch import ENGINE_FORMAT, fallback_text, native_text
+    for fmt in ENGINE_FORMAT.values():
+        assert ("GPU path of " + gpu_path(fmt, (9, 0), force_fallback=True)[1]).startswith(fallback_text(fmt))
+        path, reason = gpu_path(fmt, (9, 0), force_fallback=False)
+        assert ("GPU path of " + reason).startswith(native_text(fmt)) == (path == "native")

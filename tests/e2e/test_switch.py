@@ -68,6 +68,16 @@ ENGINE_FORMAT = {"fp8": "fp8_block", "w4a16": "wna16_int4", "nvfp4": "nvfp4",
 W8A8_NATIVE = ("fp8_block", "fp8_channel")
 
 
+def fallback_text(fmt: str) -> str:
+    """What the plugin's startup summary says of a format whose fallback was forced (lvllm/runtime.py:
+    "GPU path of " + gpu_path's reason); tests/cpu/test_e2e_compare.py checks it against the real text."""
+    return f"GPU path of {fmt}: LK_FORCE_GPU_FALLBACK=1"
+
+
+def native_text(fmt: str) -> str:
+    return f"GPU path of {fmt}: native on sm_"
+
+
 def _native_here(quant) -> bool:
     """Whether the format's GPU path on this GPU is vLLM's kernel (lk_moe.gpu_dequant.gpu_path)."""
     from lk_moe.gpu_dequant import gpu_path
@@ -301,7 +311,7 @@ def test_quantized_gpu_prefill_matches_bf16_twin(quantized_runs, arch, quant):
     fmt = ENGINE_FORMAT[quant]
     assert "GPU prefill from 128 tokens" in on["log"], "the plugin did not plan GPU prefill"
     assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
-    assert f"GPU path of {fmt}: LK_FORCE_GPU_FALLBACK=1" in on["log"], "the fallback was not forced"
+    assert fallback_text(fmt) in on["log"], "the fallback was not forced"
     _check(twin, on, f"{arch} {quant} GPU prefill (fallback) vs bf16 twin")
 
 
@@ -319,7 +329,7 @@ def test_quantized_gpu_prefill_native_kernels(quantized_runs, arch, quant):
     fmt = ENGINE_FORMAT[quant]
     on = _get(quantized_runs, f"{arch}-{quant}-gpu-native")
     twin = _get(quantized_runs, f"{arch}-{quant}-twin-stock")
-    assert f"GPU path of {fmt}: native on sm_" in on["log"], "the native kernel was not taken"
+    assert native_text(fmt) in on["log"], "the native kernel was not taken"
     assert "GPU staging 0.0 MiB" not in on["log"] and "CPU prefill for" not in on["log"], f"{quant} layers did not stream"
     if fmt not in W8A8_NATIVE:
         _check(twin, on, f"{arch} {quant} GPU prefill (native) vs bf16 twin")
