@@ -1375,14 +1375,16 @@ void down_q4(const DownTask& t) {
 // (fp8x16_to_f32 / fp8_to_f32), and the per-expert global scales applied by gate_up_fp4 / down_fp4 to
 // the fp32 results. Conventions and measurements: moe_layer.h (kNVFP4).
 
-// e2m1 code -> bf16 bits (sign bit 3, magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6}); 32 entries for vpermw.
+// e2m1 code -> bf16 bits (sign bit 3, magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6}); 32 entries for vpermw,
+// the 16 codes twice: vpermw reads the low 5 bits of each index word, so a word whose low nibble is
+// the code needs no masking whatever its bit 4 (dot_tile_fp4 looks up the zero-extended byte as is).
 struct Fp4Lut {
   uint16_t v[32];
 };
 constexpr Fp4Lut make_fp4_lut() {
   Fp4Lut t{};
   const uint16_t mag[8] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0};
-  for (int i = 0; i < 16; ++i) t.v[i] = uint16_t(mag[i & 7] | (i & 8 ? 0x8000 : 0));
+  for (int i = 0; i < 32; ++i) t.v[i] = uint16_t(mag[i & 7] | (i & 8 ? 0x8000 : 0));
   return t;
 }
 constexpr Fp4Lut kFp4Lut = make_fp4_lut();
@@ -1537,16 +1539,16 @@ template <int MR, int NB, bool NV>
 inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                          float* c) {
   constexpr int GQ = NV ? 4 : 8;  // quads per scale group
-  constexpr int S = MR == 1 ? (NV ? 2 : 4) : (MR <= 2 ? 2 : 1);
+  constexpr int S = MR == 1 ? 4 : (MR <= 2 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
   zero_chains<MR, NB, S>(acc, tot);
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4Lut.v);
-  const __m512i mask = _mm512_set1_epi16(0x0F);
   const int ngroups = kp / (4 * GQ);
   for (int g = 0; g < ngroups; ++g) {
 #pragma GCC unroll 8
-    for (int q = g * GQ; q < g * GQ + GQ; ++q) {
-      if ((q & 1) == 0) {
+    for (int qq = 0; qq < GQ; ++qq) {
+      const int q = g * GQ + qq;
+      if ((qq & 1) == 0) {
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
       }
@@ -1554,10 +1556,12 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
 #pragma GCC unroll 2
       for (int j = 0; j < NB; ++j) {
         const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b[j] + q * 32)));
-        wl[j] = _mm512_permutexvar_epi16(_mm512_and_si512(v, mask), lut);
+        wl[j] = _mm512_permutexvar_epi16(v, lut);  // low nibble + bit 4: the doubled table
         wh[j] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
       }
-      const int il = (2 * q) % S, ih = (2 * q + 1) % S;
+      // chain indices from the in-group quad: compile-time constants once unrolled (from q they were
+      // not for S = 4, and the accumulators went to the stack)
+      const int il = (2 * qq) % S, ih = (2 * qq + 1) % S;
       fma_quad<MR, NB, S>(acc, a, q, wl, wh, il, ih);
     }
 #pragma GCC unroll 2
