@@ -1520,15 +1520,16 @@ inline __m512 e8m0x16_to_f32(const uint8_t* s) {
 
 // 16 fp8 e4m3fn bytes -> fp32 (exact). The 7 magnitude bits shifted to fp32's exponent/mantissa
 // fields (<< 20) are the value times 2^-120, subnormals included (an fp8 subnormal lands on an fp32
-// subnormal): one multiply by 2^120 rebiases; 0x7F/0xFF are NaN.
+// subnormal): one multiply by 2^120 rebiases; 0x7F/0xFF are NaN. The bytes are sign-extended, so
+// one shift puts the magnitude at bits 20..26 and copies of the sign at 27..31, and one mask keeps
+// bit 31 of those.
 inline __m512 fp8x16_to_f32(const uint8_t* s) {
-  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)s));
-  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi32(0x7F));
-  const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(mag, 20),
-                                       _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24));
+  const __m128i x = _mm_loadu_si128((const __m128i*)s);
+  const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(x), 20),
+                                        _mm512_set1_epi32(int32_t(0x87F00000u)));
   const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(1.329227995784916e36f));  // 2^120
-  return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
-                            _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(x, _mm_set1_epi8(int8_t(0x80))), _mm_set1_epi8(-1));
+  return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
 }
 
 // C[r][j*16 + n] (ld 32) = sum_groups s_j[g][n] * sum_{k in g} A_r[k] * e2m1(code_j[n][k]), groups of 32
