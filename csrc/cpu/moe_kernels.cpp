@@ -1360,6 +1360,18 @@ void down_q4(const DownTask& t) {
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
 // split without AVX512-BF16) accumulates each 32-input group in fp32, then the group's 16 e8m0 scales
 // (2^(s-127) built as fp32 bits s << 23) multiply it into the total: one fmadd per 16 pair-rows.
+// Decode speed (2026-12-01, docs/results/2026-12-01_epyc2c_mxfp4_exact_speed.log): with M = 1 the
+// S = 4 accumulator chains were indexed by (2q) % S with q counting from the group's start, which the
+// compiler did not fold once unrolled, so the chains lived on the stack; indexed by the in-group quad
+// they stay in registers (same chains, same fp32 results for mxfp4; nvfp4 M = 1 went from 2 chains
+// to 4). The fp4 table holds the 16 codes twice so the zero-extended byte is its own index (no
+// nibble mask); fp8x16_to_f32 shifts sign-extended bytes (one shift, one mask instead of five ops).
+// Hot weights (8 experts in L3, 1 thread, medians of 5, Zen4 VM): mxfp4 M=1 0.747 -> 0.433 ms,
+// M=4 0.979 -> 0.969; nvfp4 M=1 0.586 -> 0.586 (min 0.558 -> 0.480), M=4 1.050 -> 0.904.
+// Tried and not kept: e8m0 specials tested on the 16 bytes (no gain). Not tried for lack of time:
+// folding e8m0 scales into the table (the table is per code, the scale per row: an extra add and a
+// zero fix-up per quad would cost more than the once-per-8-quads epilogue), prefetch of the next
+// expert. M=4 stays bound by the vdpbf16ps count (16 per quad and block pair), not the unpack.
 // Prefill (more rows) and every row count on the generic/avx2 tiers: per segment of up to 256 inputs,
 // dequantize code x scale of the block (pair) into bf16 in L1 (exact: e2m1 has 2 significant bits, the
 // scale is a power of two) and run the bf16 dot_rows over all row tiles on it, summing segments in fp32.
