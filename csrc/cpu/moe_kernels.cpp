@@ -1368,6 +1368,9 @@ void down_q4(const DownTask& t) {
 // nibble mask); fp8x16_to_f32 shifts sign-extended bytes (one shift, one mask instead of five ops).
 // Hot weights (8 experts in L3, 1 thread, medians of 5, Zen4 VM): mxfp4 M=1 0.747 -> 0.433 ms,
 // M=4 0.979 -> 0.969; nvfp4 M=1 0.586 -> 0.586 (min 0.558 -> 0.480), M=4 1.050 -> 0.904.
+// 2 threads, rotated copies (medians of 3; the VM's read bandwidth swung 0.25-0.84 of the probe): mxfp4
+// M=1 1.021 -> 0.800 ms, M=4 3.540 -> 2.851; nvfp4 M=1 0.812 -> 0.622, M=4 2.936 -> 2.324. The 16-core AMX host
+// (0.327 ms mxfp4 M=1 before) is not re-measured.
 // Tried and not kept: e8m0 specials tested on the 16 bytes (no gain). Not tried for lack of time:
 // folding e8m0 scales into the table (the table is per code, the scale per row: an extra add and a
 // zero fix-up per quad would cost more than the once-per-8-quads epilogue), prefetch of the next
