@@ -41,17 +41,24 @@ def unpack_w2(slices: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
 
+def blocks_w13(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per NUMA slice [e, nbi_s, 2, *rest] (16-row blocks, gate then up) -> [e, 2*nbi, *rest]: the gate
+    blocks of every slice in order, then the up blocks."""
+    out = [p.transpose(1, 2) for p in parts]
+    full = torch.cat(out, dim=2) if len(out) > 1 else out[0]
+    return full.reshape(full.shape[0], -1, *full.shape[3:])
+
+
+def blocks_w2(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per NUMA slice [e, nbh_s, *rest] -> [e, nbh, *rest]."""
+    return torch.cat(list(parts), dim=1) if len(parts) > 1 else parts[0]
+
+
 def rows_w13(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """Dequantized w13 slices [e, nbi_s, 2, 16, kp1] (block rows in order) -> [e, 2*kp2, kp1]."""
-    out = []
-    for p in parts:
-        e, nbi, _, _, kp1 = p.shape
-        out.append(p.permute(0, 2, 1, 3, 4).reshape(e, 2, nbi * 16, kp1))
-    full = torch.cat(out, dim=2) if len(out) > 1 else out[0]
-    return full.reshape(full.shape[0], -1, full.shape[-1])
+    return blocks_w13(parts).flatten(1, 2)
 
 
 def rows_w2(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """Dequantized w2 slices [e, nbh_s, 16, kp2] -> [e, h_pad, kp2]."""
-    out = [p.reshape(p.shape[0], p.shape[1] * 16, p.shape[3]) for p in parts]
-    return torch.cat(out, dim=1) if len(out) > 1 else out[0]
+    return blocks_w2(parts).flatten(1, 2)

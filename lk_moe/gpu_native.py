@@ -43,7 +43,7 @@ from typing import List, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .gpu_layout import unpack_w13, unpack_w2
+from .gpu_layout import blocks_w13, blocks_w2, unpack_w13, unpack_w2
 
 # format -> (first compute capability, what computes the chunk). gpu_dequant.gpu_path reads it.
 KERNELS = {
@@ -76,19 +76,6 @@ class NativeWeights(NamedTuple):
     w2z: Optional[torch.Tensor] = None
 
 
-def _w13_blocks(parts) -> torch.Tensor:
-    """Per NUMA slice [n, nbi_s, 2, *rest] (16-row blocks, gate then up) -> [n, 2 * nbi, *rest]: gate
-    blocks of every slice in order, then up blocks (the row order of gpu_layout.unpack_w13)."""
-    out = [p.transpose(1, 2) for p in parts]
-    full = torch.cat(out, dim=2) if len(out) > 1 else out[0]
-    return full.reshape(full.shape[0], -1, *full.shape[3:])
-
-
-def _w2_blocks(parts) -> torch.Tensor:
-    """Per NUMA slice [n, nbh_s, *rest] -> [n, nbh, *rest]."""
-    return torch.cat(list(parts), dim=1) if len(parts) > 1 else parts[0]
-
-
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """t [n, r, ...] -> [n, rows, ...] with zero rows appended (contiguous)."""
     if t.shape[1] < rows:
@@ -118,8 +105,8 @@ def relayout(fmt: str, per_slice, padded_dims, parts=()) -> NativeWeights:
         code_dtype = torch.int8 if fmt == "int8_channel" else torch.float8_e4m3fn
         w1 = unpack_w13([v[0] for v in per_slice]).contiguous().view(code_dtype)
         w2 = _pad_rows(unpack_w2([v[2] for v in per_slice]), kp1).view(code_dtype)
-        s13 = _w13_blocks([v[1] for v in per_slice])  # [n, 2*kp2/16, P1]: one row of scales per 16-row block
-        s2 = _w2_blocks([v[3] for v in per_slice])    # [n, h_pad/16, P2]
+        s13 = blocks_w13([v[1] for v in per_slice])  # [n, 2*kp2/16, P1]: one row of scales per 16-row block
+        s2 = blocks_w2([v[3] for v in per_slice])    # [n, h_pad/16, P2]
         if fmt == "fp8_block":
             # The engine repeats a 128-row block's scales in each of its 8 16-row blocks: keep every 8th.
             w1s = s13[:, ::FP8_BLOCK // 16].contiguous()
@@ -132,15 +119,15 @@ def relayout(fmt: str, per_slice, padded_dims, parts=()) -> NativeWeights:
         sl = [dict(zip(parts, v)) for v in per_slice]
         w1 = unpack_w13([_swap_nibbles(p["w13"]) for p in sl]).contiguous()  # [n, 2*kp2, kp1/2]
         w2 = _pad_rows(unpack_w2([_swap_nibbles(p["w2"]) for p in sl]), kp1)  # [n, kp1, kp2/2]
-        s1 = _w13_blocks([p["s13"].transpose(-1, -2) for p in sl])          # [n, 2*nbi, 16, G1]
+        s1 = blocks_w13([p["s13"].transpose(-1, -2) for p in sl])          # [n, 2*nbi, 16, G1]
         w1s = s1.reshape(s1.shape[0], -1, s1.shape[-1]).contiguous()
-        s2 = _w2_blocks([p["s2"].transpose(-1, -2) for p in sl])            # [n, nbh, 16, G2]
+        s2 = blocks_w2([p["s2"].transpose(-1, -2) for p in sl])            # [n, nbh, 16, G2]
         w2s = _pad_rows(s2.reshape(s2.shape[0], -1, s2.shape[-1]), kp1)
         w1z = w2z = None
         if "z13" in sl[0]:
-            z1 = _w13_blocks([p["z13"].transpose(-1, -2) for p in sl])      # [n, 2*nbi, 8, G1]
+            z1 = blocks_w13([p["z13"].transpose(-1, -2) for p in sl])      # [n, 2*nbi, 8, G1]
             w1z = z1.reshape(z1.shape[0], -1, z1.shape[-1]).contiguous()   # [n, kp2, G1]
-            z2 = _w2_blocks([p["z2"].transpose(-1, -2) for p in sl])        # [n, nbh, 8, G2]
+            z2 = blocks_w2([p["z2"].transpose(-1, -2) for p in sl])        # [n, nbh, 8, G2]
             w2z = _pad_rows(z2.reshape(z2.shape[0], -1, z2.shape[-1]), kp1 // 2)
         return NativeWeights(w1, w2, w1s, w2s, w1z, w2z)
     raise ValueError(f"{fmt} experts have no native GPU path (native: {', '.join(KERNELS)})")

@@ -31,18 +31,22 @@ int round_up(int v, int a) { return (v + a - 1) / a * a; }
 // their int8 error (~0.01 relative RMS vs 0.002) moved gpt-oss's greedy logprobs past the e2e bound,
 // so they keep exact bf16 activations unless LK_INT8_ACT=1. 0/false/no/off: none. LK_WNA16_INT8_ACT,
 // its first name (int4 only), is read when it is unset.
+struct Int8ActVariable {
+  const char* name;
+  bool covers_fp4;  // false for the first name: it only ever switched int4, and knows no "auto"
+};
+
 bool int8_act_from_env(bool fp4) {
-  for (const char* name : {"LK_INT8_ACT", "LK_WNA16_INT8_ACT"}) {
-    const char* v = std::getenv(name);
+  for (const Int8ActVariable var : {Int8ActVariable{"LK_INT8_ACT", true}, Int8ActVariable{"LK_WNA16_INT8_ACT", false}}) {
+    const char* v = std::getenv(var.name);
     if (!v) continue;
     std::string s(v);
     for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    const bool first_name = name[3] == 'W';
-    if (s == "auto" && !first_name) return !fp4;
-    if (s == "1" || s == "true" || s == "yes" || s == "on") return !(first_name && fp4);
+    if (s == "auto" && var.covers_fp4) return !fp4;
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return var.covers_fp4 || !fp4;
     if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-    throw std::invalid_argument(std::string(name) + "=" + v + " is not a switch: use " +
-                                (first_name ? "" : "auto, ") + "1/0, true/false, yes/no or on/off");
+    throw std::invalid_argument(std::string(var.name) + "=" + v + " is not a switch: use " +
+                                (var.covers_fp4 ? "auto, " : "") + "1/0, true/false, yes/no or on/off");
   }
   return !fp4;
 }

@@ -192,12 +192,11 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
         c.total += len(r["tokens"])
         earlier = []  # differences at the earlier positions of this prompt
         for i, (rt, tt) in enumerate(zip(r["tokens"], t["tokens"])):
-            before = _quantile(earlier, 0.9)
             R, T = r["logprobs"][i], t["logprobs"][i]
             common = set(R) & set(T)
             c.diffs.append(max((abs(R[k] - T[k]) for k in common), default=0.0))
             if rt != tt:
-                m = _margin(R)
+                m, before = _margin(R), _quantile(earlier, 0.9)
                 what = (f"prompt {p} pos {i}: greedy {rt} vs {tt} with reference margin {m:.3f} "
                         f"(|dlogprob| here {c.diffs[-1]:.3f}, earlier p90 {before:.3f} max {max(earlier, default=0):.3f})")
                 if m > flip_margin and before <= TOL:
