@@ -16,6 +16,7 @@ experts cached from the previous forward do not inflate the bandwidth.
     python benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1 --threads all
     python benchmarks/moe_layer.py --format mxfp4 --shapes gpt-oss-120b   # mxfp4 + swigluoai + biases
     python benchmarks/moe_layer.py --format nvfp4                        # ModelOpt NVFP4 (Qwen3-30B-A3B-FP4 shape)
+    python benchmarks/moe_layer.py --format int8_channel                 # compressed-tensors W8A8/W8A16 int8
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
-from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_fp8, moe_torch_baseline_mxfp4,  # noqa: E402
-                               moe_torch_baseline_nvfp4, moe_torch_baseline_wna16, random_routing)
+from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_channel, moe_torch_baseline_fp8,  # noqa: E402
+                               moe_torch_baseline_mxfp4, moe_torch_baseline_nvfp4, moe_torch_baseline_wna16,
+                               random_routing)
 
 SHAPES = {
     # name: (H, I, E, K)
@@ -81,6 +83,21 @@ def make_fp8_tensors(E, H, I, seed=0, block=128):
     s2 = torch.rand(E, H // block, I // block, generator=g) * 1e-3 + 1e-4
     return dict(w13_weight=q13.view(torch.float8_e4m3fn), w2_weight=q2.view(torch.float8_e4m3fn),
                 w13_weight_scale_inv=s13, w2_weight_scale_inv=s2)
+
+
+def make_channel_tensors(fmt, E, H, I, seed=0):
+    """fp8_channel / int8_channel tensors as vLLM's compressed-tensors W8A8 MoE methods hold them:
+    random finite codes (one random expert copied, fast to build), fp32 scales [E, R, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    def codes(r, c):
+        if fmt == "int8_channel":
+            return torch.randint(-127, 128, (r, c), generator=g, dtype=torch.int8)
+        return (torch.randint(0, 0x7E, (r, c), generator=g, dtype=torch.uint8) | (
+            torch.randint(0, 2, (r, c), generator=g, dtype=torch.uint8) << 7)).view(torch.float8_e4m3fn)
+    c13, c2 = codes(2 * I, H), codes(H, I)
+    return dict(w13_weight=c13.expand(E, -1, -1).contiguous(), w2_weight=c2.expand(E, -1, -1).contiguous(),
+                w13_weight_scale=torch.rand(E, 2 * I, 1, generator=g) * 1e-3 + 1e-4,
+                w2_weight_scale=torch.rand(E, H, 1, generator=g) * 1e-3 + 1e-4)
 
 
 def make_wna16_tensors(E, H, I, gs=128, asym=False, seed=0):
@@ -141,6 +158,7 @@ def timed(fn, reps):
 def bench_shape(name, args, results):
     H, I, E, K = SHAPES[name]
     fp8 = args.format == "fp8_block"
+    channel = args.format in ("fp8_channel", "int8_channel")
     int4 = args.format == "wna16_int4"
     fp4 = args.format == "mxfp4"
     nv = args.format == "nvfp4"
@@ -152,7 +170,7 @@ def bench_shape(name, args, results):
     elif int4:  # quantized bytes read per expert: codes + bf16 scales (+ 4-bit zero points)
         expert_bytes = 3 * H * I // 2 + 3 * H * I // gs * 2 + (3 * H * I // gs // 2 if args.asym else 0)
     else:
-        expert_bytes = 3 * H * I * (1 if fp8 else 2)
+        expert_bytes = 3 * H * I * (1 if fp8 or channel else 2)
     if args.max_experts:
         E = min(E, args.max_experts)
     # Budget: source weights + packed copies + torch baseline temporaries within ~60% of free RAM.
@@ -177,6 +195,10 @@ def bench_shape(name, args, results):
         tensors = make_wna16_tensors(E, H, I, gs, args.asym)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors, pool=pool)  # noqa: E731
         baseline = lambda x, ids, w: moe_torch_baseline_wna16(x, tensors, ids, w)  # noqa: E731
+    elif channel:
+        tensors = make_channel_tensors(args.format, E, H, I)
+        build = lambda pool: lk_moe.MoELayer.from_checkpoint(args.format, tensors, pool=pool)  # noqa: E731
+        baseline = lambda x, ids, w: moe_torch_baseline_channel(x, tensors, ids, w)  # noqa: E731
     elif fp8:
         tensors = make_fp8_tensors(E, H, I)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("fp8_block", tensors, pool=pool)  # noqa: E731
@@ -249,7 +271,8 @@ def main():
     p.add_argument("--rotate-bytes", type=float, default=4 * 2**30,
                    help="decode rotates over packed copies until this many bytes (defeats the LLC)")
     p.add_argument("--max-copies", type=int, default=4)
-    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "wna16_int4", "mxfp4", "nvfp4"])
+    p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "fp8_channel", "int8_channel",
+                                                        "wna16_int4", "mxfp4", "nvfp4"])
     p.add_argument("--group-size", type=int, default=128, help="wna16_int4: scale group size")
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--json", help="write the results here")

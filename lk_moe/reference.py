@@ -120,6 +120,22 @@ def moe_torch_baseline_fp8(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
         dequantize_fp8_block(q2[e:e + 1], s2[e:e + 1])[0].to(x.dtype)))
 
 
+def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8_channel / int8_channel: [E, R, C] float8_e4m3fn or int8 codes and fp32 scales per output
+    row ([E, R, 1] or [E, R]) -> fp32 [E, R, C]."""
+    return q.float() * scale.reshape(*q.shape[:2], 1).float()
+
+
+def moe_torch_baseline_channel(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch for per-channel fp8/int8 experts: dequantize each routed
+    expert to the activations' dtype, then the bf16 baseline's GEMMs."""
+    q13, q2 = tensors["w13_weight"], tensors["w2_weight"]
+    s13, s2 = tensors["w13_weight_scale"], tensors["w2_weight_scale"]
+    return _dequantizing_baseline(x, topk_ids, topk_weights, lambda e: (
+        dequantize_per_channel(q13[e:e + 1], s13[e:e + 1])[0].to(x.dtype),
+        dequantize_per_channel(q2[e:e + 1], s2[e:e + 1])[0].to(x.dtype)))
+
+
 # ---------------------------------------------------------------- wna16_int4 (compressed-tensors int4)
 # Convention (compressed-tensors pack_to_int32 / unpack_from_int32, vLLM's loader transposes to
 # K-first): 8 unsigned 4-bit codes u = q + 8 per int32, code i in bits 4i..4i+3; weights packed

@@ -7,6 +7,11 @@
 #   bash tools/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
 #   bash tools/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
 #   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
+# On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
+#   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
+#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
+#   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
+#   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, then the bf16 e2e suite
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
@@ -60,7 +65,29 @@ python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/
 (python3 -m lvllm doctor --model /root/tiny-qwen; python3 -m lvllm doctor --model /root/dsv3big --tp 2) > \$OUT/doctor.log 2>&1
 cuobjdump --list-elf /root/lvllm-wheel/lk_moe/_lk_cuda.so > \$OUT/cuobjdump.txt 2>&1
 wait; cat \$OUT/cpu_path.log; grep -h 'read bandwidth\|^ *[14] ' \$OUT/moe_layer.log; tail -3 \$OUT/demo.log" ;;
+  setup)
+    body="true" ;;
+  gpu1)
+    body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
+timeout 170 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do python3 benchmarks/moe_layer.py \
+--format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all --reps 15; done; for f in wna16_int4 nvfp4 mxfp4; do \
+echo \"## LK_INT8_ACT=0\"; LK_INT8_ACT=0 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
+--tokens 1 --threads all --reps 15; done' > \$OUT/moe_layer.log 2>&1
+timeout 110 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+timeout 100 bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
+timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \
+&& python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
+&& python3 -m lvllm doctor --model /root/tiny-qwen && python3 -m lvllm doctor --model /root/dsv3big --tp 2' > \$OUT/doctor.log 2>&1
+tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
+grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
+  quant1)
+    body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
+> \$OUT/e2e_quant.log 2>&1; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log" ;;
+  bf16_1)
+    body="timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
+-k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
+grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log" ;;
   *)
-    sed -n 2,12p "${BASH_SOURCE[0]}"; exit 2 ;;
+    sed -n 2,17p "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
 exec bash "$here/device_session.sh" bash -c "$body"

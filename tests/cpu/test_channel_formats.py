@@ -91,3 +91,18 @@ def test_quantized_layers_refuse_gpu_copies_clearly():
     layer = lk_moe.MoELayer.from_checkpoint("int8_channel", tensors)
     with pytest.raises(ValueError, match="this layer has byte weights .* use quant_slices"):
         layer._impl.packed_slices()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "int8_channel"])
+def test_channel_torch_baseline_is_the_dequantized_layer(fmt):
+    """lk_moe.reference's per-channel dequantization (the benchmark's torch baseline) equals the
+    quantizer's own decode bit for bit; the baseline is the bf16 torch baseline on those weights
+    (the same GEMMs: equal up to the order of the fp32 sums)."""
+    from lk_moe.reference import dequantize_per_channel, moe_torch_baseline, moe_torch_baseline_channel
+    tensors, d13, d2 = make_channel_experts(fmt, 4, 256, 128)
+    assert torch.equal(dequantize_per_channel(tensors["w13_weight"], tensors["w13_weight_scale"]), d13)
+    assert torch.equal(dequantize_per_channel(tensors["w2_weight"], tensors["w2_weight_scale"][..., 0]), d2)
+    x = torch.randn(5, 256).bfloat16()
+    ids, w = random_routing(5, 4, 2)
+    torch.testing.assert_close(moe_torch_baseline_channel(x, tensors, ids, w),
+                               moe_torch_baseline(x, d13.bfloat16(), d2.bfloat16(), ids, w), rtol=2 ** -7, atol=1e-5)
