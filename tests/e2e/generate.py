@@ -107,7 +107,7 @@ def main() -> int:
     }
     with open(a.out, "w") as f:
         json.dump(result, f)
-    print(f"[generate] {a.model}: startup {startup_s:.1f}s, gpu blocks {result['num_gpu_blocks']}, "
+    print(f"[generate] pid {os.getpid()} {a.model}: startup {startup_s:.1f}s, gpu blocks {result['num_gpu_blocks']}, "
           f"GPU memory used {mem} MiB, first tokens {runs[0][0]['tokens'][:8]}", flush=True)
     return 0
 
