@@ -3,7 +3,9 @@
 Switch off (LVLLM_MOE_NUMA_ENABLED unset/0): return at once; nothing of vLLM's internals or of
 lk_moe is imported, vLLM runs exactly as shipped. Switch on: parse every LVLLM_* switch (a bad
 value stops startup naming the variable), check that this is the vLLM the hooks were written
-for, then install two hooks, each once per process:
+for, then install two hooks, each once per process, at the moment vLLM itself imports the module
+they go into (lvllm.post_import: processes that never build a model, like the API server, import
+nothing more than with the switch off):
 
 H1  RoutedExperts._get_quant_method: after vLLM picked the layer's method, ask the layer policy;
     hybrid layers get their method re-classed into the hybrid method (lvllm.hybrid_method).
@@ -16,11 +18,13 @@ half-installed plugin, never a silent fallback to stock vLLM.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
 
 from .config import FALSE_VALUES, LvllmConfig, LvllmConfigError, from_env
+from .post_import import when_imported
 
 logger = logging.getLogger("vllm.lvllm")
 
@@ -41,8 +45,12 @@ def _params(fn) -> tuple:
     return tuple(inspect.signature(fn).parameters)
 
 
-def _check_surface():
-    """Import the hook targets and check they look like vLLM 0.26.0's; return them."""
+ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
+LOADER_UTILS = "vllm.model_executor.model_loader.utils"
+
+
+def _check_version() -> str:
+    """The pinned vLLM, with the modules the hooks go into; nothing of vLLM's model code imported."""
     try:
         import vllm
     except ImportError as e:
@@ -51,20 +59,16 @@ def _check_surface():
     if version != SUPPORTED_VLLM:
         raise PluginError(f"lvllm supports vLLM {SUPPORTED_VLLM} only; this is vLLM {version}. "
                           f"Install vllm=={SUPPORTED_VLLM} or set LVLLM_MOE_NUMA_ENABLED=0")
-    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
-    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
-    from vllm.model_executor.model_loader import utils as loader_utils
+    roots = list(getattr(vllm, "__path__", []))
+    for module in (ROUTED_EXPERTS, LOADER_UTILS):
+        rel = os.path.join(*module.split(".")[1:]) + ".py"
+        if not any(os.path.exists(os.path.join(root, rel)) for root in roots):
+            raise PluginError(f"vLLM {version} has no module {module}; lvllm cannot install its hooks")
+    return version
 
-    where = f"vLLM {version}"
-    expect = {
-        "RoutedExperts._get_quant_method": (RoutedExperts._get_quant_method,
-                                            ("self", "prefix", "quant_config", "moe_config")),
-        "FusedMoEMethodBase.apply": (FusedMoEMethodBase.apply,
-                                     ("self", "layer", "x", "topk_weights", "topk_ids", "shared_experts",
-                                      "shared_experts_input")),
-        "model_loader.utils.device_loading_context": (getattr(loader_utils, "device_loading_context", None),
-                                                      ("module", "target_device")),
-    }
+
+def _check(where: str, expect: dict) -> None:
+    """expect: {name: (function, parameter names)} as in vLLM 0.26.0."""
     for name, (fn, params) in expect.items():
         if fn is None or not callable(fn):
             raise PluginError(f"{where} has no {name}; lvllm cannot install its hooks")
@@ -72,11 +76,19 @@ def _check_surface():
         if got != params:
             raise PluginError(f"{where}: {name}{got} differs from the expected {params}; "
                               "lvllm cannot install its hooks")
-    return RoutedExperts, loader_utils
 
 
-def _install(cfg: LvllmConfig) -> None:
-    RoutedExperts, loader_utils = _check_surface()
+def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
+    """H1, once vLLM has imported its RoutedExperts module in this process."""
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+    RoutedExperts = getattr(module, "RoutedExperts", None)
+    _check(where, {
+        "RoutedExperts._get_quant_method": (getattr(RoutedExperts, "_get_quant_method", None),
+                                            ("self", "prefix", "quant_config", "moe_config")),
+        "FusedMoEMethodBase.apply": (FusedMoEMethodBase.apply,
+                                     ("self", "layer", "x", "topk_weights", "topk_ids", "shared_experts",
+                                      "shared_experts_input")),
+    })
     from .hybrid_method import make_hybrid
     from .policy import plan_for
 
@@ -93,6 +105,13 @@ def _install(cfg: LvllmConfig) -> None:
         return method
 
     _get_quant_method.__wrapped__ = original_get_quant_method
+    RoutedExperts._get_quant_method = _get_quant_method
+
+
+def _hook_loader(where: str, loader_utils) -> None:
+    """H2, once vLLM has imported its model loader's utils in this process."""
+    _check(where, {"model_loader.utils.device_loading_context": (
+        getattr(loader_utils, "device_loading_context", None), ("module", "target_device"))})
     original_loading_context = loader_utils.device_loading_context
 
     @contextlib.contextmanager
@@ -104,8 +123,13 @@ def _install(cfg: LvllmConfig) -> None:
             yield m
 
     device_loading_context.__wrapped__ = original_loading_context
-    RoutedExperts._get_quant_method = _get_quant_method
     loader_utils.device_loading_context = device_loading_context
+
+
+def _install(cfg: LvllmConfig) -> None:
+    where = f"vLLM {_check_version()}"
+    when_imported(ROUTED_EXPERTS, functools.partial(_hook_routed_experts, cfg, where))
+    when_imported(LOADER_UTILS, functools.partial(_hook_loader, where))
 
 
 def register() -> None:

@@ -46,3 +46,33 @@ def test_switch_on_without_the_pinned_vllm_stops_startup():
         pytest.skip("vLLM 0.26.0 is installed here: the hooks install (covered by tests/e2e)")
     assert r.returncode != 0 and "PluginError" in r.stderr
     assert "vLLM cannot be imported" in r.stderr or "supports vLLM 0.26.0 only" in r.stderr
+
+
+def test_switch_on_hooks_go_in_when_vllm_imports_their_modules():
+    """register() imports none of vLLM's model code (the API server and LLM() front end stay as
+    with the switch off); the hooks go in the moment vLLM imports RoutedExperts / the loader."""
+    pytest.importorskip("vllm")
+    code = (
+        "import sys, vllm\n"
+        "if vllm.__version__ != '0.26.0': print('other vllm'); raise SystemExit(0)\n"
+        "import lvllm.plugin as p; p.register()\n"
+        "heavy = [m for m in sys.modules if m.startswith(('vllm.model_executor', 'lk_moe', 'triton_kernels'))]\n"
+        "assert not heavy, heavy\n"
+        "from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts\n"
+        "assert hasattr(RoutedExperts._get_quant_method, '__wrapped__'), 'H1 not installed'\n"
+        "from vllm.model_executor.model_loader import utils\n"
+        "assert hasattr(utils.device_loading_context, '__wrapped__'), 'H2 not installed'\n"
+        "assert 'lk_moe' not in sys.modules\n"
+        "print('hooks ok')\n")
+    r = _run(code, LVLLM_MOE_NUMA_ENABLED="1")
+    if "other vllm" in r.stdout:
+        pytest.skip("not vLLM 0.26.0")
+    assert r.returncode == 0 and "hooks ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_a_changed_vllm_function_is_named():
+    from lvllm.plugin import PluginError, _check
+    with pytest.raises(PluginError, match=r"vLLM 9\.9: RoutedExperts._get_quant_method\('self',\) differs"):
+        _check("vLLM 9.9", {"RoutedExperts._get_quant_method": (lambda self: None, ("self", "prefix"))})
+    with pytest.raises(PluginError, match="vLLM 9.9 has no model_loader.utils.device_loading_context"):
+        _check("vLLM 9.9", {"model_loader.utils.device_loading_context": (None, ("module",))})
