@@ -7,6 +7,7 @@
 #   bash tools/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
 #   bash tools/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
 #   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
+#   bash tools/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu (AMX tier)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
 #   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
@@ -65,6 +66,13 @@ python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/
 (python3 -m lvllm doctor --model /root/tiny-qwen; python3 -m lvllm doctor --model /root/dsv3big --tp 2) > \$OUT/doctor.log 2>&1
 cuobjdump --list-elf /root/lvllm-wheel/lk_moe/_lk_cuda.so > \$OUT/cuobjdump.txt 2>&1
 wait; cat \$OUT/cpu_path.log; grep -h 'read bandwidth\|^ *[14] ' \$OUT/moe_layer.log; tail -3 \$OUT/demo.log" ;;
+  final)
+    body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
+grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
+(CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
+$half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -p no:cacheprovider tests/cpu \
+> \$OUT/cpu_amx.log 2>&1
+wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
   setup)
     body="true" ;;
   gpu1)
