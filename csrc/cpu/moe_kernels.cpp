@@ -536,6 +536,13 @@ void dot_rows(int mr, const uint16_t* const* a, const void* const* b, int kp, fl
 
 #if defined(LK_V512)
 // FP8 blocks converted in registers, whole block with its segment scales (decode: few rows).
+// The byte formats (fp8_block; fp8_channel / int8_channel with one scale per row) stream one byte
+// per weight and widen it to bf16 in registers, exact, with bf16 activations (no activation
+// rounding beyond the bf16 input). H200 host (16-core Xeon, AMX tier, 16 threads, 2026-12-01,
+// benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1,4, docs/results/2026-12-01_h200_session6.log),
+// fraction of the read bandwidth measured in the same run, M=1 / M=4: fp8_block 0.76 / 0.84,
+// fp8_channel 0.72 / 0.83, int8_channel 0.73 / 0.92 (bf16: 1.04 / 1.17; M=1 0.46-0.56 ms against
+// bf16's 0.70 for half the bytes, so per-forward costs weigh more there than the conversion does).
 constexpr int kFusedFp8Rows = 4;
 template <int NB, int CODES>
 void dot_rows_codes(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
@@ -1370,7 +1377,9 @@ void down_q4(const DownTask& t) {
 // M=4 0.979 -> 0.969; nvfp4 M=1 0.586 -> 0.586 (min 0.558 -> 0.480), M=4 1.050 -> 0.904.
 // 2 threads, rotated copies (medians of 3; the VM's read bandwidth swung 0.25-0.84 of the probe): mxfp4
 // M=1 1.021 -> 0.800 ms, M=4 3.540 -> 2.851; nvfp4 M=1 0.812 -> 0.622, M=4 2.936 -> 2.324. The 16-core AMX host
-// (0.327 ms mxfp4 M=1 before) is not re-measured.
+// (0.327 ms mxfp4 M=1 before), re-measured 2026-12-01 (docs/results/2026-12-01_h200_session6.log, 16 threads,
+// qwen3-30b-a3b): mxfp4 M=1 0.298 / 0.294 ms = 0.72 / 0.70 of the read bandwidth in two runs, M=4 0.82;
+// nvfp4 M=1 0.315 / 0.293 ms = 0.68 / 0.71, M=4 0.84.
 // Tried and not kept: e8m0 specials tested on the 16 bytes (no gain). Not tried for lack of time:
 // folding e8m0 scales into the table (the table is per code, the scale per row: an extra add and a
 // zero fix-up per quad would cost more than the once-per-8-quads epilogue), prefetch of the next
