@@ -32,14 +32,14 @@ CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve 
 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel and not kv_cache' > \$OUT/e2e_bf16.log 2>&1
 wait; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -12; tail -2 \$OUT/gpu/all.log
-grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log \$OUT/e2e_bf16.log" ;;
+grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log \$OUT/e2e_bf16.log" ;;
   baseline)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock \
 --reps 2 --decode-tokens 64 --results \$OUT/bench.json --log-dir \$OUT --timeout 400 > \$OUT/bench_baseline.log 2>&1) &
 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
+wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   formats)
     body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 240
@@ -51,11 +51,11 @@ timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $half0 $e2e --basetemp=/
 -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1) &
 LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-wait; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
+wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
 grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log" ;;
   rest)
     body="timeout 400 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1
-grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
+grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 timeout 100 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done' > \$OUT/moe_layer.log 2>&1
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 120 bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1) &
@@ -68,7 +68,7 @@ cuobjdump --list-elf /root/lvllm-wheel/lk_moe/_lk_cuda.so > \$OUT/cuobjdump.txt 
 wait; cat \$OUT/cpu_path.log; grep -h 'read bandwidth\|^ *[14] ' \$OUT/moe_layer.log; tail -3 \$OUT/demo.log" ;;
   final)
     body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
-grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
+grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
 $half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -p no:cacheprovider tests/cpu \
 > \$OUT/cpu_amx.log 2>&1
@@ -87,14 +87,14 @@ timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash -c 'python3 tools/m
 && python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
 && python3 -m lvllm doctor --model /root/tiny-qwen && python3 -m lvllm doctor --model /root/dsv3big --tp 2' > \$OUT/doctor.log 2>&1
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
-grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
+grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
-> \$OUT/e2e_quant.log 2>&1; grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log" ;;
+> \$OUT/e2e_quant.log 2>&1; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log" ;;
   bf16_1)
     body="timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
-grep -h '^\.\?\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log" ;;
+grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log" ;;
   *)
     sed -n 2,17p "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
