@@ -152,8 +152,13 @@ def plugin_check() -> Line:
         cfg = from_env()
     except ValueError as e:
         return Line("FAIL", "plugin", str(e))
+    from .plugin import PluginError, check_hook_targets
+    try:
+        hooks = f"hooks fit {check_hook_targets()}"
+    except PluginError as e:
+        return Line("FAIL", "plugin", str(e))
     state = "on" if cfg.enabled else "off (LVLLM_MOE_NUMA_ENABLED=0: stock vLLM)"
-    return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; switch {state}")
+    return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; {hooks}; switch {state}")
 
 
 def model_checks(path: str, tp: int) -> List[Line]:

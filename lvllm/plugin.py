@@ -78,17 +78,36 @@ def _check(where: str, expect: dict) -> None:
                               "lvllm cannot install its hooks")
 
 
-def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
-    """H1, once vLLM has imported its RoutedExperts module in this process."""
+def _routed_experts_surface(module) -> dict:
     from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
-    RoutedExperts = getattr(module, "RoutedExperts", None)
-    _check(where, {
-        "RoutedExperts._get_quant_method": (getattr(RoutedExperts, "_get_quant_method", None),
+    return {
+        "RoutedExperts._get_quant_method": (getattr(getattr(module, "RoutedExperts", None), "_get_quant_method", None),
                                             ("self", "prefix", "quant_config", "moe_config")),
         "FusedMoEMethodBase.apply": (FusedMoEMethodBase.apply,
                                      ("self", "layer", "x", "topk_weights", "topk_ids", "shared_experts",
                                       "shared_experts_input")),
-    })
+    }
+
+
+def _loader_surface(loader_utils) -> dict:
+    return {"model_loader.utils.device_loading_context": (
+        getattr(loader_utils, "device_loading_context", None), ("module", "target_device"))}
+
+
+def check_hook_targets() -> str:
+    """What a switch-on startup checks, done now (for `lvllm doctor`; imports vLLM's MoE layer and
+    model loader). Returns "vLLM <version>"; raises PluginError naming what does not fit."""
+    import importlib
+    where = f"vLLM {_check_version()}"
+    _check(where, _routed_experts_surface(importlib.import_module(ROUTED_EXPERTS)))
+    _check(where, _loader_surface(importlib.import_module(LOADER_UTILS)))
+    return where
+
+
+def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
+    """H1, once vLLM has imported its RoutedExperts module in this process."""
+    _check(where, _routed_experts_surface(module))
+    RoutedExperts = module.RoutedExperts
     from .hybrid_method import make_hybrid
     from .policy import plan_for
 
@@ -110,8 +129,7 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
 
 def _hook_loader(where: str, loader_utils) -> None:
     """H2, once vLLM has imported its model loader's utils in this process."""
-    _check(where, {"model_loader.utils.device_loading_context": (
-        getattr(loader_utils, "device_loading_context", None), ("module", "target_device"))})
+    _check(where, _loader_surface(loader_utils))
     original_loading_context = loader_utils.device_loading_context
 
     @contextlib.contextmanager

@@ -89,3 +89,22 @@ def test_doctor_reports_and_suggests(qwen_dir, capsys):
 def test_doctor_bad_arguments():
     with pytest.raises(SystemExit):
         doctor(["--tp", "0"])
+
+
+def test_plugin_line_checks_the_hooks_against_this_vllm(monkeypatch):
+    """The plugin line runs what a switch-on startup checks: with vLLM 0.26.0 the hooks fit; a vLLM
+    whose hooked function changed is a FAIL naming it."""
+    from lvllm import doctor as doctor_mod
+    from lvllm import plugin
+    entry = type("EP", (), {"name": "lvllm", "value": "lvllm.plugin:register"})()
+    monkeypatch.setattr(doctor_mod.md, "entry_points", lambda group: [entry])
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    vllm = pytest.importorskip("vllm")
+    if vllm.__version__ == plugin.SUPPORTED_VLLM:
+        line = doctor_mod.plugin_check()
+        assert line.level == "ok" and f"hooks fit vLLM {plugin.SUPPORTED_VLLM}" in line.text, line
+    def changed():
+        raise plugin.PluginError("vLLM 9.9: RoutedExperts._get_quant_method('self',) differs from the expected")
+    monkeypatch.setattr(plugin, "check_hook_targets", changed)
+    line = doctor_mod.plugin_check()
+    assert line.level == "FAIL" and "RoutedExperts._get_quant_method" in line.text
