@@ -7,7 +7,9 @@
 #   bash tools/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
 #   bash tools/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
 #   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
+#   bash tools/device_acceptance.sh e2e2      # bf16 e2e suite + serve | quantized e2e suite (every e2e test but TP=2)
 #   bash tools/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu (AMX tier)
+#   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
 #   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
@@ -66,6 +68,13 @@ python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/
 (python3 -m lvllm doctor --model /root/tiny-qwen; python3 -m lvllm doctor --model /root/dsv3big --tp 2) > \$OUT/doctor.log 2>&1
 cuobjdump --list-elf /root/lvllm-wheel/lk_moe/_lk_cuda.so > \$OUT/cuobjdump.txt 2>&1
 wait; cat \$OUT/cpu_path.log; grep -h 'read bandwidth\|^ *[14] ' \$OUT/moe_layer.log; tail -3 \$OUT/demo.log" ;;
+  e2e2)
+    body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
+-k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
+CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1) &
+LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
+tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
+wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log \$OUT/e2e_serve.log \$OUT/e2e_quant.log" ;;
   final)
     body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
@@ -96,6 +105,6 @@ grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log; tail -4 \$OUT/dem
 -k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
 grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log" ;;
   *)
-    sed -n 2,17p "${BASH_SOURCE[0]}"; exit 2 ;;
+    sed -n 2,20p "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
 exec bash "$here/device_session.sh" bash -c "$body"
