@@ -66,14 +66,17 @@ def make_weights(E, H, I, seed=0):
     return w13, w2
 
 
+def random_fp8_codes(r, c, g):
+    """[r, c] random finite float8_e4m3fn codes as uint8 bytes (magnitude bytes below 0x7E, any sign)."""
+    return torch.randint(0, 0x7E, (r, c), generator=g, dtype=torch.uint8) | (
+        torch.randint(0, 2, (r, c), generator=g, dtype=torch.uint8) << 7)
+
+
 def make_fp8_tensors(E, H, I, seed=0, block=128):
     """fp8_block tensors as vLLM's Fp8MoEMethod holds them: random finite e4m3 codes (one random
     expert copied, fast to build) and positive block scales."""
     g = torch.Generator().manual_seed(seed)
-    def codes(r, c):
-        return torch.randint(0, 0x7E, (r, c), generator=g, dtype=torch.uint8) | (
-            torch.randint(0, 2, (r, c), generator=g, dtype=torch.uint8) << 7)
-    c13, c2 = codes(2 * I, H), codes(H, I)
+    c13, c2 = random_fp8_codes(2 * I, H, g), random_fp8_codes(H, I, g)
     q13 = torch.empty(E, 2 * I, H, dtype=torch.uint8)
     q2 = torch.empty(E, H, I, dtype=torch.uint8)
     for e in range(E):
@@ -92,8 +95,7 @@ def make_channel_tensors(fmt, E, H, I, seed=0):
     def codes(r, c):
         if fmt == "int8_channel":
             return torch.randint(-127, 128, (r, c), generator=g, dtype=torch.int8)
-        return (torch.randint(0, 0x7E, (r, c), generator=g, dtype=torch.uint8) | (
-            torch.randint(0, 2, (r, c), generator=g, dtype=torch.uint8) << 7)).view(torch.float8_e4m3fn)
+        return random_fp8_codes(r, c, g).view(torch.float8_e4m3fn)
     c13, c2 = codes(2 * I, H), codes(H, I)
     return dict(w13_weight=c13.expand(E, -1, -1).contiguous(), w2_weight=c2.expand(E, -1, -1).contiguous(),
                 w13_weight_scale=torch.rand(E, 2 * I, 1, generator=g) * 1e-3 + 1e-4,

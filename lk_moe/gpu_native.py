@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .gpu_layout import blocks_w13, blocks_w2, unpack_w13, unpack_w2
+from .reference import dequantize_fp8_block, dequantize_per_channel
 
 # format -> (first compute capability, what computes the chunk). gpu_dequant.gpu_path reads it.
 KERNELS = {
@@ -142,13 +143,10 @@ def dequantize(fmt: str, w: NativeWeights) -> tuple:
     def expand(s, k):  # [n, N, groups] -> [n, N, k]
         return s.float().repeat_interleave(k // s.shape[-1], dim=-1)
 
-    if fmt == "fp8_block":
-        def one(q, s):
-            s = s.repeat_interleave(FP8_BLOCK, dim=1)[:, :q.shape[1]].repeat_interleave(FP8_BLOCK, dim=2)
-            return q.float() * s[:, :, :q.shape[2]]
-        return one(w.w1, w.w1s), one(w.w2, w.w2s)
+    if fmt == "fp8_block":  # sizes are multiples of FP8_BLOCK here, so the blocks derived there are it
+        return dequantize_fp8_block(w.w1, w.w1s), dequantize_fp8_block(w.w2, w.w2s)
     if fmt in ("fp8_channel", "int8_channel"):
-        return w.w1.float() * w.w1s, w.w2.float() * w.w2s
+        return dequantize_per_channel(w.w1, w.w1s), dequantize_per_channel(w.w2, w.w2s)
     if fmt == "wna16_int4":
         def one(q, s, z):
             u = codes4(q)
