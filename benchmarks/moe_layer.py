@@ -17,6 +17,7 @@ experts cached from the previous forward do not inflate the bandwidth.
     python benchmarks/moe_layer.py --format mxfp4 --shapes gpt-oss-120b   # mxfp4 + swigluoai + biases
     python benchmarks/moe_layer.py --format nvfp4                        # ModelOpt NVFP4 (Qwen3-30B-A3B-FP4 shape)
     python benchmarks/moe_layer.py --format int8_channel                 # compressed-tensors W8A8/W8A16 int8
+    python benchmarks/moe_layer.py --format nvfp4 --tokens 1,4 --decode-units int8_act:4,quantized:4  # A/B
 """
 from __future__ import annotations
 
@@ -210,6 +211,10 @@ def bench_shape(name, args, results):
         build = lambda pool: lk_moe.MoELayer(w13, w2, pool=pool)  # noqa: E731
         baseline = lambda x, ids, w: moe_torch_baseline(x, w13, w2, ids, w)  # noqa: E731
     cores = lk_moe.make_pool(threads=0).num_threads
+    default_units = lk_moe._C._decode_units()
+    settings = [None]
+    if args.decode_units:
+        settings = [(w, int(n)) for w, n in (item.split(":") for item in args.decode_units.split(","))]
     for threads_arg in args.threads.split(","):
         threads = cores if threads_arg == "all" else int(threads_arg)
         pool = lk_moe.make_pool(threads=threads)
@@ -229,7 +234,7 @@ def bench_shape(name, args, results):
               f"{parked:.1f} us from parked, {prewoken:.1f} us from parked with wake() 100 us ahead",
               flush=True)
         print(f"{'M':>6} {'engine ms':>10} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
-              f"{'speedup':>8} {'TFLOP/s':>8}")
+              f"{'speedup':>8} {'TFLOP/s':>8}{'  decode units' if settings != [None] else ''}")
         for M in [int(m) for m in args.tokens.split(",")]:
             reps = args.reps if M <= 16 else max(3, args.reps // 4)
             g = torch.Generator().manual_seed(M)
@@ -238,27 +243,38 @@ def bench_shape(name, args, results):
                 x = torch.randn(M, H, generator=g).bfloat16()
                 ids, w = random_routing(M, E, K, generator=g)
                 cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
-            times, bws = [], []
+            # The decode-unit settings take turns on every case (same routing, same machine noise).
+            runs = settings if M <= 16 else [None]
+            times = {s: [] for s in runs}
+            bws = {s: [] for s in runs}
+            n = 0
             for i, (x, ids, w, out) in enumerate(cases):
-                layer = layers[i % copies]
-                t = time.perf_counter()
-                layer.forward_into(out, x, ids, w)
-                dt = time.perf_counter() - t
-                if i >= 2:  # warm-up
-                    times.append(dt)
-                    bws.append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
-            eng = statistics.median(times)
-            eff = statistics.median(bws)
+                for s in runs:
+                    lk_moe._C._set_decode_units(*(s or default_units))
+                    layer = layers[n % copies]
+                    n += 1
+                    t = time.perf_counter()
+                    layer.forward_into(out, x, ids, w)
+                    dt = time.perf_counter() - t
+                    if i >= 2:  # warm-up
+                        times[s].append(dt)
+                        bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
+            lk_moe._C._set_decode_units(*default_units)
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
             baseline(x, ids, w)  # warm-up
             base = statistics.median(timed(lambda: baseline(x, ids, w), treps))
-            tflops = 2 * M * K * 3 * H * I / eng / 1e12
-            print(f"{M:>6} {eng * 1e3:>10.3f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
-                  f"{base / eng:>8.2f} {tflops:>8.3f}", flush=True)
-            results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads, isa=lk_moe.isa(), M=M,
-                                engine_ms=eng * 1e3, eff_gbs=eff, read_gbs=read_bw, bw_ratio=eff / read_bw,
-                                torch_ms=base * 1e3, speedup=base / eng, tflops=tflops, reps=len(times)))
+            for s in runs:
+                eng = statistics.median(times[s])
+                eff = statistics.median(bws[s])
+                tflops = 2 * M * K * 3 * H * I / eng / 1e12
+                label = f"  {s[0]}:{s[1]}" if s else ""
+                print(f"{M:>6} {eng * 1e3:>10.3f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
+                      f"{base / eng:>8.2f} {tflops:>8.3f}{label}", flush=True)
+                results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads,
+                                    isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, eff_gbs=eff, read_gbs=read_bw,
+                                    bw_ratio=eff / read_bw, torch_ms=base * 1e3, speedup=base / eng,
+                                    tflops=tflops, reps=len(times[s]), decode_units=list(s or default_units)))
         del layers, pool
 
 
@@ -277,6 +293,9 @@ def main():
                                                         "wna16_int4", "mxfp4", "nvfp4"])
     p.add_argument("--group-size", type=int, default=128, help="wna16_int4: scale group size")
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
+    p.add_argument("--decode-units", default="",
+                   help="A/B of decode work units (M <= 16): comma list of WIDE:UNITS_PER_THREAD, WIDE one of "
+                        "int8_act, quantized (the default, with 4), all; e.g. int8_act:4,quantized:4,quantized:2")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

@@ -15,6 +15,7 @@
 #   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
 #   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, then the bf16 e2e suite
+#   bash tools/device_acceptance.sh final1    # clean exits of gpt-oss vLLM runs, then tests/cpu (AMX tier)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
@@ -25,6 +26,7 @@ export LVLLM_DEVICE_WHEEL=1 LVLLM_DEVICE_LIMIT="${LVLLM_DEVICE_LIMIT:-560}"
 half0="taskset -c 0-15" half1="taskset -c 16-31"
 left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
+units="int8_act:4,quantized:4,quantized:2,all:4,all:2"  # decode work units A/B (benchmarks/moe_layer.py)
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -82,14 +84,18 @@ grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 $half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -p no:cacheprovider tests/cpu \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
+  final1)
+    body="timeout 240 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1; grep -h 'exit-check\]' \$OUT/exit_check.log
+timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -p no:cacheprovider tests/cpu \
+> \$OUT/cpu_amx.log 2>&1; tail -3 \$OUT/cpu_amx.log" ;;
   setup)
     body="true" ;;
   gpu1)
     body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
-timeout 170 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do python3 benchmarks/moe_layer.py \
---format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all --reps 15; done; for f in wna16_int4 nvfp4 mxfp4; do \
-echo \"## LK_INT8_ACT=0\"; LK_INT8_ACT=0 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
---tokens 1 --threads all --reps 15; done' > \$OUT/moe_layer.log 2>&1
+timeout 200 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do python3 benchmarks/moe_layer.py \
+--format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all --reps 15 --decode-units $units; done; \
+for f in fp8_block fp8_channel int8_channel nvfp4 mxfp4; do echo \"## again\"; python3 benchmarks/moe_layer.py --format \$f \
+--shapes qwen3-30b-a3b --tokens 1 --threads all --reps 15 --decode-units $units; done' > \$OUT/moe_layer.log 2>&1
 timeout 110 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 timeout 100 bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \

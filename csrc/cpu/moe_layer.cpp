@@ -1,11 +1,13 @@
 #include "cpu/moe_layer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <climits>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "cpu/cpu_dispatch.h"
@@ -492,11 +494,29 @@ void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const K
 }
 
 namespace {
+// Default: quantized decode starts wide (2-core Zen4 VM, qwen3-30b-a3b, 2 threads, M=1 of the read
+// bandwidth, int8_act:4 -> quantized:4: fp8_block 0.67 -> 0.82, mxfp4 0.72 -> 0.75-0.82; bf16 and
+// wna16_int4 (already wide: int8 activations) unchanged; docs/results/2026-12-01_epyc2c_decode_units.log).
+std::atomic<int> g_decode_wide{int(DecodeWide::kQuantized)};
+std::atomic<int> g_decode_units_per_thread{4};
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 }  // namespace
+
+void set_decode_units(DecodeUnits u) {
+  if (int(u.wide) < 0 || int(u.wide) > int(DecodeWide::kAll) || u.units_per_thread < 1 || u.units_per_thread > 64)
+    throw std::invalid_argument("decode units: wide must be a DecodeWide and units_per_thread in 1..64");
+  g_decode_wide.store(int(u.wide), std::memory_order_relaxed);
+  g_decode_units_per_thread.store(u.units_per_thread, std::memory_order_relaxed);
+}
+
+DecodeUnits decode_units() {
+  return DecodeUnits{DecodeWide(g_decode_wide.load(std::memory_order_relaxed)),
+                     g_decode_units_per_thread.load(std::memory_order_relaxed)};
+}
 
 void ForwardJob::run(WorkerCtx& ctx) {
   // Timed from the first worker in to the last worker out, without an extra barrier.
@@ -593,22 +613,26 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
       pc[2] = std::min(r + kPieceRows, active_begin_[a + 1]);
     }
 
-  // Decode-sized chunks: one block per unit, so all threads share few experts' weights.
-  // Prefill-sized: wider units amortise the A panel and the accumulator over more columns.
-  // Keep >= 4 units per thread for balance.
+  // Prefill-sized chunks: wide units amortise the A panel and the accumulator over more columns;
+  // keep >= 4 units per thread for balance. Decode-sized chunks (see DecodeUnits): one block per unit
+  // spreads few experts' weights over all threads, but a block is a short stream (quantized: 6-32 KiB)
+  // that pays DRAM latency, so the policy may start them wide as well.
   const bool wide = A > 0 && pos / A >= 16;
+  const DecodeUnits du = decode_units();
+  const bool quantized = sh.byte_weights || sh.int4 || sh.fp4;
+  const bool start_wide = wide || q8_ || du.wide == DecodeWide::kAll ||
+                          (du.wide == DecodeWide::kQuantized && quantized);
   int max_threads = 1;
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
+  const int min_units = (wide ? 4 : du.units_per_thread) * max_threads;
   const auto& sl0 = layer_->slices()[0];
   const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
-  // 4-bit decode with int8 activations is cheap enough per byte that short weight streams (one block
-  // per unit: 6-32 KiB) cost more in DRAM latency than they gain in balance: start wide as well.
-  group1_ = wide || q8_ ? kWideGroup : 1;
-  while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < 4 * max_threads) group1_ /= 2;
+  group1_ = start_wide ? kWideGroup : 1;
+  while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < min_units) group1_ /= 2;
   token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
-  group2_ = wide || q8_ ? kWideGroup : 1;
-  while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads) group2_ /= 2;
-  while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < 4 * max_threads && tc / (token_ranges_ * 2) >= 16)
+  group2_ = start_wide ? kWideGroup : 1;
+  while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units) group2_ /= 2;
+  while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units && tc / (token_ranges_ * 2) >= 16)
     token_ranges_ *= 2;
 
   for (int s = 0; s < pool.num_nodes(); ++s) {

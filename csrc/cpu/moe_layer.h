@@ -200,6 +200,18 @@ struct ForwardArgs {
   DType out_type = DType::kBF16;
 };
 
+// Decode work units (chunks of < 16 slots per active expert). Which decode chunks start with wide
+// units (several consecutive blocks of one expert per unit: longer weight streams), and how many
+// units per thread decode keeps for balance. Process-wide; the setter is for benchmarks' A/Bs: the
+// grouping changes which thread computes a block, never a result's summation order.
+enum class DecodeWide { kInt8Act = 0, kQuantized = 1, kAll = 2 };
+struct DecodeUnits {
+  DecodeWide wide;
+  int units_per_thread;
+};
+void set_decode_units(DecodeUnits u);
+DecodeUnits decode_units();
+
 class MoELayer;
 
 class ForwardJob : public Job {

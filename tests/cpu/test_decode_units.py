@@ -1,0 +1,82 @@
+"""Decode work units (lk_moe._C._set_decode_units): how a decode chunk is cut into work units changes
+which thread computes a block and how long each weight stream is, never a result. Every format's
+output must be bit-identical under every setting (the benchmark A/Bs rely on it, and so does the
+default's choice)."""
+import pytest
+import torch
+
+import lk_moe
+from lk_moe.reference import random_routing
+
+from .test_channel_formats import make_channel_experts
+from .test_fp8_block import make_fp8_experts
+from .test_mxfp4 import make_mxfp4
+from .test_nvfp4 import make_nvfp4
+from .test_wna16 import make_int4_experts
+
+SETTINGS = [("int8_act", 4), ("quantized", 4), ("quantized", 2), ("all", 1), ("all", 4)]
+H, I, E, K = 2048, 768, 8, 4  # Qwen3-30B-A3B's layer widths (fewer experts)
+
+
+def _tensors(fmt):
+    if fmt == "bf16":
+        g = torch.Generator().manual_seed(7)
+        return (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16(), \
+            (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16()
+    if fmt == "fp8_block":
+        return make_fp8_experts(E, H, I)[0]
+    if fmt in ("fp8_channel", "int8_channel"):
+        return make_channel_experts(fmt, E, H, I)[0]
+    if fmt == "wna16_int4":
+        return make_int4_experts(E, H, I, 128, asym=True)[0]
+    if fmt == "mxfp4":
+        return make_mxfp4(E, H, I)[0]
+    return make_nvfp4(E, H, I)[0]
+
+
+def _build(fmt, tensors, pool):
+    if fmt == "bf16":
+        return lk_moe.MoELayer(*tensors, pool=pool)
+    kw = dict(activation="swigluoai") if fmt == "mxfp4" else {}
+    return lk_moe.MoELayer.from_checkpoint(fmt, tensors, pool=pool, **kw)
+
+
+@pytest.fixture
+def restore_decode_units():
+    before = lk_moe._C._decode_units()
+    yield
+    lk_moe._C._set_decode_units(*before)
+
+
+def test_default_starts_quantized_decode_wide_with_four_units_per_thread():
+    assert lk_moe._C._decode_units() == ("quantized", 4)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("threads", [2, 5])
+def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_units):
+    pool = lk_moe.make_pool(threads=threads)
+    layer = _build(fmt, _tensors(fmt), pool)
+    cases = []
+    for M in (1, 3, 12):
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        cases.append((x, ids, w))
+    first = None
+    for wide, per_thread in SETTINGS:
+        lk_moe._C._set_decode_units(wide, per_thread)
+        outs = [layer.forward(x, ids, w) for x, ids, w in cases]
+        assert all(torch.isfinite(o).all() for o in outs)
+        if first is None:
+            first = outs
+            continue
+        for M, a, b in zip((1, 3, 12), first, outs):
+            assert torch.equal(a, b), f"{fmt}: M={M} differs under ({wide}, {per_thread})"
+
+
+def test_bad_settings_are_rejected(restore_decode_units):
+    with pytest.raises(ValueError, match="int8_act, quantized or all"):
+        lk_moe._C._set_decode_units("wider", 4)
+    with pytest.raises(ValueError, match="units_per_thread in 1..64"):
+        lk_moe._C._set_decode_units("all", 0)
+    assert lk_moe._C._decode_units() == ("quantized", 4)
