@@ -295,7 +295,7 @@ def main():
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--decode-units", default="",
                    help="A/B of decode work units (M <= 16): comma list of WIDE:UNITS_PER_THREAD, WIDE one of "
-                        "int8_act, quantized (the default, with 4), all; e.g. int8_act:4,quantized:4,quantized:2")
+                        "int8_act, 4bit (the default, with 4), quantized, all; e.g. int8_act:4,4bit:4,quantized:4")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

@@ -675,9 +675,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_set_decode_units",
       [](const std::string& wide, int units_per_thread) {
         const lk::DecodeWide w = wide == "int8_act"    ? lk::DecodeWide::kInt8Act
+                                 : wide == "4bit"      ? lk::DecodeWide::kFourBit
                                  : wide == "quantized" ? lk::DecodeWide::kQuantized
                                  : wide == "all"       ? lk::DecodeWide::kAll
-                                                       : throw py::value_error("wide: int8_act, quantized or all, not '" + wide + "'");
+                                                       : throw py::value_error("wide: int8_act, 4bit, quantized or all, not '" + wide + "'");
         lk::set_decode_units({w, units_per_thread});
       },
       py::arg("wide"), py::arg("units_per_thread"),
@@ -685,7 +686,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "balance (results are bit-identical under every setting)");
   m.def("_decode_units", [] {
     const lk::DecodeUnits u = lk::decode_units();
-    static const char* names[] = {"int8_act", "quantized", "all"};
+    static const char* names[] = {"int8_act", "4bit", "quantized", "all"};
     return py::make_tuple(std::string(names[int(u.wide)]), u.units_per_thread);
   });
   m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),

@@ -15,7 +15,7 @@
 #   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
 #   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, then the bf16 e2e suite
-#   bash tools/device_acceptance.sh final1    # clean exits of gpt-oss vLLM runs, then tests/cpu (AMX tier)
+#   bash tools/device_acceptance.sh final1    # tests/cpu (AMX tier), then clean exits of gpt-oss vLLM runs
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
@@ -26,7 +26,7 @@ export LVLLM_DEVICE_WHEEL=1 LVLLM_DEVICE_LIMIT="${LVLLM_DEVICE_LIMIT:-560}"
 half0="taskset -c 0-15" half1="taskset -c 16-31"
 left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
-units="int8_act:4,quantized:4,quantized:2,all:4,all:2"  # decode work units A/B (benchmarks/moe_layer.py)
+units="int8_act:4,4bit:4,quantized:4,all:4"  # decode work units A/B (benchmarks/moe_layer.py)
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -81,13 +81,14 @@ wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log \$OUT/e2e_ser
     body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
-$half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -p no:cacheprovider tests/cpu \
+$half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider tests/cpu \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
   final1)
-    body="timeout 240 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1; grep -h 'exit-check\]' \$OUT/exit_check.log
-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -p no:cacheprovider tests/cpu \
-> \$OUT/cpu_amx.log 2>&1; tail -3 \$OUT/cpu_amx.log" ;;
+    body="timeout 330 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider tests/cpu > \$OUT/cpu_amx.log 2>&1
+grep -h '^FAILED\|^ERROR\|passed\|failed' \$OUT/cpu_amx.log | tail -8
+timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
+grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   setup)
     body="true" ;;
   gpu1)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: N vLLM runs (tests/e2e/generate.py) of one tiny checkpoint at once, switch on
-# (and M with it off), each must exit 0. A run that aborts after its results (as the gpt-oss front
+# On the GPU machine: N vLLM runs (tests/e2e/generate.py --implicit-exit: the engine left to vLLM's
+# exit-time finalizers, as in a plain LLM() script) of one tiny checkpoint at once, switch on (and M
+# with it off), each must exit 0. A run that aborts after its results (as the gpt-oss front
 # ends did on 2026-12-01 before the plugin deferred its hooks) shows here with its faulthandler dump.
 #   bash tools/exit_check.sh gpt_oss 6 2        # arch, runs with the switch on, runs with it off
 set -uo pipefail
@@ -13,7 +14,7 @@ for ((i = 1; i <= on + off; i++)); do
   sw=$((i <= on ? 1 : 0)); tag="run$i-switch$sw"
   LVLLM_MOE_NUMA_ENABLED=$sw LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0 LK_THREADS=2 LK_THREAD_BINDING=NONE LK_SPIN_US=50 \
     PYTHONFAULTHANDLER=1 VLLM_CACHE_ROOT=/root/exit-check-cache-$i timeout 300 \
-    python3 tests/e2e/generate.py --model "$ckpt" --out "$out/$tag.json" --kv-bytes $((2 << 30)) > "$out/$tag.log" 2>&1 &
+    python3 tests/e2e/generate.py --model "$ckpt" --out "$out/$tag.json" --kv-bytes $((2 << 30)) --implicit-exit > "$out/$tag.log" 2>&1 &
   pids+=($!) tags+=("$tag")
 done
 bad=0

@@ -1379,7 +1379,11 @@ void down_q4(const DownTask& t) {
 // M=1 1.021 -> 0.800 ms, M=4 3.540 -> 2.851; nvfp4 M=1 0.812 -> 0.622, M=4 2.936 -> 2.324. The 16-core AMX host
 // (0.327 ms mxfp4 M=1 before), re-measured 2026-12-01 (docs/results/2026-12-01_h200_session6.log, 16 threads,
 // qwen3-30b-a3b): mxfp4 M=1 0.298 / 0.294 ms = 0.72 / 0.70 of the read bandwidth in two runs, M=4 0.82;
-// nvfp4 M=1 0.315 / 0.293 ms = 0.68 / 0.71, M=4 0.84.
+// nvfp4 M=1 0.315 / 0.293 ms = 0.68 / 0.71, M=4 0.84. Decode work units (moe_layer.cpp, DecodeUnits):
+// 4-bit decode chunks now start with units of several blocks of one expert (longer weight streams);
+// same host, seventh session (docs/results/2026-12-01_h200_session7.log), two runs, one-block units ->
+// wide: mxfp4 M=1 0.76 -> 0.78 and 0.78 -> 0.82 (0.235 / 0.239 ms), M=4 0.81 -> 0.88; nvfp4 M=1
+// 0.74 -> 0.78 and 0.80 -> 0.83 (0.244 / 0.242 ms), M=4 0.84 -> 0.88.
 // Tried and not kept: e8m0 specials tested on the 16 bytes (no gain). Not tried for lack of time:
 // folding e8m0 scales into the table (the table is per code, the scale per row: an extra add and a
 // zero fix-up per quad would cost more than the once-per-8-quads epilogue), prefetch of the next

@@ -494,10 +494,15 @@ void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const K
 }
 
 namespace {
-// Default: quantized decode starts wide (2-core Zen4 VM, qwen3-30b-a3b, 2 threads, M=1 of the read
-// bandwidth, int8_act:4 -> quantized:4: fp8_block 0.67 -> 0.82, mxfp4 0.72 -> 0.75-0.82; bf16 and
-// wna16_int4 (already wide: int8 activations) unchanged; docs/results/2026-12-01_epyc2c_decode_units.log).
-std::atomic<int> g_decode_wide{int(DecodeWide::kQuantized)};
+// Default: 4-bit decode starts wide. Measured on the 16-core AMX host of the H200 machine, 2026-12-01
+// (docs/results/2026-12-01_h200_session7.log: benchmarks/moe_layer.py --shapes qwen3-30b-a3b --threads all
+// --decode-units, two runs, M=1 of the read bandwidth measured in the same run, int8_act:4 -> quantized:4):
+// nvfp4 0.74 -> 0.78 and 0.80 -> 0.83, mxfp4 0.76 -> 0.78 and 0.78 -> 0.82 (M=4: 0.84 -> 0.88, 0.81 -> 0.88);
+// the 8-bit formats did not gain (fp8_block 0.82 -> 0.82 / 0.80, fp8_channel 0.75 -> 0.73, 0.81 -> 0.79,
+// int8_channel 0.76 -> 0.77 / 0.73): a block of 8-bit weights is already a 2x longer stream. Two units
+// per thread instead of four cost the 8-bit formats 0.05-0.10. On the 2-core Zen4 VM (2 threads,
+// docs/results/2026-12-01_epyc2c_decode_units.log) wide units also lifted fp8_block (0.67 -> 0.82).
+std::atomic<int> g_decode_wide{int(DecodeWide::kFourBit)};
 std::atomic<int> g_decode_units_per_thread{4};
 
 int64_t now_ns() {
@@ -619,9 +624,10 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   // that pays DRAM latency, so the policy may start them wide as well.
   const bool wide = A > 0 && pos / A >= 16;
   const DecodeUnits du = decode_units();
-  const bool quantized = sh.byte_weights || sh.int4 || sh.fp4;
+  const bool four_bit = sh.int4 || sh.fp4;
   const bool start_wide = wide || q8_ || du.wide == DecodeWide::kAll ||
-                          (du.wide == DecodeWide::kQuantized && quantized);
+                          (du.wide == DecodeWide::kQuantized && (four_bit || sh.byte_weights)) ||
+                          (du.wide == DecodeWide::kFourBit && four_bit);
   int max_threads = 1;
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
   const int min_units = (wide ? 4 : du.units_per_thread) * max_threads;

@@ -204,7 +204,12 @@ struct ForwardArgs {
 // units (several consecutive blocks of one expert per unit: longer weight streams), and how many
 // units per thread decode keeps for balance. Process-wide; the setter is for benchmarks' A/Bs: the
 // grouping changes which thread computes a block, never a result's summation order.
-enum class DecodeWide { kInt8Act = 0, kQuantized = 1, kAll = 2 };
+enum class DecodeWide {
+  kInt8Act = 0,    // only int8-activation chunks (4-bit formats with LK_INT8_ACT)
+  kFourBit = 1,    // every 4-bit format (wna16_int4, mxfp4, nvfp4): the default
+  kQuantized = 2,  // every quantized format (the 8-bit ones too)
+  kAll = 3,        // bf16 too
+};
 struct DecodeUnits {
   DecodeWide wide;
   int units_per_thread;

@@ -14,7 +14,7 @@ from .test_mxfp4 import make_mxfp4
 from .test_nvfp4 import make_nvfp4
 from .test_wna16 import make_int4_experts
 
-SETTINGS = [("int8_act", 4), ("quantized", 4), ("quantized", 2), ("all", 1), ("all", 4)]
+SETTINGS = [("int8_act", 4), ("4bit", 4), ("quantized", 4), ("quantized", 2), ("all", 1), ("all", 4)]
 H, I, E, K = 2048, 768, 8, 4  # Qwen3-30B-A3B's layer widths (fewer experts)
 
 
@@ -48,8 +48,8 @@ def restore_decode_units():
     lk_moe._C._set_decode_units(*before)
 
 
-def test_default_starts_quantized_decode_wide_with_four_units_per_thread():
-    assert lk_moe._C._decode_units() == ("quantized", 4)
+def test_default_starts_4bit_decode_wide_with_four_units_per_thread():
+    assert lk_moe._C._decode_units() == ("4bit", 4)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"])
@@ -75,8 +75,8 @@ def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_unit
 
 
 def test_bad_settings_are_rejected(restore_decode_units):
-    with pytest.raises(ValueError, match="int8_act, quantized or all"):
+    with pytest.raises(ValueError, match="int8_act, 4bit, quantized or all"):
         lk_moe._C._set_decode_units("wider", 4)
     with pytest.raises(ValueError, match="units_per_thread in 1..64"):
         lk_moe._C._set_decode_units("all", 0)
-    assert lk_moe._C._decode_units() == ("quantized", 4)
+    assert lk_moe._C._decode_units() == ("4bit", 4)

@@ -154,7 +154,8 @@ def test_gpu_path_by_capability(cap):
     assert gpu_dequant.gpu_path("bf16", capability=cap)[0] == "bf16"
 
 
-def test_gpu_path_without_a_gpu_is_the_fallback():
+def test_gpu_path_without_a_gpu_is_the_fallback(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine
     path, why = gpu_dequant.gpu_path("fp8_block", capability=None, force_fallback=False)
     assert path == "fallback" and "no GPU" in why
 

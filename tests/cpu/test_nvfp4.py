@@ -154,14 +154,16 @@ def test_engine_dequantization_is_exact(E, H, I):
 
 
 def test_nibble_order_matches_vllm():
-    """vLLM's own NVFP4 decoder (nvfp4_emulation_utils.dequantize_to_dtype, its CPU path through
-    break_fp4_bytes) agrees with ours; global scale 1, so every product is exact on both sides."""
+    """vLLM's own NVFP4 decoder (nvfp4_emulation_utils.dequantize_to_dtype: its CPU path through
+    break_fp4_bytes, or on a CUDA machine its Triton kernel) agrees with ours; global scale 1, so every
+    product is exact on both sides."""
     emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
     codes, sb, _ = _random_exhaustive(1, 24, 64, 5)
     sb = sb & 0x7F  # vLLM's emulation path is for scales as ModelOpt writes them (positive)
-    ones = torch.ones(1)
-    theirs = emu.dequantize_to_dtype(codes[0], sb[0].view(torch.float8_e4m3fn), ones, torch.float32,
-                                     block_size=16, swizzle=False)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM's platform sends the call
+    theirs = emu.dequantize_to_dtype(codes[0].to(dev), sb[0].view(torch.float8_e4m3fn).to(dev),
+                                     torch.ones(1, device=dev), torch.float32, block_size=16,
+                                     swizzle=False).cpu()
     ours = dequantize_nvfp4(codes[0], sb[0].view(torch.float8_e4m3fn), 1.0)
     assert torch.equal(theirs, ours)
 

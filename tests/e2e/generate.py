@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import subprocess
+import threading
 import time
 
 
@@ -34,6 +35,25 @@ def gpu_memory_used_mib():
         return None
 
 
+def shut_down(llm) -> str:
+    """vLLM 0.26's LLM has no shutdown(): its engine goes down in finalizers at interpreter exit while
+    the front end's daemon threads (engine monitor, output queue) still run, and one that resumes
+    during finalization can abort the process. On the loaded H200 machine, 2026-12-01, 2 of 29
+    switch-on front ends (no lk_moe code in them; 0 of 21 switch-off or stock ones) died so after
+    writing their results ("terminate called without an active exception"; "PyEval_SaveThread ...
+    finalizing"). Shut the engine down
+    and let those threads end while Python is whole. Returns what was done, for the log."""
+    t0 = time.time()
+    llm.llm_engine.engine_core.shutdown()
+    left = []
+    for t in threading.enumerate():
+        if t.name in ("EngineCoreOutputQueueThread", "MPClientEngineMonitor"):
+            t.join(timeout=10)
+            if t.is_alive():
+                left.append(t.name)
+    return f"engine shut down in {time.time() - t0:.1f}s" + (f", still running: {left}" if left else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -48,6 +68,9 @@ def main() -> int:
     ap.add_argument("--gpu-util", type=float, default=0.30)
     ap.add_argument("--kv-bytes", type=int, default=0,
                     help="fixed KV-cache bytes (skips vLLM's memory sizing: for runs that share the GPU)")
+    ap.add_argument("--implicit-exit", action="store_true",
+                    help="leave the engine to vLLM's exit-time finalizers, as a plain LLM() script does "
+                         "(tools/exit_check.sh measures that path)")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -109,6 +132,8 @@ def main() -> int:
         json.dump(result, f)
     print(f"[generate] pid {os.getpid()} {a.model}: startup {startup_s:.1f}s, gpu blocks {result['num_gpu_blocks']}, "
           f"GPU memory used {mem} MiB, first tokens {runs[0][0]['tokens'][:8]}", flush=True)
+    if not a.implicit_exit:
+        print(f"[generate] {shut_down(llm)}", flush=True)
     return 0
 
 

@@ -111,10 +111,16 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
         from transformers import Mxfp4Config
         extra["quantization_config"] = Mxfp4Config(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **extra).to(device).eval()
-    if dtype == torch.float32 and device != "cpu":
-        # the truth must not be computed in TF32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    if dtype == torch.float32:
+        # The truth must be IEEE fp32: no TF32 on the GPU, and no bf16 passes on the CPU (oneDNN may
+        # use AMX-BF16 for fp32 matmuls once a reduced precision is allowed, e.g. by an imported library).
+        torch.set_float32_matmul_precision("highest")
+        mkldnn_matmul = getattr(torch.backends.mkldnn, "matmul", None)
+        if mkldnn_matmul is not None and hasattr(mkldnn_matmul, "fp32_precision"):
+            mkldnn_matmul.fp32_precision = "ieee"
+        if device != "cpu":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
     return model
 
 
