@@ -178,9 +178,11 @@ def model_checks(path: str, tp: int) -> List[Line]:
         lines.append(Line("FAIL", "model", "no MoE layers found: lvllm has nothing to offload"))
         return lines
     avail = _meminfo().get("MemAvailable", 0)
-    need = info.expert_bytes * 1.05 + 8 * GiB  # engine copy (<= 1.05x) + vLLM/torch processes
+    process_bytes = 8 * GiB  # vLLM's and torch's processes themselves
+    need = info.expert_bytes * 1.05 + process_bytes  # the engine's copy is <= 1.05x the expert bytes
     lines.append(Line("ok" if avail >= need else "FAIL", "host RAM",
-                      f"experts need ~{need / GiB:.0f} GiB of host RAM, {avail / GiB:.0f} GiB available" +
+                      f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(info.expert_bytes * 1.05)} in the "
+                      f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
     lines += suggest(info, tp)
     return lines

@@ -84,6 +84,9 @@ def test_doctor_reports_and_suggests(qwen_dir, capsys):
         assert words in out, words
     assert rc in (0, 1)  # 1 where something FAILs on this machine (e.g. no plugin metadata)
     assert (rc == 1) == any(ln.startswith("FAIL") for ln in out.splitlines())
+    # the host RAM need names its two parts: the engine's copy of the experts and vLLM's processes
+    ram = next(ln for ln in out.splitlines() if "host RAM" in ln)
+    assert f"experts {experts * 1.05 / 2**20:.1f} MiB in the engine" in ram and "for vLLM's processes" in ram, ram
 
 
 def test_doctor_bad_arguments():
