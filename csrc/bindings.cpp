@@ -2,6 +2,7 @@
 // so a wrong tensor is a TypeError/ValueError naming it, never a crash.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <memory>
@@ -671,23 +672,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     bool ok = lk::cuda_runtime_available(&why);
     return py::make_tuple(ok, why);
   });
+  // lk::DecodeWide by value, in its order
+  static const std::array<std::string, 4> kDecodeWideNames = {"int8_act", "4bit", "quantized", "all"};
   m.def(
       "_set_decode_units",
       [](const std::string& wide, int units_per_thread) {
-        const lk::DecodeWide w = wide == "int8_act"    ? lk::DecodeWide::kInt8Act
-                                 : wide == "4bit"      ? lk::DecodeWide::kFourBit
-                                 : wide == "quantized" ? lk::DecodeWide::kQuantized
-                                 : wide == "all"       ? lk::DecodeWide::kAll
-                                                       : throw py::value_error("wide: int8_act, 4bit, quantized or all, not '" + wide + "'");
-        lk::set_decode_units({w, units_per_thread});
+        const auto it = std::find(kDecodeWideNames.begin(), kDecodeWideNames.end(), wide);
+        if (it == kDecodeWideNames.end())
+          throw py::value_error("wide: int8_act, 4bit, quantized or all, not '" + wide + "'");
+        lk::set_decode_units({lk::DecodeWide(it - kDecodeWideNames.begin()), units_per_thread});
       },
       py::arg("wide"), py::arg("units_per_thread"),
       "benchmark hook: which decode chunks start with wide work units, and the units per thread kept for "
       "balance (results are bit-identical under every setting)");
   m.def("_decode_units", [] {
     const lk::DecodeUnits u = lk::decode_units();
-    static const char* names[] = {"int8_act", "4bit", "quantized", "all"};
-    return py::make_tuple(std::string(names[int(u.wide)]), u.units_per_thread);
+    return py::make_tuple(kDecodeWideNames[int(u.wide)], u.units_per_thread);
   });
   m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),
         "test hook: while paused, the kernel signal's poller answers nothing (the GPU side times out)");

@@ -624,10 +624,11 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   // that pays DRAM latency, so the policy may start them wide as well.
   const bool wide = A > 0 && pos / A >= 16;
   const DecodeUnits du = decode_units();
-  const bool four_bit = sh.int4 || sh.fp4;
-  const bool start_wide = wide || q8_ || du.wide == DecodeWide::kAll ||
-                          (du.wide == DecodeWide::kQuantized && (four_bit || sh.byte_weights)) ||
-                          (du.wide == DecodeWide::kFourBit && four_bit);
+  // The policies nest (DecodeWide's order): the least one that covers this layer's format.
+  const DecodeWide covers = sh.int4 || sh.fp4 ? DecodeWide::kFourBit
+                            : sh.byte_weights ? DecodeWide::kQuantized
+                                              : DecodeWide::kAll;
+  const bool start_wide = wide || q8_ || du.wide >= covers;
   int max_threads = 1;
   for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
   const int min_units = (wide ? 4 : du.units_per_thread) * max_threads;

@@ -204,7 +204,7 @@ struct ForwardArgs {
 // units (several consecutive blocks of one expert per unit: longer weight streams), and how many
 // units per thread decode keeps for balance. Process-wide; the setter is for benchmarks' A/Bs: the
 // grouping changes which thread computes a block, never a result's summation order.
-enum class DecodeWide {
+enum class DecodeWide {  // each covers the ones before it
   kInt8Act = 0,    // only int8-activation chunks (4-bit formats with LK_INT8_ACT)
   kFourBit = 1,    // every 4-bit format (wna16_int4, mxfp4, nvfp4): the default
   kQuantized = 2,  // every quantized format (the 8-bit ones too)

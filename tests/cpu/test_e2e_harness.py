@@ -15,6 +15,7 @@ def test_front_end_client_can_be_shut_down():
 
 
 def test_daemon_thread_names_generate_py_joins():
+    from tests.e2e.generate import FRONT_END_THREADS
     src = inspect.getsource(core_client)
-    for name in ("EngineCoreOutputQueueThread", "MPClientEngineMonitor"):
+    for name in FRONT_END_THREADS:
         assert f'name="{name}"' in src, name

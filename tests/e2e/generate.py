@@ -35,19 +35,23 @@ def gpu_memory_used_mib():
         return None
 
 
+# vLLM 0.26's front-end daemon threads (v1/engine/core_client.py) that shut_down lets end
+FRONT_END_THREADS = ("EngineCoreOutputQueueThread", "MPClientEngineMonitor")
+
+
 def shut_down(llm) -> str:
     """vLLM 0.26's LLM has no shutdown(): its engine goes down in finalizers at interpreter exit while
     the front end's daemon threads (engine monitor, output queue) still run, and one that resumes
     during finalization can abort the process. On the loaded H200 machine, 2026-12-01, 2 of 29
     switch-on front ends (no lk_moe code in them; 0 of 21 switch-off or stock ones) died so after
     writing their results ("terminate called without an active exception"; "PyEval_SaveThread ...
-    finalizing"). Shut the engine down
-    and let those threads end while Python is whole. Returns what was done, for the log."""
+    finalizing"). Shut the engine down and let those threads end while Python is whole. Returns
+    what was done, for the log."""
     t0 = time.time()
     llm.llm_engine.engine_core.shutdown()
     left = []
     for t in threading.enumerate():
-        if t.name in ("EngineCoreOutputQueueThread", "MPClientEngineMonitor"):
+        if t.name in FRONT_END_THREADS:
             t.join(timeout=10)
             if t.is_alive():
                 left.append(t.name)
