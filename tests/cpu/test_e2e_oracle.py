@@ -192,6 +192,15 @@ def test_grouped_routers_keep_their_groups_for_the_next_candidate():
     assert int(rest.argmax()) == 2
 
 
+@pytest.mark.parametrize("arch", ("gpt_oss", "qwen3_moe"))
+def test_the_fp32_truth_has_every_weight_in_fp32(arch, ckpts):
+    """gpt-oss's MXFP4 experts are dequantized on load; transformers 5.17 left them in bf16 under an
+    fp32 request (seen on the GPU machine, 2026-12-01), which made the oracle's experts run in bf16."""
+    from tests.e2e.oracle import _load
+    model = _load(ckpts[arch], torch.float32, "cpu")
+    assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.float32}
+
+
 def test_teacher_forced_logprobs_are_the_fp32_predictions(ckpts):
     from tests.e2e.oracle import teacher_forced_logprobs
     ids = _ids()
