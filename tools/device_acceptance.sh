@@ -8,14 +8,16 @@
 #   bash tools/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
 #   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
 #   bash tools/device_acceptance.sh e2e2      # bf16 e2e suite + serve | quantized e2e suite (every e2e test but TP=2)
-#   bash tools/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu (AMX tier)
+#   bash tools/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu as final1
 #   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
 #   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
 #   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
-#   bash tools/device_acceptance.sh final1    # tests/cpu (AMX tier, GPU visible), with a failure report
+#   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
+#   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file (half of its time; either machine)
+#   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
@@ -27,6 +29,8 @@ half0="taskset -c 0-15" half1="taskset -c 16-31"
 left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
 units="int8_act:4,4bit:4,quantized:4,all:4"  # decode work units A/B (benchmarks/moe_layer.py)
+loads=tests/cpu/test_plugin_loads_checkpoints.py  # half of tests/cpu's time: final1b runs it alone
+cpu_tests="python3 -m pytest -q -rfE --tb=short --durations=15 -p no:cacheprovider"
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -81,12 +85,13 @@ wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log \$OUT/e2e_ser
     body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
-$half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider tests/cpu \
+$half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $cpu_tests tests/cpu --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
-  final1)
-    body="timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 -m pytest -q -rfE --tb=short --durations=15 \
--p no:cacheprovider tests/cpu > \$OUT/cpu_amx.log 2>&1; grep -h '^FAILED\|^ERROR\|passed\|failed' \$OUT/cpu_amx.log | tail -8" ;;
+  final1|final1b)
+    which="tests/cpu --ignore=$loads"; [ "$part" = final1b ] && which="$loads"
+    body="timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $cpu_tests $which > \$OUT/cpu_amx.log 2>&1
+grep -h '^FAILED\|^ERROR\|passed\|failed' \$OUT/cpu_amx.log | tail -8; grep -A16 'slowest 15' \$OUT/cpu_amx.log" ;;
   setup)
     body="true" ;;
   gpu1)
@@ -112,6 +117,6 @@ grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log
 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
 grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   *)
-    sed -n 2,20p "${BASH_SOURCE[0]}"; exit 2 ;;
+    sed -n 2,23p "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
 exec bash "$here/device_session.sh" bash -c "$body"
