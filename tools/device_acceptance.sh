@@ -30,6 +30,7 @@ left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's de
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
 units="int8_act:4,4bit:4,quantized:4,all:4"  # decode work units A/B (benchmarks/moe_layer.py)
 loads=tests/cpu/test_plugin_loads_checkpoints.py  # half of tests/cpu's time: final1b runs it alone
+# SIGINT at the deadline: pytest stops and still prints its failures and slowest tests
 cpu_tests="python3 -m pytest -q -rfE --tb=short --durations=15 -p no:cacheprovider"
 case "$part" in
   decode)
@@ -85,13 +86,13 @@ wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log \$OUT/e2e_ser
     body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
-$half1 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $cpu_tests tests/cpu --ignore=$loads \
+$half1 timeout -s INT -k 10 \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 30)) $cpu_tests tests/cpu --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
   final1|final1b)
     which="tests/cpu --ignore=$loads"; [ "$part" = final1b ] && which="$loads"
-    body="timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $cpu_tests $which > \$OUT/cpu_amx.log 2>&1
-grep -h '^FAILED\|^ERROR\|passed\|failed' \$OUT/cpu_amx.log | tail -8; grep -A16 'slowest 15' \$OUT/cpu_amx.log" ;;
+    body="timeout -s INT -k 10 \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 30)) $cpu_tests $which > \$OUT/cpu_amx.log 2>&1
+grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \$OUT/cpu_amx.log | tail -8; grep -A16 'slowest 15' \$OUT/cpu_amx.log" ;;
   setup)
     body="true" ;;
   gpu1)
