@@ -132,6 +132,19 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
     return model
 
 
+_versions_said = False
+
+
+def _say_versions_once():
+    """The truth depends on transformers (5.17 on the GPU machine kept MXFP4 experts in bf16): name it
+    in the e2e log, once per process."""
+    global _versions_said
+    if not _versions_said:
+        import transformers
+        print(f"[e2e] fp32 oracle: transformers {transformers.__version__}, torch {torch.__version__}", flush=True)
+        _versions_said = True
+
+
 def teacher_forced_logprobs(model_dir: str, prompts: Sequence[Sequence[int]], device: str = "cpu") -> List[torch.Tensor]:
     """fp32 truth for compare.py's teacher-forced check: per prompt a [len - 1, vocab] fp32 log-softmax
     on the CPU, row i = the prediction of prompt[i + 1] from prompt[:i + 1] (what vLLM's
@@ -141,6 +154,7 @@ def teacher_forced_logprobs(model_dir: str, prompts: Sequence[Sequence[int]], de
     if any(len(p) < 2 for p in checked):
         raise ValueError("each scored prompt needs at least 2 tokens")
     model = _load(model_dir, torch.float32, device)
+    _say_versions_once()
     out = []
     with torch.no_grad():
         for ids in checked:
