@@ -41,6 +41,7 @@ compare.py's teacher-forced check) and print these per-flip notes only on reques
 from __future__ import annotations
 
 import json
+import functools
 import math
 import operator
 import re
@@ -132,17 +133,12 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
     return model
 
 
-_versions_said = False
-
-
+@functools.cache
 def _say_versions_once():
     """The truth depends on transformers (5.17 on the GPU machine kept MXFP4 experts in bf16): name it
     in the e2e log, once per process."""
-    global _versions_said
-    if not _versions_said:
-        import transformers
-        print(f"[e2e] fp32 oracle: transformers {transformers.__version__}, torch {torch.__version__}", flush=True)
-        _versions_said = True
+    import transformers
+    print(f"[e2e] fp32 oracle: transformers {transformers.__version__}, torch {torch.__version__}", flush=True)
 
 
 def teacher_forced_logprobs(model_dir: str, prompts: Sequence[Sequence[int]], device: str = "cpu") -> List[torch.Tensor]:
