@@ -40,8 +40,8 @@ compare.py's teacher-forced check) and print these per-flip notes only on reques
 """
 from __future__ import annotations
 
-import json
 import functools
+import json
 import math
 import operator
 import re
