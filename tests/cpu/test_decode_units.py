@@ -8,6 +8,7 @@ import torch
 import lk_moe
 from lk_moe.reference import random_routing
 
+from .conftest import make_experts
 from .test_channel_formats import make_channel_experts
 from .test_fp8_block import make_fp8_experts
 from .test_mxfp4 import make_mxfp4
@@ -20,9 +21,7 @@ H, I, E, K = 2048, 768, 8, 4  # Qwen3-30B-A3B's layer widths (fewer experts)
 
 def _tensors(fmt):
     if fmt == "bf16":
-        g = torch.Generator().manual_seed(7)
-        return (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16(), \
-            (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16()
+        return make_experts(E, H, I, seed=7)
     if fmt == "fp8_block":
         return make_fp8_experts(E, H, I)[0]
     if fmt in ("fp8_channel", "int8_channel"):
