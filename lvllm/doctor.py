@@ -179,9 +179,10 @@ def model_checks(path: str, tp: int) -> List[Line]:
         return lines
     avail = _meminfo().get("MemAvailable", 0)
     process_bytes = 8 * GiB  # vLLM's and torch's processes themselves
-    need = info.expert_bytes * 1.05 + process_bytes  # the engine's copy is <= 1.05x the expert bytes
+    engine_bytes = info.expert_bytes * 1.05  # the engine's copy is <= 1.05x the expert bytes
+    need = engine_bytes + process_bytes
     lines.append(Line("ok" if avail >= need else "FAIL", "host RAM",
-                      f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(info.expert_bytes * 1.05)} in the "
+                      f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(engine_bytes)} in the "
                       f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
     lines += suggest(info, tp)
