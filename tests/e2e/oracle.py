@@ -115,11 +115,10 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
     # transformers 5.17 (the GPU machine's) leaves dequantized MXFP4 experts in bf16 when fp32 is asked
     # for, and its grouped_mm then runs those experts in bf16: a "fp32" gpt-oss truth 0.03 nats off,
     # shape-dependent. bf16 -> fp32 is exact (and so is MXFP4 -> bf16), so cast what was left behind.
-    model = model.to(dtype)
+    model = model.to(device=device, dtype=dtype).eval()
     left = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != dtype})
     if left:
         raise RuntimeError(f"{model_dir}: parameters in {left} after loading at {dtype}")
-    model = model.to(device).eval()
     if dtype == torch.float32:
         # The truth must be IEEE fp32: no TF32 on the GPU, and no bf16 passes on the CPU (oneDNN may
         # use AMX-BF16 for fp32 matmuls once a reduced precision is allowed, e.g. by an imported library).
