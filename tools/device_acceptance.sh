@@ -28,10 +28,11 @@ export LVLLM_DEVICE_WHEEL=1 LVLLM_DEVICE_LIMIT="${LVLLM_DEVICE_LIMIT:-560}"
 half0="taskset -c 0-15" half1="taskset -c 16-31"
 left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
+e2e_lines="grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED'"  # an e2e log's verdict lines (behind any progress marks)
 units="int8_act:4,4bit:4,quantized:4,all:4"  # decode work units A/B (benchmarks/moe_layer.py)
 loads=tests/cpu/test_plugin_loads_checkpoints.py  # half of tests/cpu's time: final1b runs it alone
-# SIGINT at the deadline: pytest stops and still prints its failures and slowest tests
-cpu_tests="python3 -m pytest -q -rfE --tb=short --durations=15 -p no:cacheprovider"
+# SIGINT at the part's deadline: pytest stops and still prints its failures and slowest tests
+cpu_tests='timeout -s INT -k 10 $((LVLLM_DEVICE_DEADLINE - $(date +%s) - 30)) python3 -m pytest -q -rfE --tb=short --durations=15 -p no:cacheprovider'
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -41,14 +42,14 @@ CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve 
 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel and not kv_cache' > \$OUT/e2e_bf16.log 2>&1
 wait; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -12; tail -2 \$OUT/gpu/all.log
-grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log \$OUT/e2e_bf16.log" ;;
+$e2e_lines \$OUT/e2e_serve.log \$OUT/e2e_bf16.log" ;;
   baseline)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock \
 --reps 2 --decode-tokens 64 --results \$OUT/bench.json --log-dir \$OUT --timeout 400 > \$OUT/bench_baseline.log 2>&1) &
 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log
+wait; $e2e_lines \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   formats)
     body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 240
@@ -60,11 +61,11 @@ timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $half0 $e2e --basetemp=/
 -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1) &
 LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
+wait; $e2e_lines \$OUT/e2e_tp2.log \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
 grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log" ;;
   rest)
     body="timeout 400 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1
-grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
+$e2e_lines \$OUT/e2e_tp2.log
 timeout 100 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done' > \$OUT/moe_layer.log 2>&1
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 120 bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1) &
@@ -81,17 +82,17 @@ wait; cat \$OUT/cpu_path.log; grep -h 'read bandwidth\|^ *[14] ' \$OUT/moe_layer
 CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1) &
 LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
-wait; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log \$OUT/e2e_serve.log \$OUT/e2e_quant.log" ;;
+wait; $e2e_lines \$OUT/e2e_bf16.log \$OUT/e2e_serve.log \$OUT/e2e_quant.log" ;;
   final)
     body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
-grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_tp2.log
+$e2e_lines \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
-$half1 timeout -s INT -k 10 \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 30)) $cpu_tests tests/cpu --ignore=$loads \
+$half1 $cpu_tests tests/cpu --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
   final1|final1b)
     which="tests/cpu --ignore=$loads"; [ "$part" = final1b ] && which="$loads"
-    body="timeout -s INT -k 10 \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 30)) $cpu_tests $which > \$OUT/cpu_amx.log 2>&1
+    body="$cpu_tests $which > \$OUT/cpu_amx.log 2>&1
 grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \$OUT/cpu_amx.log | tail -8; grep -A16 'slowest 15' \$OUT/cpu_amx.log" ;;
   setup)
     body="true" ;;
@@ -107,14 +108,14 @@ timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash -c 'python3 tools/m
 && python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
 && python3 -m lvllm doctor --model /root/tiny-qwen && python3 -m lvllm doctor --model /root/dsv3big --tp 2' > \$OUT/doctor.log 2>&1
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
-grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
+$e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
-> \$OUT/e2e_quant.log 2>&1; grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_quant.log" ;;
+> \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;
   bf16_1)
     body="timeout 400 $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
-grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED' \$OUT/e2e_bf16.log
+$e2e_lines \$OUT/e2e_bf16.log
 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
 grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   *)
