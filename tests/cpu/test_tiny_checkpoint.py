@@ -86,8 +86,13 @@ def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
     assert cfg.quant_method == "NVFP4" and cfg.group_size == 16 and cfg.is_checkpoint_nvfp4_serialized
     assert cfg.is_layer_excluded("model.layers.1.self_attn.q_proj") and not cfg.is_layer_excluded("model.layers.1.mlp.experts")
     emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
-    theirs = emu.dequantize_to_dtype(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"].reshape(1),
-                                     torch.float32, block_size=16, swizzle=False)
+    # On a CUDA host vLLM decodes with its Triton kernel, which takes GPU tensors only: feed it
+    # where its platform sends it (the same code * (scale * global) products as its torch path).
+    from vllm.platforms import current_platform
+    dev = "cuda" if current_platform.is_cuda_alike() else "cpu"
+    theirs = emu.dequantize_to_dtype(t[p + "weight"].to(dev), t[p + "weight_scale"].to(dev),
+                                     t[p + "weight_scale_2"].reshape(1).to(dev), torch.float32, block_size=16,
+                                     swizzle=False).cpu()
     ours = decode_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
     # vLLM multiplies code * (scale * global): the same value up to the order of two fp32 roundings
     torch.testing.assert_close(theirs, ours, rtol=2.5e-7, atol=0)
