@@ -1,7 +1,8 @@
 """Benchmark of one MoE layer on the CPU engine (not a test).
 
 For every case it prints, from the same run:
-  - the engine's median time,
+  - the engine's median time, and the share of it spent inside the worker pool (the rest is
+    the call, the job hand-off and the wake-up: what a faster kernel cannot win back),
   - effective weight bandwidth: bytes of the distinct experts the routing touched / time,
   - the machine's read bandwidth measured with the same threads (the physical limit of decode),
     and the ratio of the two,
@@ -233,7 +234,7 @@ def bench_shape(name, args, results):
               f"{layers[0].nbytes / layer_bytes:.4f}; empty-job round trip: {hot:.1f} us spinning, "
               f"{parked:.1f} us from parked, {prewoken:.1f} us from parked with wake() 100 us ahead",
               flush=True)
-        print(f"{'M':>6} {'engine ms':>10} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
+        print(f"{'M':>6} {'engine ms':>10} {'in pool':>8} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
               f"{'speedup':>8} {'TFLOP/s':>8}{'  decode units' if settings != [None] else ''}")
         for M in [int(m) for m in args.tokens.split(",")]:
             reps = args.reps if M <= 16 else max(3, args.reps // 4)
@@ -246,6 +247,7 @@ def bench_shape(name, args, results):
             # The decode-unit settings take turns on every case (same routing, same machine noise).
             runs = settings if M <= 16 else [None]
             times = {s: [] for s in runs}
+            pool_us = {s: [] for s in runs}
             bws = {s: [] for s in runs}
             n = 0
             for i, (x, ids, w, out) in enumerate(cases):
@@ -258,6 +260,7 @@ def bench_shape(name, args, results):
                     dt = time.perf_counter() - t
                     if i >= 2:  # warm-up
                         times[s].append(dt)
+                        pool_us[s].append(layer.last_compute_us)
                         bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
             lk_moe._C._set_decode_units(*default_units)
             treps = max(2, min(reps, 5 if M <= 16 else 3))
@@ -266,13 +269,14 @@ def bench_shape(name, args, results):
             base = statistics.median(timed(lambda: baseline(x, ids, w), treps))
             for s in runs:
                 eng = statistics.median(times[s])
+                in_pool = statistics.median(pool_us[s]) * 1e-6 / eng
                 eff = statistics.median(bws[s])
                 tflops = 2 * M * K * 3 * H * I / eng / 1e12
                 label = f"  {s[0]}:{s[1]}" if s else ""
-                print(f"{M:>6} {eng * 1e3:>10.3f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
+                print(f"{M:>6} {eng * 1e3:>10.3f} {in_pool:>8.2f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
                       f"{base / eng:>8.2f} {tflops:>8.3f}{label}", flush=True)
                 results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads,
-                                    isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, eff_gbs=eff, read_gbs=read_bw,
+                                    isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff, read_gbs=read_bw,
                                     bw_ratio=eff / read_bw, torch_ms=base * 1e3, speedup=base / eng,
                                     tflops=tflops, reps=len(times[s]), decode_units=list(s or default_units)))
         del layers, pool
