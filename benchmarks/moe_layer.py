@@ -5,7 +5,7 @@ For every case it prints, from the same run:
     the call, the job hand-off and the wake-up: what a faster kernel cannot win back),
   - effective weight bandwidth: bytes of the distinct experts the routing touched / time,
   - the machine's read bandwidth measured with the same threads (the physical limit of decode),
-    and the ratio of the two,
+    and the ratio of the two (the probe runs again after the cases, to show drift),
   - the median time of a plain torch implementation of the same layer (bf16 GEMMs per expert,
     the same threads) and the speed-up over it,
   - achieved TFLOP/s (2 * routed slots * 3 * H * I per forward).
@@ -279,6 +279,10 @@ def bench_shape(name, args, results):
                                     isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff, read_gbs=read_bw,
                                     bw_ratio=eff / read_bw, torch_ms=base * 1e3, speedup=base / eng,
                                     tflops=tflops, reps=len(times[s]), decode_units=list(s or default_units)))
+        # The same probe once more: a shared machine's bandwidth drifts while the cases run, and the
+        # ratios above are to the first probe only.
+        after = statistics.median(pool.measure_read_bandwidth(args.read_bytes, 7))
+        print(f"read bandwidth after the cases {after:.1f} GB/s ({after / read_bw:.2f} of the first probe)", flush=True)
         del layers, pool
 
 

@@ -12,12 +12,13 @@
 #   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
-#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format), serve, demo, doctor
+#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 3 rounds), serve, doctor, demo
 #   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
 #   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
-#   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file (half of its time; either machine)
-#   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01)
+#   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
+#   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
+#   and the loading file alone 630 s on 2026-12-01, ninth session)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
@@ -29,10 +30,12 @@ half0="taskset -c 0-15" half1="taskset -c 16-31"
 left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
 e2e_lines="grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED'"  # an e2e log's verdict lines (behind any progress marks)
-units="int8_act:4,4bit:4,quantized:4,all:4"  # decode work units A/B (benchmarks/moe_layer.py)
 loads=tests/cpu/test_plugin_loads_checkpoints.py  # half of tests/cpu's time: final1b runs it alone
 # SIGINT at the part's deadline: pytest stops and still prints its failures and slowest tests
 cpu_tests='timeout -s INT -k 10 $((LVLLM_DEVICE_DEADLINE - $(date +%s) - 30)) python3 -m pytest -q -rfE --tb=short --durations=15 -p no:cacheprovider'
+# a tests/cpu log's verdict: failures, the summary line, the slowest tests
+verdict="verdict() { grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \"\$1\" | tail -8; \
+grep -q ' passed\| failed\| error' \"\$1\" || tail -5 \"\$1\"; grep -A16 'slowest 15' \"\$1\"; }"
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -90,23 +93,25 @@ $e2e_lines \$OUT/e2e_tp2.log
 $half1 $cpu_tests tests/cpu --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
-  final1|final1b)
-    which="tests/cpu --ignore=$loads"; [ "$part" = final1b ] && which="$loads"
-    body="$cpu_tests $which > \$OUT/cpu_amx.log 2>&1
-grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \$OUT/cpu_amx.log | tail -8; grep -A16 'slowest 15' \$OUT/cpu_amx.log" ;;
+  final1)
+    body="$verdict; $cpu_tests tests/cpu --ignore=$loads > \$OUT/cpu_amx.log 2>&1
+verdict \$OUT/cpu_amx.log" ;;
+  final1b)  # its two test functions side by side (each case is a vLLM process of 1-2 engine threads)
+    body="$verdict; ($cpu_tests $loads -k loaded_experts > \$OUT/cpu_loads_a.log 2>&1) &
+$cpu_tests $loads -k tensor_parallel > \$OUT/cpu_loads_b.log 2>&1; wait
+verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   setup)
     body="true" ;;
   gpu1)
     body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
-timeout 200 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do python3 benchmarks/moe_layer.py \
---format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all --reps 15 --decode-units $units; done; \
-for f in fp8_block fp8_channel int8_channel nvfp4 mxfp4; do echo \"## again\"; python3 benchmarks/moe_layer.py --format \$f \
---shapes qwen3-30b-a3b --tokens 1 --threads all --reps 15 --decode-units $units; done' > \$OUT/moe_layer.log 2>&1
+timeout 200 bash -c 'for t in 1,4 1 1; do for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do \
+python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens \$t --threads all --reps 15; done; done' \
+> \$OUT/moe_layer.log 2>&1
 timeout 110 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
-timeout 100 bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \
+timeout 60 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \
 && python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
 && python3 -m lvllm doctor --model /root/tiny-qwen && python3 -m lvllm doctor --model /root/dsv3big --tp 2' > \$OUT/doctor.log 2>&1
+echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   quant1)
