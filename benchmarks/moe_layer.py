@@ -19,6 +19,7 @@ experts cached from the previous forward do not inflate the bandwidth.
     python benchmarks/moe_layer.py --format nvfp4                        # ModelOpt NVFP4 (Qwen3-30B-A3B-FP4 shape)
     python benchmarks/moe_layer.py --format int8_channel                 # compressed-tensors W8A8/W8A16 int8
     python benchmarks/moe_layer.py --format nvfp4 --tokens 1,4 --decode-units int8_act:4,quantized:4  # A/B
+    python benchmarks/moe_layer.py --format fp8_block --tokens 1,4 --decode-prefetch 0,8192           # A/B
 """
 from __future__ import annotations
 
@@ -213,9 +214,20 @@ def bench_shape(name, args, results):
         baseline = lambda x, ids, w: moe_torch_baseline(x, w13, w2, ids, w)  # noqa: E731
     cores = lk_moe.make_pool(threads=0).num_threads
     default_units = lk_moe._C._decode_units()
-    settings = [None]
-    if args.decode_units:
-        settings = [(w, int(n)) for w, n in (item.split(":") for item in args.decode_units.split(","))]
+    default_prefetch = lk_moe._C._decode_prefetch()
+    units = [(w, int(n)) for w, n in (item.split(":") for item in args.decode_units.split(","))] \
+        if args.decode_units else [None]
+    prefetch = [int(b) for b in args.decode_prefetch.split(",")] if args.decode_prefetch else [None]
+    settings = [(u, b) for u in units for b in prefetch]  # (None, None): the defaults
+
+    def apply(setting):
+        u, b = setting
+        lk_moe._C._set_decode_units(*(u or default_units))
+        lk_moe._C._set_decode_prefetch(default_prefetch if b is None else b)
+
+    def label(setting):
+        u, b = setting
+        return "".join([f"  {u[0]}:{u[1]}" if u else "", f"  pf {b}" if b is not None else ""])
     for threads_arg in args.threads.split(","):
         threads = cores if threads_arg == "all" else int(threads_arg)
         pool = lk_moe.make_pool(threads=threads)
@@ -235,7 +247,7 @@ def bench_shape(name, args, results):
               f"{parked:.1f} us from parked, {prewoken:.1f} us from parked with wake() 100 us ahead",
               flush=True)
         print(f"{'M':>6} {'engine ms':>10} {'in pool':>8} {'eff GB/s':>9} {'/read':>6} {'torch ms':>9} "
-              f"{'speedup':>8} {'TFLOP/s':>8}{'  decode units' if settings != [None] else ''}")
+              f"{'speedup':>8} {'TFLOP/s':>8}{'  decode setting' if len(settings) > 1 else ''}")
         for M in [int(m) for m in args.tokens.split(",")]:
             reps = args.reps if M <= 16 else max(3, args.reps // 4)
             g = torch.Generator().manual_seed(M)
@@ -244,15 +256,15 @@ def bench_shape(name, args, results):
                 x = torch.randn(M, H, generator=g).bfloat16()
                 ids, w = random_routing(M, E, K, generator=g)
                 cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
-            # The decode-unit settings take turns on every case (same routing, same machine noise).
-            runs = settings if M <= 16 else [None]
+            # The decode settings take turns on every case (same routing, same machine noise).
+            runs = settings if M <= 16 else [(None, None)]
             times = {s: [] for s in runs}
             pool_us = {s: [] for s in runs}
             bws = {s: [] for s in runs}
             n = 0
             for i, (x, ids, w, out) in enumerate(cases):
                 for s in runs:
-                    lk_moe._C._set_decode_units(*(s or default_units))
+                    apply(s)
                     layer = layers[n % copies]
                     n += 1
                     t = time.perf_counter()
@@ -262,7 +274,7 @@ def bench_shape(name, args, results):
                         times[s].append(dt)
                         pool_us[s].append(layer.last_compute_us)
                         bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
-            lk_moe._C._set_decode_units(*default_units)
+            apply((None, None))
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
             baseline(x, ids, w)  # warm-up
@@ -272,13 +284,13 @@ def bench_shape(name, args, results):
                 in_pool = statistics.median(pool_us[s]) * 1e-6 / eng
                 eff = statistics.median(bws[s])
                 tflops = 2 * M * K * 3 * H * I / eng / 1e12
-                label = f"  {s[0]}:{s[1]}" if s else ""
                 print(f"{M:>6} {eng * 1e3:>10.3f} {in_pool:>8.2f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
-                      f"{base / eng:>8.2f} {tflops:>8.3f}{label}", flush=True)
+                      f"{base / eng:>8.2f} {tflops:>8.3f}{label(s)}", flush=True)
                 results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads,
                                     isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff, read_gbs=read_bw,
                                     bw_ratio=eff / read_bw, torch_ms=base * 1e3, speedup=base / eng,
-                                    tflops=tflops, reps=len(times[s]), decode_units=list(s or default_units)))
+                                    tflops=tflops, reps=len(times[s]), decode_units=list(s[0] or default_units),
+                                    decode_prefetch=default_prefetch if s[1] is None else s[1]))
         # The same probe once more: a shared machine's bandwidth drifts while the cases run, and the
         # ratios above are to the first probe only.
         after = statistics.median(pool.measure_read_bandwidth(args.read_bytes, 7))
@@ -304,6 +316,9 @@ def main():
     p.add_argument("--decode-units", default="",
                    help="A/B of decode work units (M <= 16): comma list of WIDE:UNITS_PER_THREAD, WIDE one of "
                         "int8_act, 4bit (the default, with 4), quantized, all; e.g. int8_act:4,4bit:4,quantized:4")
+    p.add_argument("--decode-prefetch", default="",
+                   help="A/B of the quantized decode tiles' far prefetch (M <= 16): comma list of bytes ahead "
+                        "(0 = off; default 8192), e.g. 0,8192; with --decode-units, every pair of the two")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

@@ -689,6 +689,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const lk::DecodeUnits u = lk::decode_units();
     return py::make_tuple(kDecodeWideNames[int(u.wide)], u.units_per_thread);
   });
+  m.def(
+      "_set_decode_prefetch", [](int bytes) { lk::set_decode_prefetch(bytes); }, py::arg("bytes"),
+      "benchmark hook: how far ahead (bytes, 0 = off) the quantized decode tiles prefetch each weight "
+      "stream into L2 (results are bit-identical under every setting)");
+  m.def("_decode_prefetch", &lk::decode_prefetch);
   m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),
         "test hook: while paused, the kernel signal's poller answers nothing (the GPU side times out)");
   py::class_<lk::HostCallCounters, std::shared_ptr<lk::HostCallCounters>>(

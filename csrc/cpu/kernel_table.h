@@ -147,6 +147,11 @@ struct KernelTable {
   void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
 };
 
+// Bytes ahead in each block stream that the quantized decode tiles prefetch into L2 (0: off; see
+// moe_kernels.cpp, kPrefetchNearBytes). Process-wide, read with a relaxed atomic load; set through
+// set_decode_prefetch (moe_layer.h), a benchmark hook: prefetching never changes a result.
+extern int g_decode_far_prefetch;
+
 namespace tier_generic { const KernelTable* kernel_table(); }
 namespace tier_avx2 { const KernelTable* kernel_table(); }
 namespace tier_avx512 { const KernelTable* kernel_table(); }

@@ -143,7 +143,21 @@ constexpr float kP2 = 0.5f, kP3 = 1.0f / 6, kP4 = 1.0f / 24, kP5 = 1.0f / 120, k
 // ---------------------------------------------------------------- SIMD bodies
 #if defined(LK_V512)
 
-constexpr int kPrefetchPairs = 24;  // 24 x 64 B = 1.5 KiB ahead in each block stream
+// Decode prefetch in each block stream: near ones into L1 (dot_tile: 1.5 KiB ahead; the 4-bit tiles
+// their own distances) and, in the quantized decode tiles, a far one into L2, g_decode_far_prefetch
+// bytes ahead (kernel_table.h). Bytes in flight bound a core's share of the bandwidth (Little's law:
+// bytes / DRAM latency); L1's few miss buffers cap what the near prefetch keeps in flight, L2 has
+// more, and the hardware streamer stops at every 4 KiB page while the blocks are 6-32 KiB. At one
+// byte per weight dot_tile's near prefetch had half of bf16's bytes in flight, and the codes ran at
+// half of bf16's bandwidth on one core. 2-core Zen4 VM, Qwen3-30B-A3B layer, fp8_block M=1: 1 thread
+// (8 experts) 1.95 -> 1.26 ms with the far prefetch at 8 KiB (near-only at 3-6 KiB: 1.31-1.38 ms; kept
+// inside the block: 1.64-1.70 ms, so crossing into the next block is most of the gain). bf16 gained
+// nothing (5-15% slower with it), so dot_tile's bf16 path has the near one only.
+constexpr int kPrefetchNearBytes = 1536;
+
+// The far prefetch distance of this forward, read once per tile (a relaxed load of a plain int: no
+// library inline function here, see the top of this file).
+inline int far_prefetch_bytes() { return __atomic_load_n(&g_decode_far_prefetch, __ATOMIC_RELAXED); }
 
 inline __m512 exp_v(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kExpHi)), _mm512_set1_ps(kExpHi));
@@ -191,16 +205,22 @@ inline void axpy_16(float w, const float* c, float* o) {
   _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(c), _mm512_loadu_ps(o)));
 }
 
-// 32 fp8 e4m3fn codes -> 32 bf16 (exact; see fp8_to_bf16_1).
+// 32 fp8 e4m3fn codes -> 32 bf16 (exact; see fp8_to_bf16_1). The bytes are sign-extended, so one
+// shift and one mask put the sign at bit 15 and the 7 magnitude bits at bf16's exponent/mantissa
+// fields; adding 120 to the exponent rebases e4m3's bias 7 to bf16's 127 (no carry into the sign:
+// 15 + 120 < 256). Exponent field 0 (zero and the subnormals m * 2^-9) takes the table, indexed by
+// the low bits of the word (its exponent bits 3-4 are 0 there), and gets its sign back in the final
+// OR, which normal lanes already have. 0x7f / 0xff are NaN. 10 vector ops (12 before).
 inline __m512i fp8x32_to_bf16(__m256i bytes) {
   const __m512i lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                        0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0x0000);
-  const __m512i v = _mm512_cvtepu8_epi16(bytes);
-  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
-  __m512i r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
-  r = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), r, _mm512_permutexvar_epi16(mag, lut));
-  r = _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F)), r, _mm512_set1_epi16(0x7FC0));
-  return _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8));
+  const __m512i v = _mm512_cvtepi8_epi16(bytes);
+  __m512i r = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(v, 4), _mm512_set1_epi16(int16_t(0x87F0))),
+                               _mm512_set1_epi16(0x3C00));
+  r = _mm512_mask_permutexvar_epi16(r, _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x78)), v, lut);
+  const __mmask32 nan = _mm256_cmpeq_epi8_mask(_mm256_or_si256(bytes, _mm256_set1_epi8(int8_t(0x80))), _mm256_set1_epi8(-1));
+  r = _mm512_mask_mov_epi16(r, nan, _mm512_set1_epi16(0x7FC0));
+  return _mm512_ternarylogic_epi32(r, v, _mm512_set1_epi16(int16_t(0x8000)), 0xF8);  // r | (v & sign)
 }
 
 // One packed pair-row (16 outputs x 2 inputs) of a block as bf16: 64 bytes of bf16 weights, or
@@ -250,6 +270,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
     for (int j = 0; j < NB; ++j) acc[r][j] = tot[r][j] = _mm512_setzero_ps();
   const int npairs = kp / 2;
   const int seg_pairs = (FP8 && scale) ? seg / 2 : npairs;
+  const int far = FP8 ? far_prefetch_bytes() : 0;
   const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
   int countdown = every, next_line = 0;
 #define LK_TRICKLE_PREFETCH()                                                       \
@@ -265,7 +286,8 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
       // The first row tile streams the block from DRAM: prefetch ahead (past the block end is harmless).
-      _mm_prefetch(static_cast<const char*>(b[j]) + (p + kPrefetchPairs) * kRowBytes, _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(b[j]) + p * kRowBytes + kPrefetchNearBytes, _MM_HINT_T0);
+      if (far && (p & 1) == 0) _mm_prefetch(static_cast<const char*>(b[j]) + p * kRowBytes + far, _MM_HINT_T1);
       w[j] = load_pair_row<CODES>(b[j], p);
     }
 #pragma GCC unroll 8
@@ -282,7 +304,8 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
     __m512 we[NB], wo[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
-      _mm_prefetch(static_cast<const char*>(b[j]) + (p + kPrefetchPairs) * kRowBytes, _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(b[j]) + p * kRowBytes + kPrefetchNearBytes, _MM_HINT_T0);
+      if (far && (p & 1) == 0) _mm_prefetch(static_cast<const char*>(b[j]) + p * kRowBytes + far, _MM_HINT_T1);
       __m512i w = load_pair_row<CODES>(b[j], p);
       we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
@@ -971,6 +994,7 @@ inline __attribute__((always_inline)) void store_totals(const __m512 (&tot)[MR][
 template <int MR, int NB, bool ASYM>
 inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
                         const uint16_t* const* scale, const uint8_t* const* zero, bool fp16, const float* xsum) {
+  const int far = far_prefetch_bytes();
   constexpr int S = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
   zero_chains<MR, NB, S>(acc, tot);
@@ -984,6 +1008,7 @@ inline void dot_tile_q4(const uint16_t* const* a, const uint8_t* const* b, int k
 #pragma GCC unroll 2
       for (int j = 0; j < NB; ++j) {
         _mm_prefetch((const char*)(b[j] + (o + kQ4PrefetchOctets) * 64), _MM_HINT_T0);
+        if (far) _mm_prefetch((const char*)(b[j] + o * 64 + far), _MM_HINT_T1);
         q4_octet_words(b[j] + o * 64, idx0, idx2, pr[j]);
       }
 #pragma GCC unroll 2
@@ -1077,6 +1102,7 @@ constexpr int kQ8PrefetchOctets = 96;  // prefetch distance in each block stream
 template <int MR, int NB, bool ASYM>
 inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
                           const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  const int far = far_prefetch_bytes();
   constexpr int S = MR == 1 ? 4 : 2;
   __m512i acc[S][MR][NB];
   __m512 gacc[MR][NB], tot[MR][NB];
@@ -1102,6 +1128,7 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) {
           _mm_prefetch((const char*)(b[j] + (o + kQ8PrefetchOctets) * 64), _MM_HINT_T0);
+          if (far) _mm_prefetch((const char*)(b[j] + o * 64 + far), _MM_HINT_T1);
           const __m512i v = _mm512_loadu_si512((const void*)(b[j] + o * 64));
           lo[j] = _mm512_and_si512(v, mask);
           hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
@@ -1567,6 +1594,7 @@ inline __m512 fp8x16_to_f32(const uint8_t* s) {
 template <int MR, int NB, bool NV>
 inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                          float* c) {
+  const int far = far_prefetch_bytes();
   constexpr int GQ = NV ? 4 : 8;  // quads per scale group
   constexpr int S = MR == 1 ? 4 : (MR <= 2 ? 2 : 1);
   __m512 acc[S][MR][NB], tot[MR][NB];
@@ -1579,7 +1607,10 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
       const int q = g * GQ + qq;
       if ((qq & 1) == 0) {
 #pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+        for (int j = 0; j < NB; ++j) {
+          _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+          if (far) _mm_prefetch((const char*)(b[j] + q * 32 + far), _MM_HINT_T1);
+        }
       }
       __m512i wl[NB], wh[NB];
 #pragma GCC unroll 2
@@ -1638,6 +1669,7 @@ inline __attribute__((always_inline)) __m512i fp4_quad_u8(const uint8_t* quad, _
 template <int MR, int NB, bool NV>
 inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                            float* c) {
+  const int far = far_prefetch_bytes();
   constexpr int G = NV ? 16 : 32;  // inputs per weight scale
   constexpr int GQ = G / 4;        // quads per scale group
   constexpr int S = MR == 1 ? 2 : 1;
@@ -1679,7 +1711,10 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
       __m512i w[NB];
 #pragma GCC unroll 2
       for (int j = 0; j < NB; ++j) {
-        if ((qq & 1) == 0) _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+        if ((qq & 1) == 0) {
+          _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+          if (far) _mm_prefetch((const char*)(b[j] + q * 32 + far), _MM_HINT_T1);
+        }
         w[j] = fp4_quad_u8(b[j] + q * 32, lut);
       }
 #pragma GCC unroll 4

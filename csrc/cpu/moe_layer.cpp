@@ -523,6 +523,16 @@ DecodeUnits decode_units() {
                      g_decode_units_per_thread.load(std::memory_order_relaxed)};
 }
 
+int g_decode_far_prefetch = kDefaultDecodePrefetch;
+
+void set_decode_prefetch(int bytes) {
+  if (bytes < 0 || bytes > 65536 || bytes % 64 != 0)
+    throw std::invalid_argument("decode prefetch: bytes must be 0 (off) or a multiple of 64 up to 65536");
+  __atomic_store_n(&g_decode_far_prefetch, bytes, __ATOMIC_RELAXED);
+}
+
+int decode_prefetch() { return __atomic_load_n(&g_decode_far_prefetch, __ATOMIC_RELAXED); }
+
 void ForwardJob::run(WorkerCtx& ctx) {
   // Timed from the first worker in to the last worker out, without an extra barrier.
   const int64_t start = now_ns();

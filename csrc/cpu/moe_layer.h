@@ -216,6 +216,11 @@ struct DecodeUnits {
 };
 void set_decode_units(DecodeUnits u);
 DecodeUnits decode_units();
+// The quantized decode tiles' far prefetch distance in bytes (g_decode_far_prefetch, kernel_table.h):
+// 0 (off) or a multiple of 64 up to 64 KiB; default kDefaultDecodePrefetch.
+constexpr int kDefaultDecodePrefetch = 8192;
+void set_decode_prefetch(int bytes);
+int decode_prefetch();
 
 class MoELayer;
 

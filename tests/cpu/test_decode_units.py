@@ -1,7 +1,8 @@
-"""Decode work units (lk_moe._C._set_decode_units): how a decode chunk is cut into work units changes
-which thread computes a block and how long each weight stream is, never a result. Every format's
-output must be bit-identical under every setting (the benchmark A/Bs rely on it, and so does the
-default's choice)."""
+"""Decode work units (lk_moe._C._set_decode_units) and the quantized decode tiles' far prefetch
+(lk_moe._C._set_decode_prefetch): how a decode chunk is cut into work units changes which thread
+computes a block and how long each weight stream is, and how far ahead a tile prefetches changes
+when bytes arrive; never a result. Every format's output must be bit-identical under every setting
+(the benchmark A/Bs rely on it, and so does the defaults' choice)."""
 import pytest
 import torch
 
@@ -15,7 +16,9 @@ from .test_mxfp4 import make_mxfp4
 from .test_nvfp4 import make_nvfp4
 from .test_wna16 import make_int4_experts
 
-SETTINGS = [("int8_act", 4), ("4bit", 4), ("quantized", 4), ("quantized", 2), ("all", 1), ("all", 4)]
+# (wide, units per thread, far prefetch bytes): the defaults first, then each knob away from them
+SETTINGS = [("4bit", 4, 8192), ("int8_act", 4, 8192), ("quantized", 4, 8192), ("quantized", 2, 0), ("all", 1, 64),
+            ("all", 4, 65536), ("4bit", 4, 0)]
 H, I, E, K = 2048, 768, 8, 4  # Qwen3-30B-A3B's layer widths (fewer experts)
 
 
@@ -41,19 +44,21 @@ def _build(fmt, tensors, pool):
 
 
 @pytest.fixture
-def restore_decode_units():
-    before = lk_moe._C._decode_units()
+def restore_decode_settings():
+    units, prefetch = lk_moe._C._decode_units(), lk_moe._C._decode_prefetch()
     yield
-    lk_moe._C._set_decode_units(*before)
+    lk_moe._C._set_decode_units(*units)
+    lk_moe._C._set_decode_prefetch(prefetch)
 
 
-def test_default_starts_4bit_decode_wide_with_four_units_per_thread():
+def test_defaults_start_4bit_decode_wide_with_four_units_per_thread_and_prefetch_8k_ahead():
     assert lk_moe._C._decode_units() == ("4bit", 4)
+    assert lk_moe._C._decode_prefetch() == 8192
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("threads", [2, 5])
-def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_units):
+def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_settings):
     pool = lk_moe.make_pool(threads=threads)
     layer = _build(fmt, _tensors(fmt), pool)
     cases = []
@@ -62,20 +67,25 @@ def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_unit
         ids, w = random_routing(M, E, K)
         cases.append((x, ids, w))
     first = None
-    for wide, per_thread in SETTINGS:
+    for wide, per_thread, prefetch in SETTINGS:
         lk_moe._C._set_decode_units(wide, per_thread)
+        lk_moe._C._set_decode_prefetch(prefetch)
         outs = [layer.forward(x, ids, w) for x, ids, w in cases]
         assert all(torch.isfinite(o).all() for o in outs)
         if first is None:
             first = outs
             continue
         for M, a, b in zip((1, 3, 12), first, outs):
-            assert torch.equal(a, b), f"{fmt}: M={M} differs under ({wide}, {per_thread})"
+            assert torch.equal(a, b), f"{fmt}: M={M} differs under ({wide}, {per_thread}, {prefetch})"
 
 
-def test_bad_settings_are_rejected(restore_decode_units):
+def test_bad_settings_are_rejected(restore_decode_settings):
     with pytest.raises(ValueError, match="int8_act, 4bit, quantized or all"):
         lk_moe._C._set_decode_units("wider", 4)
     with pytest.raises(ValueError, match="units_per_thread in 1..64"):
         lk_moe._C._set_decode_units("all", 0)
     assert lk_moe._C._decode_units() == ("4bit", 4)
+    for bytes_ahead in (-64, 100, 65600):
+        with pytest.raises(ValueError, match="multiple of 64 up to 65536"):
+            lk_moe._C._set_decode_prefetch(bytes_ahead)
+    assert lk_moe._C._decode_prefetch() == 8192  # a rejected value leaves the setting alone
