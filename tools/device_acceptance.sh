@@ -12,7 +12,8 @@
 #   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
-#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 3 rounds), serve, doctor, demo
+#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 3 rounds, far prefetch
+#                                             # off/on A/B), serve, doctor, demo
 #   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
 #   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
@@ -105,8 +106,8 @@ verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   gpu1)
     body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
 timeout 200 bash -c 'for t in 1,4 1 1; do for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do \
-python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens \$t --threads all --reps 15; done; done' \
-> \$OUT/moe_layer.log 2>&1
+python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens \$t --threads all --reps 15 \
+--decode-prefetch 0,8192; done; done' > \$OUT/moe_layer.log 2>&1
 timeout 110 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 timeout 60 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \
 && python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
@@ -124,6 +125,6 @@ $e2e_lines \$OUT/e2e_bf16.log
 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
 grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   *)
-    sed -n 2,23p "${BASH_SOURCE[0]}"; exit 2 ;;
+    sed -n 2,25p "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
 exec bash "$here/device_session.sh" bash -c "$body"
