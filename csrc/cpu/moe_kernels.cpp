@@ -149,10 +149,11 @@ constexpr float kP2 = 0.5f, kP3 = 1.0f / 6, kP4 = 1.0f / 24, kP5 = 1.0f / 120, k
 // bytes / DRAM latency); L1's few miss buffers cap what the near prefetch keeps in flight, L2 has
 // more, and the hardware streamer stops at every 4 KiB page while the blocks are 6-32 KiB. At one
 // byte per weight dot_tile's near prefetch had half of bf16's bytes in flight, and the codes ran at
-// half of bf16's bandwidth on one core. 2-core Zen4 VM, Qwen3-30B-A3B layer, fp8_block M=1: 1 thread
-// (8 experts) 1.95 -> 1.26 ms with the far prefetch at 8 KiB (near-only at 3-6 KiB: 1.31-1.38 ms; kept
-// inside the block: 1.64-1.70 ms, so crossing into the next block is most of the gain). bf16 gained
-// nothing (5-15% slower with it), so dot_tile's bf16 path has the near one only.
+// half of bf16's bandwidth on one core. 2-core Zen4 VM, Qwen3-30B-A3B layer, fp8_block M=1, 1 thread,
+// 8 experts: 1.93-2.13 ms with the near one at 768 B; 1.54-1.64 at 1.5 KiB; 1.26-1.30 with the far one
+// at 8 KiB too (near-only at 3-6 KiB: 1.31-1.38; the far one kept inside the block: 1.64-1.70, so
+// crossing into the next block is most of its gain). bf16 gained nothing from a far prefetch (5-15%
+// slower), so dot_tile's bf16 path has the near one only. A/Bs: benchmarks/moe_layer.py --decode-prefetch.
 constexpr int kPrefetchNearBytes = 1536;
 
 // The far prefetch distance of this forward, read once per tile (a relaxed load of a plain int: no
