@@ -226,14 +226,21 @@ inline __m512i fp8x32_to_bf16(__m256i bytes) {
 
 // One packed pair-row (16 outputs x 2 inputs) of a block as bf16: 64 bytes of bf16 weights, or
 // 32 bytes of fp8 converted in registers (FP8 decode streams 1 byte per weight this way).
-// 32 int8 -> 32 bf16 (exact), order kept.
+// 32 int8 -> 32 bf16 (exact), order kept. With AVX512-BF16 one vcvtne2ps2bf16 packs the two fp32
+// halves (exact: |v| <= 128 has at most 8 significant bits); without it, shifts and narrowing moves.
 inline __m512i int8x32_to_bf16(__m256i bytes) {
+#if defined(LK_VBF16)
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+#else
   const __m512i w = _mm512_cvtepi8_epi16(bytes);
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
   const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(w, 1)));
   const __m256i l16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16));
   const __m256i h16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16));
   return _mm512_inserti64x4(_mm512_castsi256_si512(l16), h16, 1);
+#endif
 }
 
 // What a block holds: bf16 values, or one-byte codes converted in registers.
