@@ -32,6 +32,17 @@ def make_experts(E, H, I, dtype=torch.bfloat16, seed=0):
     return w13, w2
 
 
+def vllm_dequantize_nvfp4(codes, scales, global_scale):
+    """vLLM 0.26's own NVFP4 decoder (nvfp4_emulation_utils.dequantize_to_dtype, unswizzled scales) as
+    fp32 on the CPU. On a CUDA platform vLLM runs it as a Triton kernel that takes GPU tensors only, so
+    the inputs go where vLLM's platform sends the call."""
+    emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
+    from vllm.platforms import current_platform
+    dev = "cuda" if current_platform.is_cuda_alike() else "cpu"
+    return emu.dequantize_to_dtype(codes.to(dev), scales.to(dev), global_scale.reshape(1).to(dev), torch.float32,
+                                   block_size=16, swizzle=False).cpu()
+
+
 def assert_matches_reference(out, x, w13, w2, ids, weights):
     """Compare with the fp32 torch reference, element by element, with a rigorous bound.
 

@@ -24,7 +24,7 @@ from lk_moe.reference import (dequantize_nvfp4, dequantize_nvfp4_experts, moe_to
                               random_routing)
 
 from .conftest import (assert_int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
-                       check_int8_decode, int8_activations, with_changes)
+                       check_int8_decode, int8_activations, vllm_dequantize_nvfp4, with_changes)
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7 (code | 8: negative)
 NAMES = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
@@ -157,13 +157,9 @@ def test_nibble_order_matches_vllm():
     """vLLM's own NVFP4 decoder (nvfp4_emulation_utils.dequantize_to_dtype: its CPU path through
     break_fp4_bytes, or on a CUDA machine its Triton kernel) agrees with ours; global scale 1, so every
     product is exact on both sides."""
-    emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
     codes, sb, _ = _random_exhaustive(1, 24, 64, 5)
     sb = sb & 0x7F  # vLLM's emulation path is for scales as ModelOpt writes them (positive)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM's platform sends the call
-    theirs = emu.dequantize_to_dtype(codes[0].to(dev), sb[0].view(torch.float8_e4m3fn).to(dev),
-                                     torch.ones(1, device=dev), torch.float32, block_size=16,
-                                     swizzle=False).cpu()
+    theirs = vllm_dequantize_nvfp4(codes[0], sb[0].view(torch.float8_e4m3fn), torch.ones(1))
     ours = dequantize_nvfp4(codes[0], sb[0].view(torch.float8_e4m3fn), 1.0)
     assert torch.equal(theirs, ours)
 

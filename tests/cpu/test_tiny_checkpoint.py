@@ -9,6 +9,8 @@ import torch
 from lvllm.tiny_checkpoint import (ARCHS, decode_mxfp4, decode_nvfp4, make_checkpoint, quantize_mxfp4,
                                    quantize_nvfp4_tensor)
 
+from .conftest import vllm_dequantize_nvfp4
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
@@ -85,14 +87,7 @@ def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
     cfg = modelopt.ModelOptNvFp4Config.from_config(json.load(open(f"{path}/config.json"))["quantization_config"])
     assert cfg.quant_method == "NVFP4" and cfg.group_size == 16 and cfg.is_checkpoint_nvfp4_serialized
     assert cfg.is_layer_excluded("model.layers.1.self_attn.q_proj") and not cfg.is_layer_excluded("model.layers.1.mlp.experts")
-    emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
-    # On a CUDA host vLLM decodes with its Triton kernel, which takes GPU tensors only: feed it
-    # where its platform sends it (the same code * (scale * global) products as its torch path).
-    from vllm.platforms import current_platform
-    dev = "cuda" if current_platform.is_cuda_alike() else "cpu"
-    theirs = emu.dequantize_to_dtype(t[p + "weight"].to(dev), t[p + "weight_scale"].to(dev),
-                                     t[p + "weight_scale_2"].reshape(1).to(dev), torch.float32, block_size=16,
-                                     swizzle=False).cpu()
+    theirs = vllm_dequantize_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
     ours = decode_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
     # vLLM multiplies code * (scale * global): the same value up to the order of two fp32 roundings
     torch.testing.assert_close(theirs, ours, rtol=2.5e-7, atol=0)
