@@ -88,12 +88,12 @@ LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetem
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
 wait; $e2e_lines \$OUT/e2e_bf16.log \$OUT/e2e_serve.log \$OUT/e2e_quant.log" ;;
   final)
-    body="timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
+    body="$verdict; timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 $e2e_lines \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
 $half1 $cpu_tests tests/cpu --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
-wait; grep -h 'exit-check\]' \$OUT/exit_check.log; tail -3 \$OUT/cpu_amx.log" ;;
+wait; grep -h 'exit-check\]' \$OUT/exit_check.log; verdict \$OUT/cpu_amx.log" ;;
   final1)
     body="$verdict; $cpu_tests tests/cpu --ignore=$loads > \$OUT/cpu_amx.log 2>&1
 verdict \$OUT/cpu_amx.log" ;;
