@@ -20,6 +20,7 @@ experts cached from the previous forward do not inflate the bandwidth.
     python benchmarks/moe_layer.py --format int8_channel                 # compressed-tensors W8A8/W8A16 int8
     python benchmarks/moe_layer.py --format nvfp4 --tokens 1,4 --decode-units int8_act:4,quantized:4  # A/B
     python benchmarks/moe_layer.py --format fp8_block --tokens 1,4 --decode-prefetch 0,8192           # A/B
+    python benchmarks/moe_layer.py --format mxfp4 --tokens 1,4 --decode-schedule units,guided        # A/B
 """
 from __future__ import annotations
 
@@ -215,19 +216,24 @@ def bench_shape(name, args, results):
     cores = lk_moe.make_pool(threads=0).num_threads
     default_units = lk_moe._C._decode_units()
     default_prefetch = lk_moe._C._decode_prefetch()
+    default_schedule = lk_moe._C._decode_schedule()
     units = [(w, int(n)) for w, n in (item.split(":") for item in args.decode_units.split(","))] \
         if args.decode_units else [None]
     prefetch = [int(b) for b in args.decode_prefetch.split(",")] if args.decode_prefetch else [None]
-    settings = [(u, b) for u in units for b in prefetch]  # (None, None): the defaults
+    schedules = args.decode_schedule.split(",") if args.decode_schedule else [None]
+    # every combination; (None, None, None): the defaults
+    settings = [(u, b, sch) for u in units for b in prefetch for sch in schedules]
 
     def apply(setting):
-        u, b = setting
+        u, b, sch = setting
         lk_moe._C._set_decode_units(*(u or default_units))
         lk_moe._C._set_decode_prefetch(default_prefetch if b is None else b)
+        lk_moe._C._set_decode_schedule(sch or default_schedule)
 
     def label(setting):
-        u, b = setting
-        return "".join([f"  {u[0]}:{u[1]}" if u else "", f"  pf {b}" if b is not None else ""])
+        u, b, sch = setting
+        return "".join([f"  {u[0]}:{u[1]}" if u else "", f"  pf {b}" if b is not None else "",
+                        f"  {sch}" if sch else ""])
     for threads_arg in args.threads.split(","):
         threads = cores if threads_arg == "all" else int(threads_arg)
         pool = lk_moe.make_pool(threads=threads)
@@ -257,7 +263,7 @@ def bench_shape(name, args, results):
                 ids, w = random_routing(M, E, K, generator=g)
                 cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
             # The decode settings take turns on every case (same routing, same machine noise).
-            runs = settings if M <= 16 else [(None, None)]
+            runs = settings if M <= 16 else [(None, None, None)]
             times = {s: [] for s in runs}
             pool_us = {s: [] for s in runs}
             bws = {s: [] for s in runs}
@@ -274,7 +280,7 @@ def bench_shape(name, args, results):
                         times[s].append(dt)
                         pool_us[s].append(layer.last_compute_us)
                         bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
-            apply((None, None))
+            apply((None, None, None))
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
             baseline(x, ids, w)  # warm-up
@@ -290,7 +296,8 @@ def bench_shape(name, args, results):
                                     isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff, read_gbs=read_bw,
                                     bw_ratio=eff / read_bw, torch_ms=base * 1e3, speedup=base / eng,
                                     tflops=tflops, reps=len(times[s]), decode_units=list(s[0] or default_units),
-                                    decode_prefetch=default_prefetch if s[1] is None else s[1]))
+                                    decode_prefetch=default_prefetch if s[1] is None else s[1],
+                                    decode_schedule=s[2] or default_schedule))
         # The same probe once more: a shared machine's bandwidth drifts while the cases run, and the
         # ratios above are to the first probe only.
         after = statistics.median(pool.measure_read_bandwidth(args.read_bytes, 7))
@@ -318,7 +325,11 @@ def main():
                         "int8_act, 4bit (the default, with 4), quantized, all; e.g. int8_act:4,4bit:4,quantized:4")
     p.add_argument("--decode-prefetch", default="",
                    help="A/B of the quantized decode tiles' far prefetch (M <= 16): comma list of bytes ahead "
-                        "(0 = off; default 8192), e.g. 0,8192; with --decode-units, every pair of the two")
+                        "(0 = off; default 8192), e.g. 0,8192")
+    p.add_argument("--decode-schedule", default="",
+                   help="A/B of how decode chunks hand out work (M <= 16): comma list of units (fixed units, "
+                        "see --decode-units) and guided (guided self-scheduling); with the other A/B options, "
+                        "every combination")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

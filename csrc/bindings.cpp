@@ -690,6 +690,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(kDecodeWideNames[int(u.wide)], u.units_per_thread);
   });
   m.def(
+      "_set_decode_schedule",
+      [](const std::string& name) {
+        if (name != "units" && name != "guided") throw py::value_error("schedule: units or guided, not '" + name + "'");
+        lk::set_decode_schedule(name == "guided" ? lk::DecodeSchedule::kGuided : lk::DecodeSchedule::kUnits);
+      },
+      py::arg("name"),
+      "benchmark hook: how decode chunks hand out their work, fixed units ('units') or guided "
+      "self-scheduling ('guided'); results are bit-identical under both");
+  m.def("_decode_schedule",
+        [] { return std::string(lk::decode_schedule() == lk::DecodeSchedule::kGuided ? "guided" : "units"); });
+  m.def(
       "_set_decode_prefetch", [](int bytes) { lk::set_decode_prefetch(bytes); }, py::arg("bytes"),
       "benchmark hook: how far ahead (bytes, 0 = off) the quantized decode tiles prefetch each weight "
       "stream into L2 (results are bit-identical under every setting)");

@@ -504,6 +504,37 @@ namespace {
 // docs/results/2026-12-01_epyc2c_decode_units.log) wide units also lifted fp8_block (0.67 -> 0.82).
 std::atomic<int> g_decode_wide{int(DecodeWide::kFourBit)};
 std::atomic<int> g_decode_units_per_thread{4};
+std::atomic<int> g_decode_schedule{int(DecodeSchedule::kUnits)};
+
+// Hands out one phase's work: (major, block range) units over majors x nb blocks (major: a phase-1
+// piece, or a phase-2 token range). Fixed units: `group` blocks per fetch. Guided self-scheduling
+// (decode chunks, DecodeSchedule::kGuided): each claim takes 1/(2 x threads) of the blocks left, 1 to
+// kWideGroup blocks of one major, so the weight streams start long and the phase ends on short claims
+// that even out when the threads finish. False once the phase's work is all handed out.
+bool claim_unit(std::atomic<int>& next, int majors, int nb, int group, bool guided, int threads, int* major,
+                int* lb0, int* lb1) {
+  if (!guided) {
+    const int ngroups = (nb + group - 1) / group;
+    const int u = next.fetch_add(1, std::memory_order_relaxed);
+    if (u >= majors * ngroups) return false;
+    *major = u / ngroups;
+    *lb0 = (u % ngroups) * group;
+    *lb1 = std::min(nb, *lb0 + group);
+    return true;
+  }
+  const int total = majors * nb;
+  int cur = next.load(std::memory_order_relaxed);
+  int n;
+  do {
+    if (cur >= total) return false;
+    n = std::max(1, std::min(kWideGroup, (total - cur) / (2 * threads)));
+    n = std::min(n, nb - cur % nb);  // within one major
+  } while (!next.compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+  *major = cur / nb;
+  *lb0 = cur % nb;
+  *lb1 = *lb0 + n;
+  return true;
+}
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -522,6 +553,14 @@ DecodeUnits decode_units() {
   return DecodeUnits{DecodeWide(g_decode_wide.load(std::memory_order_relaxed)),
                      g_decode_units_per_thread.load(std::memory_order_relaxed)};
 }
+
+void set_decode_schedule(DecodeSchedule s) {
+  if (s != DecodeSchedule::kUnits && s != DecodeSchedule::kGuided)
+    throw std::invalid_argument("decode schedule: units or guided");
+  g_decode_schedule.store(int(s), std::memory_order_relaxed);
+}
+
+DecodeSchedule decode_schedule() { return DecodeSchedule(g_decode_schedule.load(std::memory_order_relaxed)); }
 
 int g_decode_far_prefetch = kDefaultDecodePrefetch;
 
@@ -651,6 +690,12 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units) group2_ /= 2;
   while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units && tc / (token_ranges_ * 2) >= 16)
     token_ranges_ *= 2;
+  // Guided claims size themselves (up to kWideGroup blocks: the phase-2 accumulator's width).
+  guided_ = !wide && decode_schedule() == DecodeSchedule::kGuided;
+  if (guided_) {
+    group1_ = group2_ = kWideGroup;
+    token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
+  }
 
   for (int s = 0; s < pool.num_nodes(); ++s) {
     next1_[s].store(0, std::memory_order_relaxed);
@@ -693,8 +738,7 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   const NodeSlice& sl = layer_->slices()[ctx.node];
   const int nbi = sl.ib1 - sl.ib0;
   if (nbi == 0) return;
-  const int ngroups = (nbi + group1_ - 1) / group1_;
-  const int units = num_pieces_ * ngroups;
+  const int threads = ctx.pool->threads_on_node(ctx.node);
   KernelScratch ks = scratch(ctx, sh);
   ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(kPieceRows + 32) * sh.kp1 * 2));
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
@@ -702,11 +746,10 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   const size_t q8_ld1 = q8_row_bytes(sh.kp1);
   const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
   const int nseg1 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp1 / sh.seg) : 0;
-  for (int u; (u = next1_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
-    const int32_t* pc = pieces_ + 3 * (u / ngroups);
-    const int g = u % ngroups;
+  for (int piece, lb0, lb1;
+       claim_unit(next1_[ctx.node], num_pieces_, nbi, group1_, guided_, threads, &piece, &lb0, &lb1);) {
+    const int32_t* pc = pieces_ + 3 * piece;
     const int e = active_expert_[pc[0]];
-    const int lb0 = g * group1_, lb1 = std::min(nbi, lb0 + group1_);
     for (int p = pc[1]; p < pc[2]; ++p) rows[p - pc[1]] = x_rows_base_ + size_t(slot_token_[p]) * x_ld_;
     if (q8_)
       for (int p = pc[1]; p < pc[2]; ++p) rows8[p - pc[1]] = xq_ + size_t(slot_token_[p]) * q8_ld1;
@@ -761,8 +804,7 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
   const NodeSlice& sl = layer_->slices()[ctx.node];
   const int nbh = sl.hb1 - sl.hb0;
   if (nbh == 0) return;
-  const int ngroups = (nbh + group2_ - 1) / group2_;
-  const int units = ngroups * token_ranges_;
+  const int threads = ctx.pool->threads_on_node(ctx.node);
   const int range = (tc + token_ranges_ - 1) / token_ranges_;
   const size_t out_ld = size_t(group2_) * kBlockN;
   KernelScratch ks = scratch(ctx, sh);
@@ -770,11 +812,10 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
   float* acc = static_cast<float*>(ctx.buffer(kOutAcc, size_t(range) * out_ld * 4));
   const size_t w2_block = size_t(sh.kp2) * kBlockN;
   const size_t osz = elem_size(a_.out_type);
-  for (int u; (u = next2_[ctx.node].fetch_add(1, std::memory_order_relaxed)) < units;) {
-    const int g = u % ngroups, rg = u / ngroups;
+  for (int rg, lb0, lb1;
+       claim_unit(next2_[ctx.node], token_ranges_, nbh, group2_, guided_, threads, &rg, &lb0, &lb1);) {
     const int tr0 = rg * range, tr1 = std::min(tc, tr0 + range);
     if (tr0 >= tr1) continue;
-    const int lb0 = g * group2_, lb1 = std::min(nbh, lb0 + group2_);
     memset(acc, 0, size_t(tr1 - tr0) * out_ld * 4);
     for (int a = 0; a < num_active_; ++a) {
       // This expert's slots whose token lies in [tr0, tr1): a contiguous run (tokens ascend).

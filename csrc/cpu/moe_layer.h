@@ -216,6 +216,12 @@ struct DecodeUnits {
 };
 void set_decode_units(DecodeUnits u);
 DecodeUnits decode_units();
+// How decode chunks hand out their units: fixed ones (DecodeUnits), or guided self-scheduling (each
+// claim takes a shrinking share of the blocks left: long streams first, short claims at the end so the
+// threads finish together). Process-wide, for benchmarks' A/Bs; results are bit-identical either way.
+enum class DecodeSchedule { kUnits = 0, kGuided = 1 };
+void set_decode_schedule(DecodeSchedule s);
+DecodeSchedule decode_schedule();
 // The quantized decode tiles' far prefetch distance in bytes (g_decode_far_prefetch, kernel_table.h):
 // 0 (off) or a multiple of 64 up to 64 KiB; default kDefaultDecodePrefetch.
 constexpr int kDefaultDecodePrefetch = 8192;
@@ -261,6 +267,7 @@ class ForwardJob : public Job {
   int group1_ = 1;                    // I-blocks per phase-1 unit
   int group2_ = 1;                    // H-blocks per phase-2 unit
   int token_ranges_ = 1;              // phase-2 token ranges
+  bool guided_ = false;               // decode chunk under DecodeSchedule::kGuided
   uint16_t* act_ = nullptr;           // [S + 32][kp2]
   bool q8_ = false;                   // 4-bit decode chunk with int8 activations:
   int8_t* xq_ = nullptr;              // [tc] q8 rows of x (q8_row_bytes(kp1) each)

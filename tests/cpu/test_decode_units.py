@@ -1,4 +1,5 @@
-"""Decode work units (lk_moe._C._set_decode_units) and the quantized decode tiles' far prefetch
+"""Decode work units (lk_moe._C._set_decode_units), their schedule (lk_moe._C._set_decode_schedule:
+fixed units or guided self-scheduling) and the quantized decode tiles' far prefetch
 (lk_moe._C._set_decode_prefetch): how a decode chunk is cut into work units changes which thread
 computes a block and how long each weight stream is, and how far ahead a tile prefetches changes
 when bytes arrive; never a result. Every format's output must be bit-identical under every setting
@@ -16,9 +17,10 @@ from .test_mxfp4 import make_mxfp4
 from .test_nvfp4 import make_nvfp4
 from .test_wna16 import make_int4_experts
 
-# (wide, units per thread, far prefetch bytes): the defaults first, then each knob away from them
-SETTINGS = [("4bit", 4, 8192), ("int8_act", 4, 8192), ("quantized", 4, 8192), ("quantized", 2, 0), ("all", 1, 64),
-            ("all", 4, 65536), ("4bit", 4, 0)]
+# (wide, units per thread, far prefetch bytes, schedule): the defaults first, then each knob away from them
+SETTINGS = [("4bit", 4, 8192, "units"), ("int8_act", 4, 8192, "units"), ("quantized", 4, 8192, "units"),
+            ("quantized", 2, 0, "units"), ("all", 1, 64, "units"), ("all", 4, 65536, "units"), ("4bit", 4, 0, "units"),
+            ("4bit", 4, 8192, "guided"), ("all", 1, 0, "guided")]
 H, I, E, K = 2048, 768, 8, 4  # Qwen3-30B-A3B's layer widths (fewer experts)
 
 
@@ -45,38 +47,41 @@ def _build(fmt, tensors, pool):
 
 @pytest.fixture
 def restore_decode_settings():
-    units, prefetch = lk_moe._C._decode_units(), lk_moe._C._decode_prefetch()
+    units, prefetch, schedule = lk_moe._C._decode_units(), lk_moe._C._decode_prefetch(), lk_moe._C._decode_schedule()
     yield
     lk_moe._C._set_decode_units(*units)
     lk_moe._C._set_decode_prefetch(prefetch)
+    lk_moe._C._set_decode_schedule(schedule)
 
 
 def test_defaults_start_4bit_decode_wide_with_four_units_per_thread_and_prefetch_8k_ahead():
     assert lk_moe._C._decode_units() == ("4bit", 4)
     assert lk_moe._C._decode_prefetch() == 8192
+    assert lk_moe._C._decode_schedule() == "units"
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("threads", [2, 5])
+@pytest.mark.parametrize("threads", [2, 5, 16])
 def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_settings):
     pool = lk_moe.make_pool(threads=threads)
     layer = _build(fmt, _tensors(fmt), pool)
     cases = []
-    for M in (1, 3, 12):
+    for M in (1, 3, 12, 40):  # 40: 20 slots per expert, a prefill-sized chunk (fixed wide units)
         x = torch.randn(M, H).bfloat16()
         ids, w = random_routing(M, E, K)
         cases.append((x, ids, w))
     first = None
-    for wide, per_thread, prefetch in SETTINGS:
+    for wide, per_thread, prefetch, schedule in SETTINGS:
         lk_moe._C._set_decode_units(wide, per_thread)
         lk_moe._C._set_decode_prefetch(prefetch)
+        lk_moe._C._set_decode_schedule(schedule)
         outs = [layer.forward(x, ids, w) for x, ids, w in cases]
         assert all(torch.isfinite(o).all() for o in outs)
         if first is None:
             first = outs
             continue
-        for M, a, b in zip((1, 3, 12), first, outs):
-            assert torch.equal(a, b), f"{fmt}: M={M} differs under ({wide}, {per_thread}, {prefetch})"
+        for (x, _, _), a, b in zip(cases, first, outs):
+            assert torch.equal(a, b), f"{fmt}: M={len(x)} differs under ({wide}, {per_thread}, {prefetch}, {schedule})"
 
 
 def test_bad_settings_are_rejected(restore_decode_settings):
@@ -89,3 +94,6 @@ def test_bad_settings_are_rejected(restore_decode_settings):
         with pytest.raises(ValueError, match="multiple of 64 up to 65536"):
             lk_moe._C._set_decode_prefetch(bytes_ahead)
     assert lk_moe._C._decode_prefetch() == 8192  # a rejected value leaves the setting alone
+    with pytest.raises(ValueError, match="units or guided"):
+        lk_moe._C._set_decode_schedule("static")
+    assert lk_moe._C._decode_schedule() == "units"
