@@ -18,7 +18,8 @@ experts cached from the previous forward do not inflate the bandwidth.
     python benchmarks/moe_layer.py --format mxfp4 --shapes gpt-oss-120b   # mxfp4 + swigluoai + biases
     python benchmarks/moe_layer.py --format nvfp4                        # ModelOpt NVFP4 (Qwen3-30B-A3B-FP4 shape)
     python benchmarks/moe_layer.py --format int8_channel                 # compressed-tensors W8A8/W8A16 int8
-    python benchmarks/moe_layer.py --format nvfp4 --tokens 1,4 --decode-units int8_act:4,quantized:4  # A/B
+    python benchmarks/moe_layer.py --format nvfp4 --tokens 1,4 --decode-schedule units \
+        --decode-units int8_act:4,quantized:4                                                        # A/B
     python benchmarks/moe_layer.py --format fp8_block --tokens 1,4 --decode-prefetch 0,8192           # A/B
     python benchmarks/moe_layer.py --format mxfp4 --tokens 1,4 --decode-schedule units,guided        # A/B
 """
@@ -322,14 +323,15 @@ def main():
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--decode-units", default="",
                    help="A/B of decode work units (M <= 16): comma list of WIDE:UNITS_PER_THREAD, WIDE one of "
-                        "int8_act, 4bit (the default, with 4), quantized, all; e.g. int8_act:4,4bit:4,quantized:4")
+                        "int8_act, 4bit (the default, with 4), quantized, all; e.g. int8_act:4,4bit:4,quantized:4 "
+                        "(they cut decode chunks under --decode-schedule units only)")
     p.add_argument("--decode-prefetch", default="",
                    help="A/B of the quantized decode tiles' far prefetch (M <= 16): comma list of bytes ahead "
                         "(0 = off; default 8192), e.g. 0,8192")
     p.add_argument("--decode-schedule", default="",
                    help="A/B of how decode chunks hand out work (M <= 16): comma list of units (fixed units, "
-                        "see --decode-units) and guided (guided self-scheduling); with the other A/B options, "
-                        "every combination")
+                        "see --decode-units) and guided (guided self-scheduling, the default); with the other "
+                        "A/B options, every combination")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not args.read_bytes:

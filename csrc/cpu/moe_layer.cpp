@@ -504,7 +504,14 @@ namespace {
 // docs/results/2026-12-01_epyc2c_decode_units.log) wide units also lifted fp8_block (0.67 -> 0.82).
 std::atomic<int> g_decode_wide{int(DecodeWide::kFourBit)};
 std::atomic<int> g_decode_units_per_thread{4};
-std::atomic<int> g_decode_schedule{int(DecodeSchedule::kUnits)};
+// Default: guided. Measured on the 16-core AMX host of the H200 machine, 2026-12-01, tenth session
+// (docs/results/2026-12-01_h200_session10.log: benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1
+// --threads all --decode-prefetch 0,8192 --decode-schedule units,guided, 4-5 rounds per format): M=1
+// time guided / units (far prefetch 8192) 0.88-1.02, median 0.95 over 29 paired runs (26 faster);
+// medians of the read-bandwidth ratio units -> guided: mxfp4 0.71 -> 0.74, nvfp4 0.73 -> 0.76,
+// wna16_int4 0.80 -> 0.81, fp8_block 0.78 -> 0.86, fp8_channel 0.83 -> 0.89, int8_channel 0.93 -> 1.00,
+// bf16 0.98 -> 1.03. On the 2-core dev VM: no change at M=1, M=4 2-4% faster.
+std::atomic<int> g_decode_schedule{int(DecodeSchedule::kGuided)};
 
 // Hands out one phase's work: (major, block range) units over majors x nb blocks (major: a phase-1
 // piece, or a phase-2 token range). Fixed units: `group` blocks per fetch. Guided self-scheduling

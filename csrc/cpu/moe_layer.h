@@ -216,9 +216,10 @@ struct DecodeUnits {
 };
 void set_decode_units(DecodeUnits u);
 DecodeUnits decode_units();
-// How decode chunks hand out their units: fixed ones (DecodeUnits), or guided self-scheduling (each
-// claim takes a shrinking share of the blocks left: long streams first, short claims at the end so the
-// threads finish together). Process-wide, for benchmarks' A/Bs; results are bit-identical either way.
+// How decode chunks hand out their units: fixed ones (DecodeUnits), or guided self-scheduling (the
+// default; each claim takes a shrinking share of the blocks left: long streams first, short claims at
+// the end so the threads finish together; DecodeUnits then shapes prefill-sized chunks only).
+// Process-wide, for benchmarks' A/Bs; results are bit-identical either way.
 enum class DecodeSchedule { kUnits = 0, kGuided = 1 };
 void set_decode_schedule(DecodeSchedule s);
 DecodeSchedule decode_schedule();

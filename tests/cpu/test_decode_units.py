@@ -18,9 +18,9 @@ from .test_nvfp4 import make_nvfp4
 from .test_wna16 import make_int4_experts
 
 # (wide, units per thread, far prefetch bytes, schedule): the defaults first, then each knob away from them
-SETTINGS = [("4bit", 4, 8192, "units"), ("int8_act", 4, 8192, "units"), ("quantized", 4, 8192, "units"),
-            ("quantized", 2, 0, "units"), ("all", 1, 64, "units"), ("all", 4, 65536, "units"), ("4bit", 4, 0, "units"),
-            ("4bit", 4, 8192, "guided"), ("all", 1, 0, "guided")]
+SETTINGS = [("4bit", 4, 8192, "guided"), ("4bit", 4, 8192, "units"), ("int8_act", 4, 8192, "units"),
+            ("quantized", 4, 8192, "units"), ("quantized", 2, 0, "units"), ("all", 1, 64, "units"),
+            ("all", 4, 65536, "units"), ("4bit", 4, 0, "units"), ("all", 1, 0, "guided")]
 H, I, E, K = 2048, 768, 8, 4  # Qwen3-30B-A3B's layer widths (fewer experts)
 
 
@@ -54,10 +54,10 @@ def restore_decode_settings():
     lk_moe._C._set_decode_schedule(schedule)
 
 
-def test_defaults_start_4bit_decode_wide_with_four_units_per_thread_and_prefetch_8k_ahead():
-    assert lk_moe._C._decode_units() == ("4bit", 4)
+def test_defaults_schedule_decode_guided_and_prefetch_8k_ahead():
+    assert lk_moe._C._decode_schedule() == "guided"
+    assert lk_moe._C._decode_units() == ("4bit", 4)  # shapes the units of the "units" schedule
     assert lk_moe._C._decode_prefetch() == 8192
-    assert lk_moe._C._decode_schedule() == "units"
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4"])
@@ -96,4 +96,4 @@ def test_bad_settings_are_rejected(restore_decode_settings):
     assert lk_moe._C._decode_prefetch() == 8192  # a rejected value leaves the setting alone
     with pytest.raises(ValueError, match="units or guided"):
         lk_moe._C._set_decode_schedule("static")
-    assert lk_moe._C._decode_schedule() == "units"
+    assert lk_moe._C._decode_schedule() == "guided"
