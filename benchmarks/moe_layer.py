@@ -265,38 +265,54 @@ def bench_shape(name, args, results):
                 cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
             # The decode settings take turns on every case (same routing, same machine noise).
             runs = settings if M <= 16 else [(None, None, None)]
-            times = {s: [] for s in runs}
-            pool_us = {s: [] for s in runs}
-            bws = {s: [] for s in runs}
+            rounds = args.rounds if M <= 16 else 1
+            # per setting and round: median time, in-pool share, median GB/s, the round's read bandwidth
+            per_round = {s: [] for s in runs}
             n = 0
-            for i, (x, ids, w, out) in enumerate(cases):
+            for _ in range(rounds):
+                # several rounds: each against the mean of a probe just before and just after it
+                before = read_bw if rounds == 1 else statistics.median(pool.measure_read_bandwidth(args.read_bytes, 3))
+                times = {s: [] for s in runs}
+                pool_us = {s: [] for s in runs}
+                bws = {s: [] for s in runs}
+                for i, (x, ids, w, out) in enumerate(cases):
+                    for s in runs:
+                        apply(s)
+                        layer = layers[n % copies]
+                        n += 1
+                        t = time.perf_counter()
+                        layer.forward_into(out, x, ids, w)
+                        dt = time.perf_counter() - t
+                        if i >= 2:  # warm-up
+                            times[s].append(dt)
+                            pool_us[s].append(layer.last_compute_us)
+                            bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
+                after = read_bw if rounds == 1 else statistics.median(pool.measure_read_bandwidth(args.read_bytes, 3))
                 for s in runs:
-                    apply(s)
-                    layer = layers[n % copies]
-                    n += 1
-                    t = time.perf_counter()
-                    layer.forward_into(out, x, ids, w)
-                    dt = time.perf_counter() - t
-                    if i >= 2:  # warm-up
-                        times[s].append(dt)
-                        pool_us[s].append(layer.last_compute_us)
-                        bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
+                    eng = statistics.median(times[s])
+                    per_round[s].append((eng, statistics.median(pool_us[s]) * 1e-6 / eng, statistics.median(bws[s]),
+                                         (before + after) / 2))
             apply((None, None, None))
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
             baseline(x, ids, w)  # warm-up
             base = statistics.median(timed(lambda: baseline(x, ids, w), treps))
             for s in runs:
-                eng = statistics.median(times[s])
-                in_pool = statistics.median(pool_us[s]) * 1e-6 / eng
-                eff = statistics.median(bws[s])
+                rs = per_round[s]
+                eng = statistics.median(r[0] for r in rs)
+                in_pool = statistics.median(r[1] for r in rs)
+                eff = statistics.median(r[2] for r in rs)
+                ratios = [r[2] / r[3] for r in rs]
+                ratio = statistics.median(ratios)
                 tflops = 2 * M * K * 3 * H * I / eng / 1e12
-                print(f"{M:>6} {eng * 1e3:>10.3f} {in_pool:>8.2f} {eff:>9.1f} {eff / read_bw:>6.2f} {base * 1e3:>9.3f} "
-                      f"{base / eng:>8.2f} {tflops:>8.3f}{label(s)}", flush=True)
+                rounds_note = f"  rounds {' '.join(f'{v:.2f}' for v in ratios)}" if rounds > 1 else ""
+                print(f"{M:>6} {eng * 1e3:>10.3f} {in_pool:>8.2f} {eff:>9.1f} {ratio:>6.2f} {base * 1e3:>9.3f} "
+                      f"{base / eng:>8.2f} {tflops:>8.3f}{label(s)}{rounds_note}", flush=True)
                 results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads,
-                                    isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff, read_gbs=read_bw,
-                                    bw_ratio=eff / read_bw, torch_ms=base * 1e3, speedup=base / eng,
-                                    tflops=tflops, reps=len(times[s]), decode_units=list(s[0] or default_units),
+                                    isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff,
+                                    read_gbs=read_bw, bw_ratio=ratio, round_ratios=ratios, torch_ms=base * 1e3,
+                                    speedup=base / eng, tflops=tflops, reps=reps, rounds=rounds,
+                                    decode_units=list(s[0] or default_units),
                                     decode_prefetch=default_prefetch if s[1] is None else s[1],
                                     decode_schedule=s[2] or default_schedule))
         # The same probe once more: a shared machine's bandwidth drifts while the cases run, and the
@@ -332,8 +348,13 @@ def main():
                    help="A/B of how decode chunks hand out work (M <= 16): comma list of units (fixed units, "
                         "see --decode-units) and guided (guided self-scheduling, the default); with the other "
                         "A/B options, every combination")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="decode cases (M <= 16) this many times, each round's ratio against the mean of a read "
+                        "probe just before and just after it; prints the median and every round's ratio")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if not args.read_bytes:
         args.read_bytes = (4 << 30) if mem_available() > (48 << 30) else (2 << 30)
     print(f"# lk_moe {lk_moe.__version__}  cpu: {lk_moe._C.cpu_brand()}  isa: {lk_moe.isa()} "

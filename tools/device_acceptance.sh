@@ -12,8 +12,8 @@
 #   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
-#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 3 rounds, far prefetch
-#                                             # off/on A/B), serve, doctor, demo
+#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 5 rounds, schedule
+#                                             # units/guided A/B), serve, doctor, demo
 #   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
 #   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
@@ -106,20 +106,20 @@ verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
     body="true" ;;
   gpu1)
     body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
-timeout 200 bash -c 'for t in 1,4 1 1; do for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do \
-python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens \$t --threads all --reps 15 \
---decode-prefetch 0,8192; done; done' > \$OUT/moe_layer.log 2>&1
+timeout 200 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do \
+python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all --reps 15 --rounds 5 \
+--decode-schedule units,guided; done' > \$OUT/moe_layer.log 2>&1
 timeout 110 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
-timeout 60 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \
+timeout 150 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --out /root/tiny-qwen \
 && python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
 && python3 -m lvllm doctor --model /root/tiny-qwen && python3 -m lvllm doctor --model /root/dsv3big --tp 2' > \$OUT/doctor.log 2>&1
 echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   decode1)  # per-format M=1 decode in rounds until the deadline, far prefetch x schedule A/B in each run
-    body="timeout $left bash -c 'for r in 1 2 3 4 5 6; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
+    body="timeout $left bash -c 'for r in 1 2 3 4; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
 int8_channel bf16; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1 --threads all \
---reps 15 --decode-prefetch 0,8192 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
+--reps 15 --rounds 8 --decode-prefetch 0,8192 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *1 ' \$OUT/moe_layer.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
