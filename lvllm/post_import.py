@@ -9,10 +9,11 @@ gpt-oss runs had their `LLM()` front-end process (no lk_moe loaded in it) abort 
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import sys
 import threading
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Set
 
 Callback = Callable[[object], None]
 
@@ -31,9 +32,20 @@ class _RunAfterExec(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        self._loader.exec_module(module)
-        with self._finder.lock:
-            callbacks = self._finder.pending.pop(self._name, [])
+        finder = self._finder
+        with finder.lock:
+            finder.executing.add(self._name)
+        ran = False
+        try:
+            self._loader.exec_module(module)
+            ran = True
+        finally:
+            # Taken under the lock that when_imported registers under: a callback is either taken
+            # here or registered after this point, when the module counts as imported (never lost).
+            # A failed import keeps them for the next attempt.
+            with finder.lock:
+                finder.executing.discard(self._name)
+                callbacks = finder.pending.pop(self._name, []) if ran else []
         for callback in callbacks:
             callback(module)
 
@@ -47,6 +59,7 @@ class _RunAfterExec(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self):
         self.pending: Dict[str, List[Callback]] = {}
+        self.executing: Set[str] = set()  # modules whose code runs now under _RunAfterExec
         self.lock = threading.Lock()
 
     def find_spec(self, name, path, target=None):
@@ -71,12 +84,19 @@ _finder = _Finder()
 
 def when_imported(name: str, callback: Callback) -> None:
     """callback(module) right after `name` is imported in this process, or now if it already is.
-    An exception from the callback propagates out of the import that triggered it."""
-    module = sys.modules.get(name)
-    if module is not None:
-        callback(module)
-        return
+    An exception from the callback propagates out of the import that triggered it. Thread-safe: an
+    import finishing in another thread meanwhile neither loses the callback nor hands it a module
+    whose code is still running."""
     with _finder.lock:
-        _finder.pending.setdefault(name, []).append(callback)
-        if _finder not in sys.meta_path:
-            sys.meta_path.insert(0, _finder)
+        module = sys.modules.get(name)
+        if module is None or name in _finder.executing:  # _RunAfterExec takes it once the code ran
+            _finder.pending.setdefault(name, []).append(callback)
+            if _finder not in sys.meta_path:
+                sys.meta_path.insert(0, _finder)
+            return
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and getattr(spec, "_initializing", False):
+        # Another thread is importing it without our loader: its import lock makes this wait for
+        # the module to finish (in the importing thread itself, a circular import, it returns at once).
+        module = importlib.import_module(name)
+    callback(module)
