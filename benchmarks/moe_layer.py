@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
+from lvllm.threads import plan_threads  # noqa: E402
 from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_channel, moe_torch_baseline_fp8,  # noqa: E402
                                moe_torch_baseline_mxfp4, moe_torch_baseline_nvfp4, moe_torch_baseline_wna16,
                                random_routing)
@@ -215,6 +216,8 @@ def bench_shape(name, args, results):
         build = lambda pool: lk_moe.MoELayer(w13, w2, pool=pool)  # noqa: E731
         baseline = lambda x, ids, w: moe_torch_baseline(x, w13, w2, ids, w)  # noqa: E731
     cores = lk_moe.make_pool(threads=0).num_threads
+    # what `vllm serve` gives one rank's engine here by default (cores left to its busy threads)
+    serve_threads = plan_threads(0, 1, None).threads
     default_units = lk_moe._C._decode_units()
     default_prefetch = lk_moe._C._decode_prefetch()
     default_schedule = lk_moe._C._decode_schedule()
@@ -236,7 +239,7 @@ def bench_shape(name, args, results):
         return "".join([f"  {u[0]}:{u[1]}" if u else "", f"  pf {b}" if b is not None else "",
                         f"  {sch}" if sch else ""])
     for threads_arg in args.threads.split(","):
-        threads = cores if threads_arg == "all" else int(threads_arg)
+        threads = {"all": cores, "serve": serve_threads}.get(threads_arg) or int(threads_arg)
         pool = lk_moe.make_pool(threads=threads)
         torch.set_num_threads(threads)
         hot = statistics.median(pool.round_trip_us(200, 0))
@@ -247,7 +250,8 @@ def bench_shape(name, args, results):
         t0 = time.perf_counter()
         layers = [build(pool) for _ in range(copies)]
         repack_s = (time.perf_counter() - t0) / copies
-        print(f"threads={threads} isa={lk_moe.isa()} read bandwidth {read_bw:.1f} GB/s "
+        which = " (serve default)" if threads_arg == "serve" else ""
+        print(f"threads={threads}{which} isa={lk_moe.isa()} read bandwidth {read_bw:.1f} GB/s "
               f"(median of {len(bw)}; min {min(bw):.1f} max {max(bw):.1f}); repack "
               f"{layer_bytes / repack_s / 1e9:.1f} GB/s; nbytes/expert bytes "
               f"{layers[0].nbytes / layer_bytes:.4f}; empty-job round trip: {hot:.1f} us spinning, "
@@ -326,7 +330,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v3")
     p.add_argument("--tokens", default="1,4,16,256,1024")
-    p.add_argument("--threads", default="all,1", help="comma list of 'all' or numbers")
+    p.add_argument("--threads", default="all,1",
+                   help="comma list of numbers, 'all' (every core) or 'serve' (the engine threads of a "
+                        "TP=1 `vllm serve` here: all but the cores its busy threads keep)")
     p.add_argument("--reps", type=int, default=20, help="timed forwards per decode case (prefill: /4)")
     p.add_argument("--max-experts", type=int, default=0, help="cap E (default: as memory allows)")
     p.add_argument("--read-bytes", type=int, default=0, help="read-bandwidth probe size (default 2-4 GiB)")
@@ -355,6 +361,9 @@ def main():
     args = p.parse_args()
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    for item in args.threads.split(","):
+        if item not in ("all", "serve") and not (item.isdigit() and int(item) > 0):
+            p.error(f"--threads: '{item}' is not a positive number, 'all' or 'serve'")
     if not args.read_bytes:
         args.read_bytes = (4 << 30) if mem_available() > (48 << 30) else (2 << 30)
     print(f"# lk_moe {lk_moe.__version__}  cpu: {lk_moe._C.cpu_brand()}  isa: {lk_moe.isa()} "

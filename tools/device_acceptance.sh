@@ -18,7 +18,7 @@
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
 #   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
 #   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
-#   bash tools/device_acceptance.sh decode1   # per-format M=1 decode rounds (far prefetch x schedule A/B) to the deadline
+#   bash tools/device_acceptance.sh decode1   # per-format M=1 decode (all cores and serve's threads, schedule A/B)
 #   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
 #   and the loading file alone 630 s on 2026-12-01, ninth session)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
@@ -116,10 +116,10 @@ timeout 150 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --ou
 echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
-  decode1)  # per-format M=1 decode in rounds until the deadline, far prefetch x schedule A/B in each run
-    body="timeout $left bash -c 'for r in 1 2 3 4; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
-int8_channel bf16; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1 --threads all \
---reps 15 --rounds 8 --decode-prefetch 0,8192 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
+  decode1)  # per-format M=1 decode until the deadline: every core and serve's thread count, schedule A/B
+    body="timeout $left bash -c 'for r in 1 2 3; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
+int8_channel bf16; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1 \
+--threads all,serve --reps 15 --rounds 6 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *1 ' \$OUT/moe_layer.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \

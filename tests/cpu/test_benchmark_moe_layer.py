@@ -1,5 +1,5 @@
 """benchmarks/moe_layer.py runs end to end on a small layer (the device parts and the README's
-results depend on its A/B options and its JSON), and rejects a bad --rounds."""
+results depend on its A/B options, its thread choices and its JSON), and rejects bad options."""
 import json
 import subprocess
 import sys
@@ -30,6 +30,16 @@ def test_rounds_and_schedule_ab_reach_the_report_and_the_json(tmp_path):
         assert all(v > 0 for v in x["round_ratios"]) and x["engine_ms"] > 0
 
 
-def test_bad_rounds_is_a_usage_error():
+def test_bad_rounds_or_threads_are_usage_errors():
     r = _run("--rounds", "0", timeout=120)
     assert r.returncode == 2 and "--rounds must be >= 1" in r.stderr
+    r = _run("--threads", "all,many", timeout=120)
+    assert r.returncode == 2 and "'many' is not a positive number, 'all' or 'serve'" in r.stderr
+
+
+def test_serve_threads_are_the_plugins_default():
+    from lvllm.threads import plan_threads
+    r = _run("--format", "bf16", "--shapes", "qwen3-30b-a3b", "--max-experts", "8", "--max-copies", "1",
+             "--tokens", "1", "--threads", "serve", "--reps", "2", "--read-bytes", str(16 << 20))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"threads={plan_threads(0, 1, None).threads} (serve default)" in r.stdout
