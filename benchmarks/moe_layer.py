@@ -42,6 +42,8 @@ from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_channel, mo
                                moe_torch_baseline_mxfp4, moe_torch_baseline_nvfp4, moe_torch_baseline_wna16,
                                random_routing)
 
+PHASE_KEYS = ("gate_up", "down", "gate_up_spread", "down_spread")  # MoELayer.last_phase_us
+
 SHAPES = {
     # name: (H, I, E, K)
     "qwen3-30b-a3b": (2048, 768, 128, 8),
@@ -270,7 +272,8 @@ def bench_shape(name, args, results):
             # The decode settings take turns on every case (same routing, same machine noise).
             runs = settings if M <= 16 else [(None, None, None)]
             rounds = args.rounds if M <= 16 else 1
-            # per setting and round: median time, in-pool share, median GB/s, the round's read bandwidth
+            # per setting and round: median time, in-pool share, median GB/s, the round's read bandwidth,
+            # median phase times
             per_round = {s: [] for s in runs}
             n = 0
             for _ in range(rounds):
@@ -279,6 +282,7 @@ def bench_shape(name, args, results):
                 times = {s: [] for s in runs}
                 pool_us = {s: [] for s in runs}
                 bws = {s: [] for s in runs}
+                phases = {s: [] for s in runs}
                 for i, (x, ids, w, out) in enumerate(cases):
                     for s in runs:
                         apply(s)
@@ -291,11 +295,13 @@ def bench_shape(name, args, results):
                             times[s].append(dt)
                             pool_us[s].append(layer.last_compute_us)
                             bws[s].append(len(torch.unique(ids)) * expert_bytes / dt / 1e9)
+                            phases[s].append(layer.last_phase_us)
                 after = read_bw if rounds == 1 else statistics.median(pool.measure_read_bandwidth(args.read_bytes, 3))
                 for s in runs:
                     eng = statistics.median(times[s])
                     per_round[s].append((eng, statistics.median(pool_us[s]) * 1e-6 / eng, statistics.median(bws[s]),
-                                         (before + after) / 2))
+                                         (before + after) / 2,
+                                         {k: statistics.median(p[k] for p in phases[s]) for k in PHASE_KEYS}))
             apply((None, None, None))
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
@@ -310,15 +316,20 @@ def bench_shape(name, args, results):
                 ratio = statistics.median(ratios)
                 tflops = 2 * M * K * 3 * H * I / eng / 1e12
                 rounds_note = f"  rounds {' '.join(f'{v:.2f}' for v in ratios)}" if rounds > 1 else ""
+                phase = {k: statistics.median(r[4][k] for r in rs) for k in PHASE_KEYS}
                 print(f"{M:>6} {eng * 1e3:>10.3f} {in_pool:>8.2f} {eff:>9.1f} {ratio:>6.2f} {base * 1e3:>9.3f} "
                       f"{base / eng:>8.2f} {tflops:>8.3f}{label(s)}{rounds_note}", flush=True)
+                if M <= 16:  # where a decode forward's time goes (last chunk; prefill runs several)
+                    print(f"{'':>6} phases, us: gate/up {phase['gate_up']:.1f} (last {phase['gate_up_spread']:.1f} "
+                          f"after the first worker done), down {phase['down']:.1f} (last "
+                          f"{phase['down_spread']:.1f} after the first); engine {eng * 1e6:.1f}", flush=True)
                 results.append(dict(shape=name, format=args.format, H=H, I=I, E=E, K=K, threads=threads,
                                     isa=lk_moe.isa(), M=M, engine_ms=eng * 1e3, in_pool=in_pool, eff_gbs=eff,
                                     read_gbs=read_bw, bw_ratio=ratio, round_ratios=ratios, torch_ms=base * 1e3,
                                     speedup=base / eng, tflops=tflops, reps=reps, rounds=rounds,
                                     decode_units=list(s[0] or default_units),
                                     decode_prefetch=default_prefetch if s[1] is None else s[1],
-                                    decode_schedule=s[2] or default_schedule))
+                                    decode_schedule=s[2] or default_schedule, phase_us=phase))
         # The same probe once more: a shared machine's bandwidth drifts while the cases run, and the
         # ratios above are to the first probe only.
         after = statistics.median(pool.measure_read_bandwidth(args.read_bytes, 7))

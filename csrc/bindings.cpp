@@ -770,6 +770,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("hidden_size", [](const Layer& l) { return l.impl->shape().hidden; })
       .def_property_readonly("intermediate_size", [](const Layer& l) { return l.impl->shape().intermediate; })
       .def_property_readonly("last_compute_us", [](const Layer& l) { return l.impl->last_compute_us(); })
+      .def_property_readonly("last_phase_us",
+                             [](const Layer& l) {
+                               const auto p = l.impl->last_phase_times();
+                               py::dict d;
+                               d["gate_up"] = p.gate_up_us;
+                               d["down"] = p.down_us;
+                               d["gate_up_spread"] = p.gate_up_spread_us;
+                               d["down_spread"] = p.down_spread_us;
+                               return d;
+                             })
       .def_property_readonly("num_slices", [](const Layer& l) { return int(l.impl->slices().size()); })
       .def("packed_slices",
            [](const Layer& l) {

@@ -213,6 +213,13 @@ class MoELayer:
         return self._impl.last_compute_us
 
     @property
+    def last_phase_us(self) -> dict:
+        """The last forward's last chunk by phase, microseconds: `gate_up` and `down` (each phase from
+        its start to the last worker done with it) and `gate_up_spread` / `down_spread` (first to
+        last worker done: the tail each phase's barrier waits out)."""
+        return self._impl.last_phase_us
+
+    @property
     def num_slices(self) -> int:
         return self._impl.num_slices
 

@@ -67,7 +67,7 @@ timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) $half0 $e2e --basetemp=/
 LVLLM_E2E_PARALLEL=14 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/quant \
 tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
 wait; $e2e_lines \$OUT/e2e_tp2.log \$OUT/e2e_quant.log; tail -2 \$OUT/gpu/all.log
-grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log" ;;
+grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log" ;;
   rest)
     body="timeout 400 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k 'tensor_parallel or kv_cache' > \$OUT/e2e_tp2.log 2>&1
 $e2e_lines \$OUT/e2e_tp2.log
@@ -114,13 +114,13 @@ timeout 150 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --ou
 && python3 tools/make_tiny_checkpoint.py --arch deepseek_v3 --size big --out /root/dsv3big && python3 -m lvllm doctor \
 && python3 -m lvllm doctor --model /root/tiny-qwen && python3 -m lvllm doctor --model /root/dsv3big --tp 2' > \$OUT/doctor.log 2>&1
 echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
-tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] ' \$OUT/moe_layer.log
+tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   decode1)  # per-format M=1 decode until the deadline: every core and serve's thread count, schedule A/B
     body="timeout $left bash -c 'for r in 1 2 3; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
 int8_channel bf16; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1 \
 --threads all,serve --reps 15 --rounds 6 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
-grep -h 'read bandwidth\|^## \|^ *1 ' \$OUT/moe_layer.log" ;;
+grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

@@ -543,6 +543,18 @@ bool claim_unit(std::atomic<int>& next, int majors, int nb, int group, bool guid
   return true;
 }
 
+void store_min(std::atomic<int64_t>& a, int64_t v) {
+  for (int64_t cur = a.load(std::memory_order_relaxed);
+       v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed);) {
+  }
+}
+
+void store_max(std::atomic<int64_t>& a, int64_t v) {
+  for (int64_t cur = a.load(std::memory_order_relaxed);
+       v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed);) {
+  }
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -579,12 +591,23 @@ void set_decode_prefetch(int bytes) {
 
 int decode_prefetch() { return __atomic_load_n(&g_decode_far_prefetch, __ATOMIC_RELAXED); }
 
+void ForwardJob::phase_out(PhaseClock& c, int64_t t) {
+  store_min(c.first_out, t);
+  store_max(c.last_out, t);
+}
+
+ForwardJob::PhaseTimes ForwardJob::phase_times() const {
+  auto us = [](const std::atomic<int64_t>& a, const std::atomic<int64_t>& b) {
+    return double(b.load(std::memory_order_relaxed) - a.load(std::memory_order_relaxed)) * 1e-3;
+  };
+  const PhaseClock &g = gate_up_times_, &d = down_times_;
+  return PhaseTimes{us(g.first_in, g.last_out), us(d.first_in, d.last_out), us(g.first_out, g.last_out),
+                    us(d.first_out, d.last_out)};
+}
+
 void ForwardJob::run(WorkerCtx& ctx) {
   // Timed from the first worker in to the last worker out, without an extra barrier.
-  const int64_t start = now_ns();
-  for (int64_t v = start_ns_.load(std::memory_order_relaxed); start < v &&
-       !start_ns_.compare_exchange_weak(v, start, std::memory_order_relaxed);) {
-  }
+  store_min(start_ns_, now_ns());
   for (int64_t t0 = 0; t0 < a_.tokens; t0 += chunk_tokens_) {
     const int tc = int(std::min<int64_t>(chunk_tokens_, a_.tokens - t0));
     if (ctx.tid == 0) plan_chunk(ctx, t0, tc);
@@ -593,19 +616,20 @@ void ForwardJob::run(WorkerCtx& ctx) {
       convert_inputs(ctx, t0, tc);
       ctx.barrier();
     }
+    store_min(gate_up_times_.first_in, now_ns());
     phase_gate_up(ctx);
+    phase_out(gate_up_times_, now_ns());
     ctx.barrier();
     if (q8_) {
       quantize_act(ctx);
       ctx.barrier();
     }
+    store_min(down_times_.first_in, now_ns());
     phase_down(ctx, t0, tc);
+    phase_out(down_times_, now_ns());
     if (t0 + tc < a_.tokens) ctx.barrier();  // the next plan overwrites this chunk's scratch
   }
-  const int64_t end = now_ns();
-  for (int64_t v = end_ns_.load(std::memory_order_relaxed); end > v &&
-       !end_ns_.compare_exchange_weak(v, end, std::memory_order_relaxed);) {
-  }
+  store_max(end_ns_, now_ns());
 }
 
 // Group the chunk's (token, k) slots by expert (counting sort keeps tokens ascending
@@ -640,6 +664,11 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
     x_ld_ = sh.hidden;
   }
 
+  for (PhaseClock* c : {&gate_up_times_, &down_times_}) {
+    c->first_in.store(INT64_MAX, std::memory_order_relaxed);
+    c->first_out.store(INT64_MAX, std::memory_order_relaxed);
+    c->last_out.store(0, std::memory_order_relaxed);
+  }
   const int32_t* ids = a_.ids + t0 * K;
   const float* w = a_.weights + t0 * K;
   memset(cursor, 0, size_t(E) * 4);

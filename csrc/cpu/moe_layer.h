@@ -239,6 +239,13 @@ class ForwardJob : public Job {
   double compute_us() const {
     return double(end_ns_.load(std::memory_order_relaxed) - start_ns_.load(std::memory_order_relaxed)) * 1e-3;
   }
+  // Where the last chunk of the last forward spent its time, us: each phase from the first worker in
+  // to the last worker out of its work, and the spread between the first and the last worker out
+  // (the tail that the barrier after it waits out).
+  struct PhaseTimes {
+    double gate_up_us, down_us, gate_up_spread_us, down_spread_us;
+  };
+  PhaseTimes phase_times() const;
 
  private:
   static constexpr int kMaxNodes = 64;
@@ -276,6 +283,11 @@ class ForwardJob : public Job {
   std::atomic<int> next1_[kMaxNodes];
   std::atomic<int> next2_[kMaxNodes];
   std::atomic<int64_t> start_ns_{0}, end_ns_{0};
+  struct PhaseClock {  // of the current chunk: the first worker into a phase, the first and last out
+    std::atomic<int64_t> first_in{0}, first_out{0}, last_out{0};
+  };
+  static void phase_out(PhaseClock& c, int64_t t);
+  PhaseClock gate_up_times_, down_times_;
 };
 
 class MoELayer {
@@ -300,6 +312,7 @@ class MoELayer {
   // Waits first for this layer's previous forward: one in flight per layer; thread-safe.
   uint32_t submit(const ForwardArgs& args);
   double last_compute_us() const { return job_.compute_us(); }
+  ForwardJob::PhaseTimes last_phase_times() const { return job_.phase_times(); }
   // Runs before the weights are freed (e.g. to unregister them from CUDA).
   void on_destroy(std::function<void()> fn) { cleanup_.push_back(std::move(fn)); }
   bool pinned = false;  // weights page-locked for GPU streaming

@@ -197,3 +197,18 @@ def test_async_submit_and_forward_into():
     h1 = a.submit(x, ids, w)
     h2 = a.submit(x[:5], ids[:5], w[:5])
     assert torch.equal(h1.wait(), out_a) and torch.equal(h2.wait(), out_a[:5])
+
+
+@pytest.mark.parametrize("M", [1, 64])
+def test_phase_times_add_up_within_the_pool_time(M):
+    """last_phase_us: both phases inside the pool's time, each worker's tail inside its phase."""
+    pool = lk_moe.make_pool(threads=3)
+    layer = lk_moe.MoELayer(*make_experts(16, 512, 256, seed=3), pool=pool)
+    x = torch.randn(M, 512).bfloat16()
+    ids, w = random_routing(M, 16, 4)
+    layer.forward(x, ids, w)
+    p = layer.last_phase_us
+    assert set(p) == {"gate_up", "down", "gate_up_spread", "down_spread"}
+    assert p["gate_up"] > 0 and p["down"] > 0
+    assert 0 <= p["gate_up_spread"] <= p["gate_up"] and 0 <= p["down_spread"] <= p["down"]
+    assert p["gate_up"] + p["down"] <= layer.last_compute_us + 1e-3
