@@ -506,9 +506,9 @@ std::atomic<int> g_decode_wide{int(DecodeWide::kFourBit)};
 std::atomic<int> g_decode_units_per_thread{4};
 // Default: guided. Measured on the 16-core AMX host of the H200 machine, 2026-12-01, tenth session
 // (docs/results/2026-12-01_h200_session10.log: benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1
-// --threads all --decode-prefetch 0,8192 --decode-schedule units,guided, 4-5 rounds per format): M=1
-// time guided / units (far prefetch 8192) 0.88-1.02, median 0.95 over 29 paired runs (26 faster);
-// medians of the read-bandwidth ratio units -> guided: mxfp4 0.71 -> 0.74, nvfp4 0.73 -> 0.76,
+// --threads all --decode-prefetch 0,8192 --decode-schedule units,guided, 5 rounds per format, 3-5 of them
+// without CPU contention): M=1 time guided / units (far prefetch 8192) median 0.96, 0.88-1.02, 25 of 28
+// pairs faster; medians of the read-bandwidth ratio units -> guided: mxfp4 0.71 -> 0.74, nvfp4 0.73 -> 0.76,
 // wna16_int4 0.80 -> 0.81, fp8_block 0.78 -> 0.86, fp8_channel 0.83 -> 0.89, int8_channel 0.93 -> 1.00,
 // bf16 0.98 -> 1.03. On the 2-core dev VM: no change at M=1, M=4 2-4% faster.
 std::atomic<int> g_decode_schedule{int(DecodeSchedule::kGuided)};
