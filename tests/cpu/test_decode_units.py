@@ -84,6 +84,24 @@ def test_every_setting_gives_identical_outputs(fmt, threads, restore_decode_sett
             assert torch.equal(a, b), f"{fmt}: M={len(x)} differs under ({wide}, {per_thread}, {prefetch}, {schedule})"
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_schedules_agree_on_a_numa_split_layer(tmp_path, fmt, restore_decode_settings):
+    """Each node claims its own slice's blocks (synthetic 3-node machine, 2 threads per node)."""
+    from .fake_sysfs import make_sysfs
+    root = make_sysfs(tmp_path, {0: [0, 1], 1: [2, 3], 2: [4, 5]})
+    pool = lk_moe.make_pool(threads=6, binding="NONE", sysfs_root=root, allowed=list(range(6)))
+    layer = _build(fmt, _tensors(fmt), pool)
+    assert layer.num_slices == 3
+    x = torch.randn(3, H).bfloat16()
+    ids, w = random_routing(3, E, K)
+    outs = {}
+    for schedule in ("units", "guided"):
+        lk_moe._C._set_decode_schedule(schedule)
+        outs[schedule] = layer.forward(x, ids, w)
+    assert torch.isfinite(outs["guided"]).all()
+    assert torch.equal(outs["units"], outs["guided"])
+
+
 def test_bad_settings_are_rejected(restore_decode_settings):
     with pytest.raises(ValueError, match="int8_act, 4bit, quantized or all"):
         lk_moe._C._set_decode_units("wider", 4)
