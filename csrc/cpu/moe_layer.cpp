@@ -708,29 +708,28 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   // spreads few experts' weights over all threads, but a block is a short stream (quantized: 6-32 KiB)
   // that pays DRAM latency, so the policy may start them wide as well.
   const bool wide = A > 0 && pos / A >= 16;
-  const DecodeUnits du = decode_units();
-  // The policies nest (DecodeWide's order): the least one that covers this layer's format.
-  const DecodeWide covers = sh.int4 || sh.fp4 ? DecodeWide::kFourBit
-                            : sh.byte_weights ? DecodeWide::kQuantized
-                                              : DecodeWide::kAll;
-  const bool start_wide = wide || q8_ || du.wide >= covers;
-  int max_threads = 1;
-  for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
-  const int min_units = (wide ? 4 : du.units_per_thread) * max_threads;
-  const auto& sl0 = layer_->slices()[0];
-  const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
-  group1_ = start_wide ? kWideGroup : 1;
-  while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < min_units) group1_ /= 2;
   token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
-  group2_ = start_wide ? kWideGroup : 1;
-  while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units) group2_ /= 2;
-  while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units && tc / (token_ranges_ * 2) >= 16)
-    token_ranges_ *= 2;
-  // Guided claims size themselves (up to kWideGroup blocks: the phase-2 accumulator's width).
   guided_ = !wide && decode_schedule() == DecodeSchedule::kGuided;
-  if (guided_) {
+  if (guided_) {  // claims size themselves, up to kWideGroup blocks (the phase-2 accumulator's width)
     group1_ = group2_ = kWideGroup;
-    token_ranges_ = (tc + kRangeTokensMax - 1) / kRangeTokensMax;
+  } else {
+    const DecodeUnits du = decode_units();
+    // The policies nest (DecodeWide's order): the least one that covers this layer's format.
+    const DecodeWide covers = sh.int4 || sh.fp4 ? DecodeWide::kFourBit
+                              : sh.byte_weights ? DecodeWide::kQuantized
+                                                : DecodeWide::kAll;
+    const bool start_wide = wide || q8_ || du.wide >= covers;
+    int max_threads = 1;
+    for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
+    const int min_units = (wide ? 4 : du.units_per_thread) * max_threads;
+    const auto& sl0 = layer_->slices()[0];
+    const int nbi0 = sl0.ib1 - sl0.ib0, nbh0 = sl0.hb1 - sl0.hb0;
+    group1_ = start_wide ? kWideGroup : 1;
+    while (group1_ > 1 && num_pieces_ * ((nbi0 + group1_ - 1) / group1_) < min_units) group1_ /= 2;
+    group2_ = start_wide ? kWideGroup : 1;
+    while (group2_ > 1 && token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units) group2_ /= 2;
+    while (token_ranges_ * ((nbh0 + group2_ - 1) / group2_) < min_units && tc / (token_ranges_ * 2) >= 16)
+      token_ranges_ *= 2;
   }
 
   for (int s = 0; s < pool.num_nodes(); ++s) {
