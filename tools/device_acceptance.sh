@@ -131,6 +131,6 @@ $e2e_lines \$OUT/e2e_bf16.log
 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
 grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   *)
-    sed -n 2,25p "${BASH_SOURCE[0]}"; exit 2 ;;
+    sed -n "2,/^set /{/^#/p}" "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
 exec bash "$here/device_session.sh" bash -c "$body"
