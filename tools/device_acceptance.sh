@@ -19,6 +19,9 @@
 #   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
 #   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
 #   bash tools/device_acceptance.sh decode1   # per-format M=1 decode (all cores and serve's threads, schedule A/B)
+#   bash tools/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
+#                                             # copy: the kernels' ceiling) at 1 and 16 threads, cold thread scan
+#   (decode1 and probe1 need no vLLM: run them without the payload, as the first command of a machine)
 #   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
 #   and the loading file alone 630 s on 2026-12-01, ninth session)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
@@ -117,10 +120,19 @@ echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   decode1)  # per-format M=1 decode until the deadline: every core and serve's thread count, schedule A/B
+    export LVLLM_DEVICE_NO_VLLM=1
     body="timeout $left bash -c 'for r in 1 2 3; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
 int8_channel bf16; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1 \
 --threads all,serve --reps 15 --rounds 6 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
+  probe1)  # 4-bit decode: compute ceiling (hot) and per-thread scaling (cold) against bf16 and int8
+    export LVLLM_DEVICE_NO_VLLM=1
+    body="timeout $left bash -c 'for f in mxfp4 nvfp4 wna16_int4 int8_channel bf16; do python3 benchmarks/moe_layer.py \
+--format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads 1,8,16 --reps 30 --max-experts 8 --max-copies 1 \
+--rotate-bytes 0; done
+for f in mxfp4 bf16 int8_channel; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
+--tokens 1 --threads 4,8,12,16 --reps 15 --rounds 3; done' > \$OUT/moe_layer.log 2>&1
+grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

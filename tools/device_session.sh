@@ -20,7 +20,9 @@ export LVLLM_DEVICE_DEADLINE=$(( $(date +%s) + ${LVLLM_DEVICE_LIMIT:-570} ))
 export PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 LVLLM_USE_SYSTEM_PYTHON=1
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}"
 out="${OUT:-/tmp/lvllm-out}"; mkdir -p "$out"
-if [ ! -d /root/site/vllm ]; then
+# LVLLM_DEVICE_NO_VLLM=1: engine-only runs (benchmarks/moe_layer.py) skip the payload: the machine's own
+# torch builds and runs lk_moe, and the run needs no 9 payload parts first.
+if [ "${LVLLM_DEVICE_NO_VLLM:-0}" != "1" ] && [ ! -d /root/site/vllm ]; then
   bash .payload/install.sh > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
   tail -1 "$out/install.log"
 fi
