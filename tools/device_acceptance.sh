@@ -21,7 +21,8 @@
 #   bash tools/device_acceptance.sh decode1   # per-format M=1 decode (all cores and serve's threads, schedule A/B)
 #   bash tools/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
 #                                             # copy: the kernels' ceiling) at 1 and 16 threads, cold thread scan
-#   (decode1 and probe1 need no vLLM: run them without the payload, as the first command of a machine)
+#   bash tools/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (tools/decode_ops_micro.cpp)
+#   (decode1 and probe1/2 need no vLLM: run them without the payload, as the first command of a machine)
 #   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
 #   and the loading file alone 630 s on 2026-12-01, ninth session)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
@@ -133,6 +134,14 @@ grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
 for f in mxfp4 bf16 int8_channel; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
 --tokens 1 --threads 4,8,12,16 --reps 15 --rounds 3; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log" ;;
+  probe2)  # the 4-bit decode tile's building blocks in core cycles (L1-resident), three times, then hot layers
+    export LVLLM_DEVICE_NO_VLLM=1
+    body="g++ -O2 -march=native -o /tmp/decode_ops_micro tools/decode_ops_micro.cpp && for i in 1 2 3; do \
+/tmp/decode_ops_micro; done
+timeout $left bash -c 'for r in 1 2; do for f in mxfp4 wna16_int4; do python3 benchmarks/moe_layer.py \
+--format \$f --shapes qwen3-30b-a3b --tokens 1 --threads 1 --reps 30 --max-experts 8 --max-copies 1 \
+--rotate-bytes 0; done; done' > \$OUT/moe_layer.log 2>&1
+grep -h '^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;
