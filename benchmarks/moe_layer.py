@@ -22,6 +22,7 @@ experts cached from the previous forward do not inflate the bandwidth.
         --decode-units int8_act:4,quantized:4                                                        # A/B
     python benchmarks/moe_layer.py --format fp8_block --tokens 1,4 --decode-prefetch 0,8192           # A/B
     python benchmarks/moe_layer.py --format mxfp4 --tokens 1,4 --decode-schedule units,guided        # A/B
+    python benchmarks/moe_layer.py --format nvfp4 --tokens 1,4 --fp4-acts q15,bf16                   # A/B
 """
 from __future__ import annotations
 
@@ -223,23 +224,26 @@ def bench_shape(name, args, results):
     default_units = lk_moe._C._decode_units()
     default_prefetch = lk_moe._C._decode_prefetch()
     default_schedule = lk_moe._C._decode_schedule()
+    default_acts = lk_moe._C._fp4_decode_acts()
     units = [(w, int(n)) for w, n in (item.split(":") for item in args.decode_units.split(","))] \
         if args.decode_units else [None]
     prefetch = [int(b) for b in args.decode_prefetch.split(",")] if args.decode_prefetch else [None]
     schedules = args.decode_schedule.split(",") if args.decode_schedule else [None]
-    # every combination; (None, None, None): the defaults
-    settings = [(u, b, sch) for u in units for b in prefetch for sch in schedules]
+    acts = args.fp4_acts.split(",") if args.fp4_acts else [None]
+    # every combination; (None, None, None, None): the defaults
+    settings = [(u, b, sch, a) for u in units for b in prefetch for sch in schedules for a in acts]
 
     def apply(setting):
-        u, b, sch = setting
+        u, b, sch, a = setting
         lk_moe._C._set_decode_units(*(u or default_units))
         lk_moe._C._set_decode_prefetch(default_prefetch if b is None else b)
         lk_moe._C._set_decode_schedule(sch or default_schedule)
+        lk_moe._C._set_fp4_decode_acts(a or default_acts)
 
     def label(setting):
-        u, b, sch = setting
+        u, b, sch, a = setting
         return "".join([f"  {u[0]}:{u[1]}" if u else "", f"  pf {b}" if b is not None else "",
-                        f"  {sch}" if sch else ""])
+                        f"  {sch}" if sch else "", f"  acts {a}" if a else ""])
     for threads_arg in args.threads.split(","):
         threads = {"all": cores, "serve": serve_threads}.get(threads_arg) or int(threads_arg)
         pool = lk_moe.make_pool(threads=threads)
@@ -270,7 +274,7 @@ def bench_shape(name, args, results):
                 ids, w = random_routing(M, E, K, generator=g)
                 cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
             # The decode settings take turns on every case (same routing, same machine noise).
-            runs = settings if M <= 16 else [(None, None, None)]
+            runs = settings if M <= 16 else [(None, None, None, None)]
             rounds = args.rounds if M <= 16 else 1
             # per setting and round: median time, in-pool share, median GB/s, the round's read bandwidth,
             # median phase times
@@ -302,7 +306,7 @@ def bench_shape(name, args, results):
                     per_round[s].append((eng, statistics.median(pool_us[s]) * 1e-6 / eng, statistics.median(bws[s]),
                                          (before + after) / 2,
                                          {k: statistics.median(p[k] for p in phases[s]) for k in PHASE_KEYS}))
-            apply((None, None, None))
+            apply((None, None, None, None))
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
             baseline(x, ids, w)  # warm-up
@@ -329,7 +333,8 @@ def bench_shape(name, args, results):
                                     speedup=base / eng, tflops=tflops, reps=reps, rounds=rounds,
                                     decode_units=list(s[0] or default_units),
                                     decode_prefetch=default_prefetch if s[1] is None else s[1],
-                                    decode_schedule=s[2] or default_schedule, phase_us=phase))
+                                    decode_schedule=s[2] or default_schedule,
+                                    fp4_decode_acts=s[3] or default_acts, phase_us=phase))
         # The same probe once more: a shared machine's bandwidth drifts while the cases run, and the
         # ratios above are to the first probe only.
         after = statistics.median(pool.measure_read_bandwidth(args.read_bytes, 7))
@@ -365,6 +370,9 @@ def main():
                    help="A/B of how decode chunks hand out work (M <= 16): comma list of units (fixed units, "
                         "see --decode-units) and guided (guided self-scheduling, the default); with the other "
                         "A/B options, every combination")
+    p.add_argument("--fp4-acts", default="",
+                   help="A/B of the mxfp4/nvfp4 decode chunks' activations (M <= 16): comma list of q15 (15-bit "
+                        "integer rows, the default) and bf16 (the vdpbf16ps tile)")
     p.add_argument("--rounds", type=int, default=1,
                    help="decode cases (M <= 16) this many times, each round's ratio against the mean of a read "
                         "probe just before and just after it; prints the median and every round's ratio")

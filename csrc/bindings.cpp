@@ -701,6 +701,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_decode_schedule",
         [] { return std::string(lk::decode_schedule() == lk::DecodeSchedule::kGuided ? "guided" : "units"); });
   m.def(
+      "_set_fp4_decode_acts",
+      [](const std::string& name) {
+        if (name != "q15" && name != "bf16") throw py::value_error("fp4 decode acts: q15 or bf16, not '" + name + "'");
+        lk::set_fp4_decode_acts(name == "q15" ? lk::Fp4DecodeActs::kQ15 : lk::Fp4DecodeActs::kBf16);
+      },
+      py::arg("name"),
+      "benchmark hook: the activations of mxfp4/nvfp4 decode chunks, 15-bit integer rows ('q15', the "
+      "default) or bf16 ('bf16', the vdpbf16ps tile)");
+  m.def("_fp4_decode_acts",
+        [] { return std::string(lk::fp4_decode_acts() == lk::Fp4DecodeActs::kQ15 ? "q15" : "bf16"); });
+  m.def(
       "_set_decode_prefetch", [](int bytes) { lk::set_decode_prefetch(bytes); }, py::arg("bytes"),
       "benchmark hook: how far ahead (bytes, 0 = off) the quantized decode tiles prefetch each weight "
       "stream into L2 (results are bit-identical under every setting)");

@@ -36,7 +36,8 @@ def _dequantizing_baseline(x, topk_ids, topk_weights, expert_weights) -> torch.T
 
 
 def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *, activation="silu",
-                  interleaved=False, w13_bias=None, w2_bias=None, swiglu_alpha=1.702, swiglu_limit=7.0):
+                  interleaved=False, w13_bias=None, w2_bias=None, swiglu_alpha=1.702, swiglu_limit=7.0,
+                  act_round=None):
     """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H].
 
     activation "silu": silu(gate) * up; "swigluoai": see `swigluoai`. interleaved: w13 rows are
@@ -44,7 +45,8 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
     order and [E, H]): h = x w13^T + b13 before the activation, y = act w2^T + b2 scaled by the weight.
 
     With return_magnitude, also returns sum_k |w_k| * |w2_e| @ |act_e|: the scale that rounding
-    the activation perturbs each output by (used for rigorous error bounds)."""
+    the activation perturbs each output by (used for rigorous error bounds). act_round: a function
+    applied to the activation before the down projection (a kernel's own rounding of it, emulated)."""
     M, H = x.shape
     I = w2.shape[2]
     out = torch.zeros(M, H, dtype=torch.float32, device=x.device)
@@ -60,6 +62,8 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
             act = swigluoai(gate, up, swiglu_alpha, swiglu_limit)
         else:
             act = F.silu(gate) * up
+        if act_round is not None:
+            act = act_round(act)
         w2e = w2[e].float()
         y = act @ w2e.t()
         if w2_bias is not None:

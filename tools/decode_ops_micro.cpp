@@ -204,6 +204,65 @@ float int8_act() {
   return float(_mm512_reduce_add_epi32(s));
 }
 
+// int16 activations (exact for the group's top 2^7 range): codes -> int16 2 e2m1 by vpermw, then
+// vpdpwssd with broadcast int16 activation pairs, S chains per block (1 dot = 1 vpdpwssd).
+template <int S>
+float int16_act() {
+  alignas(64) int16_t t[32];
+  const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  for (int i = 0; i < 32; ++i) t[i] = int16_t(i & 8 ? -mag2[i & 7] : mag2[i & 7]);
+  const __m512i lut = _mm512_load_si512(t);
+  __m512i acc[S][2];
+  for (auto& c : acc) c[0] = c[1] = _mm512_setzero_si512();
+  for (int pass = 0; pass < kPasses; ++pass)
+    for (int g = 0; g < kQuads; g += 8)
+#pragma GCC unroll 8
+      for (int qq = 0; qq < 8; ++qq) {
+      const int q = g + qq;
+      const __m512i a01 = bcast(g_act + 4 * q), a23 = bcast(g_act + 4 * q + 2);
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(g_codes[j] + q * 32)));
+        const __m512i wl = _mm512_permutexvar_epi16(v, lut), wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
+        acc[(2 * qq) % S][j] = _mm512_dpwssd_epi32(acc[(2 * qq) % S][j], a01, wl);
+        acc[(2 * qq + 1) % S][j] = _mm512_dpwssd_epi32(acc[(2 * qq + 1) % S][j], a23, wh);
+      }
+    }
+  __m512i s = _mm512_setzero_si512();
+  for (auto& c : acc) s = _mm512_add_epi32(s, _mm512_add_epi32(c[0], c[1]));
+  return float(_mm512_reduce_add_epi32(s));
+}
+
+// The same with a 64-byte load per two quads viewed as words (a layout whose word w holds the four
+// nibbles of one (row, input parity) for four pair-rows): 3 shifts + 4 vpermw, no vpmovzxbw.
+template <int S>
+float int16_act_words() {
+  alignas(64) int16_t t[32];
+  const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  for (int i = 0; i < 32; ++i) t[i] = int16_t(i & 8 ? -mag2[i & 7] : mag2[i & 7]);
+  const __m512i lut = _mm512_load_si512(t);
+  __m512i acc[S][2];
+  for (auto& c : acc) c[0] = c[1] = _mm512_setzero_si512();
+  for (int pass = 0; pass < kPasses; ++pass)
+    for (int g = 0; g < kQuads; g += 8)
+#pragma GCC unroll 4
+      for (int oo = 0; oo < 8; oo += 2) {  // two quads (one octet of inputs) per 64-byte load
+      const int q = g + oo;
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        const __m512i v = _mm512_load_si512((const void*)(g_codes[j] + q * 32));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          const __m512i w = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(v, 4 * k) : v, lut);
+          acc[(oo + k) % S][j] = _mm512_dpwssd_epi32(acc[(oo + k) % S][j], bcast(g_act + 4 * q + 2 * k), w);
+        }
+      }
+    }
+  __m512i s = _mm512_setzero_si512();
+  for (auto& c : acc) s = _mm512_add_epi32(s, _mm512_add_epi32(c[0], c[1]));
+  return float(_mm512_reduce_add_epi32(s));
+}
+
 uint16_t bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -246,6 +305,8 @@ int main() {
       {"conversion + fp32 vfmadd231ps split (4 chains)", fma_fp32<4>},
       {"conversion + fp32 vfmadd231ps split (8 chains)", fma_fp32<8>},
       {"int8 activations: vpshufb codes + vpdpbusd (1 dot = 1 vpdpbusd)", int8_act},
+      {"int16 activations: vpermw int16 codes + vpdpwssd (4 chains)", int16_act<4>},
+      {"int16 activations, 64-byte word loads, no vpmovzxbw (4 chains)", int16_act_words<4>},
   };
   constexpr int kRounds = 7;
   std::vector<std::vector<double>> t(variants.size());

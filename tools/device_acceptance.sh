@@ -18,7 +18,8 @@
 #   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
 #   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
 #   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
-#   bash tools/device_acceptance.sh decode1   # per-format M=1 decode (all cores and serve's threads, schedule A/B)
+#   bash tools/device_acceptance.sh decode1   # fp4 CPU tests, then per-format M=1 decode (all cores and serve's
+#                                             # threads; fp4: q15 / bf16 activations A/B)
 #   bash tools/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
 #                                             # copy: the kernels' ceiling) at 1 and 16 threads, cold thread scan
 #   bash tools/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (tools/decode_ops_micro.cpp)
@@ -120,11 +121,14 @@ timeout 150 bash -c 'python3 tools/make_tiny_checkpoint.py --arch qwen3_moe --ou
 echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
-  decode1)  # per-format M=1 decode until the deadline: every core and serve's thread count, schedule A/B
+  decode1)  # per-format M=1 decode (every core and serve's thread count; fp4: q15 / bf16 activations A/B),
+            # after the fp4 CPU tests on the AMX tier
     export LVLLM_DEVICE_NO_VLLM=1
-    body="timeout $left bash -c 'for r in 1 2 3; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel \
-int8_channel bf16; do python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1 \
---threads all,serve --reps 15 --rounds 6 --decode-schedule units,guided; done; done' > \$OUT/moe_layer.log 2>&1
+    body="timeout 150 python3 -m pytest -q -p no:cacheprovider tests/cpu/test_fp4_q15.py tests/cpu/test_mxfp4.py \
+tests/cpu/test_nvfp4.py > \$OUT/fp4_tests.log 2>&1; tail -3 \$OUT/fp4_tests.log
+timeout $left bash -c 'for r in 1 2; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel int8_channel bf16; do \
+a=; case \$f in *fp4) a=\"--fp4-acts q15,bf16\";; esac; python3 benchmarks/moe_layer.py --format \$f \
+--shapes qwen3-30b-a3b --tokens 1 --threads all,serve --reps 15 --rounds 6 \$a; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
   probe1)  # 4-bit decode: compute ceiling (hot) and per-thread scaling (cold) against bf16 and int8
     export LVLLM_DEVICE_NO_VLLM=1

@@ -89,6 +89,10 @@ struct Fp4Weights {
 // points), then kp/16 int32 sums of q per 16 inputs (the fp4 kernels' code offset, exact in integers).
 constexpr int kQ8Group = 32;
 inline size_t q8_row_bytes(int kp) { return size_t(kp) + size_t(kp / kQ8Group) * 16; }
+// The fp4 formats' decode input (KernelTable::q15_row): one activation row as 15-bit integers per 32
+// inputs, q = 128 hi + lo with a power-of-two scale d (x ~ d * q, exact for the group's top 2^6 range):
+// kp int8 hi, kp int8 lo, kp/32 fp32 d, kp/16 int32 sums of q per 16 inputs.
+inline size_t q15_row_bytes(int kp) { return 2 * size_t(kp) + size_t(kp / kQ8Group) * 12; }
 constexpr int kQ8MaxTokens = 16;  // the engine quantizes activations for chunks of at most this many tokens
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the
@@ -108,6 +112,7 @@ struct GateUpTask {
   Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
   const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
   const int8_t* const* q8_rows = nullptr;  // int4 / fp4 decode: the m rows as q8 rows (q8_row_bytes(kp)), or null
+  bool q15 = false;                        // fp4 decode: q8_rows are q15 rows (q15_row_bytes(kp))
   float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants
 };
 
@@ -130,6 +135,7 @@ struct DownTask {
   Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)
   const int8_t* q8_act = nullptr;  // int4 / fp4 decode: the m act rows as q8 rows (ld q8_ld bytes), or null
   size_t q8_ld = 0;
+  bool q15 = false;  // fp4 decode: q8_act holds q15 rows
 };
 
 struct KernelTable {
@@ -145,6 +151,8 @@ struct KernelTable {
   // One bf16 row of kp inputs (kp a multiple of 32) -> a q8 row (see q8_row_bytes). Null on tiers
   // without the int8-activation 4-bit kernels (generic, avx2): they take the exact bf16 path.
   void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
+  // One bf16 row -> a q15 row (see q15_row_bytes); null where q8_row is.
+  void (*q15_row)(const uint16_t* src, int kp, int8_t* dst);
 };
 
 // Bytes ahead in each block stream that the quantized decode tiles prefetch into L2 (0: off; see

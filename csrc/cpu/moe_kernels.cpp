@@ -17,6 +17,7 @@
 //   groups for prefill (see the int4 section).
 // - mxfp4 (gpt-oss) and nvfp4 (ModelOpt): dot_tile_fp4 for decode, dequantized segments for prefill
 //   (see the mxfp4 section).
+#include <cmath>
 #include <cstring>
 
 #include "cpu/kernel_table.h"
@@ -1100,6 +1101,49 @@ void q8_row(const uint16_t* src, int kp, int8_t* dst) {
   }
 }
 
+// One bf16 row -> q15 row (kernel_table.h): per 32 inputs a power of two d = 2^e with max|x| / d in
+// (8128, 16256], q = round(x / d) (exact for every input within 2^-6 of the group's max, the rest off
+// by at most d / 2 <= 2^-14 max|x|), stored as int8 hi = floor((q + 64) / 128) and lo = q - 128 hi in
+// [-64, 63], so q = 128 hi + lo.
+void q15_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  int8_t* lo = dst + kp;
+  float* d = reinterpret_cast<float*>(dst + 2 * kp);
+  int32_t* s16 = reinterpret_cast<int32_t*>(d + nb);
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int b = 0; b < nb; ++b) {
+    const __m512 x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32)));
+    const __m512 x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32 + 16)));
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+    __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
+    float db = 0.0f;  // all-zero group: q = 0
+    if (nan || !(amax <= 3.4e38f)) {
+      db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
+    } else if (amax > 0.0f) {
+      int k;
+      std::frexp(amax, &k);  // amax = f 2^k, f in [0.5, 1)
+      int e = k - 14;
+      if (std::ldexp(amax, -e) > 16256.0f) ++e;  // keep |hi| <= 127
+      // x * 2^-e is exact; two factors where 2^-e alone would overflow (groups below ~2^-113)
+      const int p1 = -e > 126 ? 126 : -e;
+      const __m512 f1 = _mm512_set1_ps(std::ldexp(1.0f, p1)), f2 = _mm512_set1_ps(std::ldexp(1.0f, -e - p1));
+      q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x0, f1), f2));  // round to nearest even
+      q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x1, f1), f2));
+      db = std::ldexp(1.0f, e);
+    }
+    const __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(q0, _mm512_set1_epi32(64)), 7);
+    const __m512i h1 = _mm512_srai_epi32(_mm512_add_epi32(q1, _mm512_set1_epi32(64)), 7);
+    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(h0));
+    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(h1));
+    _mm_storeu_si128((__m128i*)(lo + b * 32), _mm512_cvtsepi32_epi8(_mm512_sub_epi32(q0, _mm512_slli_epi32(h0, 7))));
+    _mm_storeu_si128((__m128i*)(lo + b * 32 + 16), _mm512_cvtsepi32_epi8(_mm512_sub_epi32(q1, _mm512_slli_epi32(h1, 7))));
+    d[b] = db;
+    s16[2 * b] = _mm512_reduce_add_epi32(q0);
+    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+  }
+}
+
 constexpr int kQ8PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
 
 // C[r][j*16 + n] (ld 32) = sum_g scale_j[g][n] * sum_{k in g} x_r[k] * (u_j[n][k] - z_j[g][n]) with
@@ -1753,6 +1797,101 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
 }
 
+// C[r][j*16 + n] (ld 32) as dot_tile_fp4, from q15 rows x_r ~ d_r[b] * (128 hi_r[k] + lo_r[k]): per
+// scale group the integer sums of u = kFp4Offset + 2 e2m1 times hi and times lo (vpdpbusd each, on
+// the same fp4_quad_u8 weights), combined as 128 sum(u hi) + sum(u lo) - kFp4Offset sum q, which is
+// sum 2 e2m1 q exactly (|.| <= 32 x 12 x 16256 < 2^24, so its fp32 conversion is exact too), then
+// times the group's scale and d in fp32; the totals are halved at the end.
+template <int MR, int NB, bool NV>
+inline void dot_tile_fp4q15(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                            float* c) {
+  const int far = far_prefetch_bytes();
+  constexpr int G = NV ? 16 : 32;  // inputs per weight scale
+  constexpr int GQ = G / 4;        // quads per scale group
+  constexpr int S = MR == 1 ? 2 : 1;
+  __m512i ah[S][MR][NB], al[S][MR][NB];
+  __m512 tot[MR][NB];
+  const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
+  const int nb = kp / kQ8Group;
+  const float* d[MR];
+  const int32_t* s16[MR];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + 2 * kp);
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + nb);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) tot[r][j] = _mm512_setzero_ps();
+  const int ngroups = kp / G;
+  for (int g = 0; g < ngroups; ++g) {
+#pragma GCC unroll 2
+    for (int i = 0; i < S; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) ah[i][r][j] = al[i][r][j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int qq = 0; qq < GQ; ++qq) {
+      const int q = g * GQ + qq;
+      __m512i w[NB];
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        if ((qq & 1) == 0) {
+          _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+          if (far) _mm_prefetch((const char*)(b[j] + q * 32 + far), _MM_HINT_T1);
+        }
+        w[j] = fp4_quad_u8(b[j] + q * 32, lut);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        int32_t xh, xl;
+        memcpy(&xh, a[r] + 4 * q, 4);
+        memcpy(&xl, a[r] + kp + 4 * q, 4);
+        const __m512i vh = _mm512_set1_epi32(xh), vl = _mm512_set1_epi32(xl);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) {
+          ah[qq % S][r][j] = dot4_u8s8(ah[qq % S][r][j], w[j], vh);
+          al[qq % S][r][j] = dot4_u8s8(al[qq % S][r][j], w[j], vl);
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      const __m512 sv = NV ? fp8x16_to_f32(sc[j] + g * 16) : e8m0x16_to_f32(sc[j] + g * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const int32_t sq = NV ? s16[r][g] : s16[r][2 * g] + s16[r][2 * g + 1];
+        __m512i h = ah[0][r][j], l = al[0][r][j];
+#pragma GCC unroll 2
+        for (int i = 1; i < S; ++i) {
+          h = _mm512_add_epi32(h, ah[i][r][j]);
+          l = _mm512_add_epi32(l, al[i][r][j]);
+        }
+        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), _mm512_sub_epi32(l, _mm512_set1_epi32(kFp4Offset * sq)));
+        const __m512 sd = _mm512_mul_ps(sv, _mm512_set1_ps(d[r][NV ? g / 2 : g]));
+        tot[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sd, tot[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
+}
+
+template <int NB, bool NV>
+void dot_rows_fp4q15_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                       float* c) {
+  switch (mr) {
+    case 1: dot_tile_fp4q15<1, NB, NV>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4q15<2, NB, NV>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4q15<3, NB, NV>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4q15<4, NB, NV>(a, b, sc, kp, c); break;
+  }
+}
+
 template <int NB, bool NV>
 void dot_rows_fp4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                       float* c) {
@@ -1763,11 +1902,17 @@ void dot_rows_fp4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, c
     default: dot_tile_fp4q8<4, NB, NV>(a, b, sc, kp, c); break;
   }
 }
+// q15: the rows are q15 rows (dot_tile_fp4q15), else q8 rows (dot_tile_fp4q8).
 template <int NB>
-void dot_rows_fp4q8(bool nv, int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc,
-                    int kp, float* c) {
-  if (nv) dot_rows_fp4q8_t<NB, true>(mr, a, b, sc, kp, c);
-  else dot_rows_fp4q8_t<NB, false>(mr, a, b, sc, kp, c);
+void dot_rows_fp4q8(bool nv, bool q15, int mr, const int8_t* const* a, const uint8_t* const* b,
+                    const uint8_t* const* sc, int kp, float* c) {
+  if (q15) {
+    if (nv) dot_rows_fp4q15_t<NB, true>(mr, a, b, sc, kp, c);
+    else dot_rows_fp4q15_t<NB, false>(mr, a, b, sc, kp, c);
+  } else {
+    if (nv) dot_rows_fp4q8_t<NB, true>(mr, a, b, sc, kp, c);
+    else dot_rows_fp4q8_t<NB, false>(mr, a, b, sc, kp, c);
+  }
 }
 
 template <int NB, bool NV>
@@ -1791,7 +1936,7 @@ constexpr int kFusedFp4Rows = 0;
 template <int NB>
 void dot_rows_fp4(bool, int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 template <int NB>
-void dot_rows_fp4q8(bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+void dot_rows_fp4q8(bool, bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 #endif
 
 // c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
@@ -1830,7 +1975,7 @@ void gate_up_fp4(const GateUpTask& t) {
       const uint8_t* sc[2] = {sg, su};
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
         const int mr = tmin(kQ8TileRows, t.m - r0);
-        dot_rows_fp4q8<2>(q.nv, mr, t.q8_rows + r0, b, sc, t.kp, c);
+        dot_rows_fp4q8<2>(q.nv, t.q15, mr, t.q8_rows + r0, b, sc, t.kp, c);
         for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
       }
       continue;
@@ -1885,8 +2030,8 @@ void down_fp4(const DownTask& t) {
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
         const int mr = tmin(kQ8TileRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-        if (nb == 2) dot_rows_fp4q8<2>(q.nv, mr, rows8, b, s, t.kp, c);
-        else dot_rows_fp4q8<1>(q.nv, mr, rows8, b, s, t.kp, c);
+        if (nb == 2) dot_rows_fp4q8<2>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
+        else dot_rows_fp4q8<1>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
         for (int r = 0; r < mr; ++r) {
           float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
           for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);
@@ -2115,9 +2260,9 @@ uint64_t read_sum(const void* src, size_t n) {
 }
 
 #if defined(LK_V512)
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row};
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row};
 #else
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr};
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr, nullptr};
 #endif
 
 }  // namespace

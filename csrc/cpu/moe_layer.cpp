@@ -512,6 +512,12 @@ std::atomic<int> g_decode_units_per_thread{4};
 // wna16_int4 0.80 -> 0.81, fp8_block 0.78 -> 0.86, fp8_channel 0.83 -> 0.89, int8_channel 0.93 -> 1.00,
 // bf16 0.98 -> 1.03. On the 2-core dev VM: no change at M=1, M=4 2-4% faster.
 std::atomic<int> g_decode_schedule{int(DecodeSchedule::kGuided)};
+// Default: q15. The 16-core AMX host (tools/decode_ops_micro.cpp, 2026-12-01, eleventh session): the
+// vdpbf16ps tile costs ~15 cycles per quad of two blocks there (~11 GB/s of codes per core, L1-resident),
+// its conversion and its dot products contending for the same ports; the q15 tile's two vpdpbusd per
+// block and quad take ~6.
+std::atomic<int> g_fp4_decode_acts{int(Fp4DecodeActs::kQ15)};
+
 
 // Hands out one phase's work: (major, block range) units over majors x nb blocks (major: a phase-1
 // piece, or a phase-2 token range). Fixed units: `group` blocks per fetch. Guided self-scheduling
@@ -578,6 +584,13 @@ void set_decode_schedule(DecodeSchedule s) {
     throw std::invalid_argument("decode schedule: units or guided");
   g_decode_schedule.store(int(s), std::memory_order_relaxed);
 }
+
+void set_fp4_decode_acts(Fp4DecodeActs a) {
+  if (a != Fp4DecodeActs::kQ15 && a != Fp4DecodeActs::kBf16) throw std::invalid_argument("fp4 decode acts: q15 or bf16");
+  g_fp4_decode_acts.store(int(a), std::memory_order_relaxed);
+}
+
+Fp4DecodeActs fp4_decode_acts() { return Fp4DecodeActs(g_fp4_decode_acts.load(std::memory_order_relaxed)); }
 
 DecodeSchedule decode_schedule() { return DecodeSchedule(g_decode_schedule.load(std::memory_order_relaxed)); }
 
@@ -651,10 +664,11 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   slot_weight_ = static_cast<float*>(buf(kSlotWeight, S * 4));
   pieces_ = static_cast<int32_t*>(buf(kPieces, (S / kPieceRows + E + 1) * 3 * 4));
   act_ = static_cast<uint16_t*>(buf(kAct, (S + kSlack) * sh.kp2 * 2));
-  q8_ = sh.int8_act && kt_->q8_row && tc <= kQ8MaxTokens;
+  q15_ = sh.fp4 && !sh.int8_act && kt_->q15_row && tc <= kQ8MaxTokens && fp4_decode_acts() == Fp4DecodeActs::kQ15;
+  q8_ = (sh.int8_act && kt_->q8_row && tc <= kQ8MaxTokens) || q15_;
   if (q8_) {
-    xq_ = static_cast<int8_t*>(buf(kXq8, size_t(tc) * q8_row_bytes(sh.kp1)));
-    aq_ = static_cast<int8_t*>(buf(kActq8, S * q8_row_bytes(sh.kp2)));
+    xq_ = static_cast<int8_t*>(buf(kXq8, size_t(tc) * int_row_bytes(sh.kp1)));
+    aq_ = static_cast<int8_t*>(buf(kActq8, S * int_row_bytes(sh.kp2)));
   }
   if (copy_x_) {
     x_rows_base_ = static_cast<uint16_t*>(buf(kXbf16, size_t(tc) * sh.kp1 * 2));
@@ -746,7 +760,8 @@ void ForwardJob::convert_inputs(WorkerCtx& ctx, int64_t t0, int tc) {
     if (copy_x_)
       kt_->to_bf16(static_cast<const char*>(a_.x) + (size_t(t0) + r) * sh.hidden * esz, a_.x_type,
                    xb + size_t(r) * sh.kp1, sh.hidden, sh.kp1);
-    if (q8_) kt_->q8_row(x_rows_base_ + size_t(r) * x_ld_, sh.kp1, xq_ + size_t(r) * q8_row_bytes(sh.kp1));
+    if (q8_)
+      (q15_ ? kt_->q15_row : kt_->q8_row)(x_rows_base_ + size_t(r) * x_ld_, sh.kp1, xq_ + size_t(r) * int_row_bytes(sh.kp1));
   }
 }
 
@@ -755,7 +770,7 @@ void ForwardJob::quantize_act(WorkerCtx& ctx) {
   const MoEShape& sh = layer_->shape();
   const int S = active_begin_[num_active_];
   for (int p = ctx.tid; p < S; p += ctx.num_threads)
-    kt_->q8_row(act_ + size_t(p) * sh.kp2, sh.kp2, aq_ + size_t(p) * q8_row_bytes(sh.kp2));
+    (q15_ ? kt_->q15_row : kt_->q8_row)(act_ + size_t(p) * sh.kp2, sh.kp2, aq_ + size_t(p) * int_row_bytes(sh.kp2));
 }
 
 KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
@@ -778,7 +793,7 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   ks.panel = static_cast<uint16_t*>(ctx.buffer(kPanel, size_t(kPieceRows + 32) * sh.kp1 * 2));
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
   auto rows8 = q8_ ? static_cast<const int8_t**>(ctx.buffer(kQ8RowPtrs, kPieceRows * sizeof(void*))) : nullptr;
-  const size_t q8_ld1 = q8_row_bytes(sh.kp1);
+  const size_t q8_ld1 = int_row_bytes(sh.kp1);
   const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
   const int nseg1 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp1 / sh.seg) : 0;
   for (int piece, lb0, lb1;
@@ -816,6 +831,7 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
       t.q4.fp16_scale = sh.int4_fp16;
     }
     t.q8_rows = rows8;  // null unless a 4-bit decode chunk with int8 activations
+    t.q15 = q15_;
     if (sh.fp4) {
       const size_t b = (size_t(e) * nbi + lb0) * 2;
       t.w13 = nullptr;
@@ -890,8 +906,9 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
         t.q4.fp16_scale = sh.int4_fp16;
       }
       if (q8_) {  // 4-bit decode chunk with int8 activations
-        t.q8_ld = q8_row_bytes(sh.kp2);
+        t.q8_ld = int_row_bytes(sh.kp2);
         t.q8_act = aq_ + s0 * t.q8_ld;
+        t.q15 = q15_;
       }
       if (sh.fp4) {
         const size_t b = size_t(active_expert_[a]) * nbh + lb0;
