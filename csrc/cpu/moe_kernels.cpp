@@ -1421,7 +1421,30 @@ void down_q4(const DownTask& t) {
 }
 
 // ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
-// Strategy. Decode with int8 activations (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers, only
+// Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT not set
+// for fp4): 15-bit activations, dot_tile_fp4q15. x and the bf16 act rows become q15 rows once per chunk
+// (q15_row: per 32 inputs a power of two d with max|x| / d in (8128, 16256], q = round(x / d) split
+// as 128 hi + lo into two int8 rows); each quad of codes becomes the unsigned bytes 12 + 2 e2m1 of the
+// int8 path below (fp4_quad_u8: vpmovzxwd, vpternlogd, vpshufb) and feeds two vpdpbusd, one per
+// activation half; per scale group 128 sum(u hi) + sum(u lo) - 12 sum q is sum 2 e2m1 q exactly, one
+// conversion and one fmadd with scale x d. Error: only the inputs below 2^-6 of their group's max
+// move, by at most 2^-14 of it (the rest is exact; int8 activations: up to 2^-8 of it); the layer
+// output's relative RMS error against the fp32 reference is the bf16 tile's (gpt-oss shape, M = 1-16,
+// Zen4: 0.0023-0.0024 both), and tests/cpu/test_fp4_q15.py checks it against a reference that emulates
+// the rounding, within the output's own bf16 rounding. Why: on the 16-core AMX host (Xeon, 2026-12-01, eleventh session,
+// tools/decode_ops_micro.cpp on L1-resident codes, three runs) the vdpbf16ps tile below takes
+// ~11 GB/s of codes per core, its vpermw conversion (~23 GB/s alone) and vdpbf16ps (~20 GB/s alone)
+// adding up on the same ports, against ~32 GB/s for int8 activations and ~20 for int16 ones with
+// vpdpwssd: a 16-thread decode streaming ~6 GB/s per core spent half its time in the tile, and the
+// hot single-thread layer ran at 8.3 GB/s (mxfp4) against 17.3 for wna16_int4 on int8 activations
+// (docs/results/2026-12-01_h200_session11.log). Measured there, Qwen3-30B-A3B layer, M=1, two passes
+// x 6 rounds at 16 and at 14 threads, q15 / bf16 tile taking turns on the same cases: mxfp4 0.230-0.249
+// ms vs 0.252-0.281 ms, median 0.86 vs 0.77 of the read bandwidth measured around each round; nvfp4
+// 0.242-0.268 vs 0.261-0.285 ms, 0.84 vs 0.78. On the 2-core Zen4 VM the bf16 tile is 7-15% faster on
+// hot weights (M=1, 1 thread: mxfp4 0.419 vs 0.451 ms, nvfp4 0.454 vs 0.519), which its memory-bound
+// decode does not see (2 threads, rotated copies: within the noise); q15 stays the one default.
+// `benchmarks/moe_layer.py --fp4-acts q15,bf16` A/Bs them (lk_moe._C._set_fp4_decode_acts, a hook).
+// Decode with int8 activations (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers, only
 // with LK_INT8_ACT=1: on the 16-core AMX host, 2026-12-01, M=1 it gained 5-6% (mxfp4 0.327 -> 0.308 ms,
 // nvfp4 0.329 -> 0.312) while its error moved gpt-oss's greedy logprobs past the e2e bound, so the exact
 // path below is the default): the int4 section's int8 activations (q8 rows, quantized once per chunk per 32
@@ -1441,7 +1464,8 @@ void down_q4(const DownTask& t) {
 // (34 -> 36 GB/s). Hot weights (8 experts in L3, 1 thread): mxfp4 M=1 0.89 -> 0.57 ms, M=4 1.08 ->
 // 0.65 ms; nvfp4 M=1 0.81 -> 0.54 ms, M=4 1.26 -> 1.02 ms (its per-16 epilogue, the fp8 scale
 // conversion above all, is the larger share: a cheaper fp8x16_to_f32 is the next step there).
-// Decode, exact (default, m <= kFusedFp4Rows rows on the AVX-512 tiers, dot_tile_fp4): the 4-bit codes
+// Decode on bf16 activations (the benchmark setting 'bf16', m <= kFusedFp4Rows rows on the AVX-512
+// tiers, dot_tile_fp4; the default before q15 and the numbers below are from that time): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
 // pair-rows, a 16-entry vpermw table gives the exact bf16 e2m1 value; vdpbf16ps (or the even/odd fp32
 // split without AVX512-BF16) accumulates each 32-input group in fp32, then the group's 16 e8m0 scales
@@ -1714,6 +1738,21 @@ inline __attribute__((always_inline)) __m512i fp4_quad_u8(const uint8_t* quad, _
   return _mm512_shuffle_epi8(lut, nib);
 }
 
+// Quad q of each of the NB blocks as fp4_quad_u8 bytes, prefetching the streams ahead (every other quad:
+// 64 bytes per block).
+template <int NB>
+inline __attribute__((always_inline)) void fp4_quads_u8(const uint8_t* const* b, int q, int far, __m512i lut,
+                                                        __m512i (&w)[NB]) {
+#pragma GCC unroll 2
+  for (int j = 0; j < NB; ++j) {
+    if ((q & 1) == 0) {
+      _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
+      if (far) _mm_prefetch((const char*)(b[j] + q * 32 + far), _MM_HINT_T1);
+    }
+    w[j] = fp4_quad_u8(b[j] + q * 32, lut);
+  }
+}
+
 // C[r][j*16 + n] (ld 32) as dot_tile_fp4, from q8 rows x_r ~ d_r[b] * q_r[k] (b = k / 32): per scale
 // group (32 inputs, NV: 16) the integer sum of (kFp4Offset + 2 e2m1) * q (vpdpbusd, one chain seeded
 // with -kFp4Offset * sum q), converted once and multiplied by the group's scale and d in fp32; the
@@ -1761,14 +1800,7 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
     for (int qq = 0; qq < GQ; ++qq) {
       const int q = g * GQ + qq;
       __m512i w[NB];
-#pragma GCC unroll 2
-      for (int j = 0; j < NB; ++j) {
-        if ((qq & 1) == 0) {
-          _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
-          if (far) _mm_prefetch((const char*)(b[j] + q * 32 + far), _MM_HINT_T1);
-        }
-        w[j] = fp4_quad_u8(b[j] + q * 32, lut);
-      }
+      fp4_quads_u8<NB>(b, q, far, lut, w);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         int32_t x;
@@ -1836,14 +1868,7 @@ inline void dot_tile_fp4q15(const int8_t* const* a, const uint8_t* const* b, con
     for (int qq = 0; qq < GQ; ++qq) {
       const int q = g * GQ + qq;
       __m512i w[NB];
-#pragma GCC unroll 2
-      for (int j = 0; j < NB; ++j) {
-        if ((qq & 1) == 0) {
-          _mm_prefetch((const char*)(b[j] + (q + kFp4PrefetchQuads) * 32), _MM_HINT_T0);
-          if (far) _mm_prefetch((const char*)(b[j] + q * 32 + far), _MM_HINT_T1);
-        }
-        w[j] = fp4_quad_u8(b[j] + q * 32, lut);
-      }
+      fp4_quads_u8<NB>(b, q, far, lut, w);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         int32_t xh, xl;

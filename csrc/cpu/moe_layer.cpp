@@ -31,7 +31,7 @@ int round_up(int v, int a) { return (v + a - 1) / a * a; }
 // LK_INT8_ACT: 4-bit decode with int8 activations. auto (default): wna16_int4 only, where it paid on
 // the 16-core AMX host (M=1 0.354 -> 0.245 ms, 2026-12-01); mxfp4/nvfp4 gained 5-6% there while
 // their int8 error (~0.01 relative RMS vs 0.002) moved gpt-oss's greedy logprobs past the e2e bound,
-// so they keep exact bf16 activations unless LK_INT8_ACT=1. 0/false/no/off: none. LK_WNA16_INT8_ACT,
+// so they keep 15-bit activations (Fp4DecodeActs) unless LK_INT8_ACT=1. 0/false/no/off: none. LK_WNA16_INT8_ACT,
 // its first name (int4 only), is read when it is unset.
 struct Int8ActVariable {
   const char* name;
