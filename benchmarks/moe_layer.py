@@ -230,8 +230,9 @@ def bench_shape(name, args, results):
     prefetch = [int(b) for b in args.decode_prefetch.split(",")] if args.decode_prefetch else [None]
     schedules = args.decode_schedule.split(",") if args.decode_schedule else [None]
     acts = args.fp4_acts.split(",") if args.fp4_acts else [None]
-    # every combination; (None, None, None, None): the defaults
+    # every combination; `defaults` (all None): the engine's settings
     settings = [(u, b, sch, a) for u in units for b in prefetch for sch in schedules for a in acts]
+    defaults = (None,) * len(settings[0])
 
     def apply(setting):
         u, b, sch, a = setting
@@ -274,7 +275,7 @@ def bench_shape(name, args, results):
                 ids, w = random_routing(M, E, K, generator=g)
                 cases.append((x, ids, w, torch.empty(M, H, dtype=torch.bfloat16)))
             # The decode settings take turns on every case (same routing, same machine noise).
-            runs = settings if M <= 16 else [(None, None, None, None)]
+            runs = settings if M <= 16 else [defaults]
             rounds = args.rounds if M <= 16 else 1
             # per setting and round: median time, in-pool share, median GB/s, the round's read bandwidth,
             # median phase times
@@ -306,7 +307,7 @@ def bench_shape(name, args, results):
                     per_round[s].append((eng, statistics.median(pool_us[s]) * 1e-6 / eng, statistics.median(bws[s]),
                                          (before + after) / 2,
                                          {k: statistics.median(p[k] for p in phases[s]) for k in PHASE_KEYS}))
-            apply((None, None, None, None))
+            apply(defaults)
             treps = max(2, min(reps, 5 if M <= 16 else 3))
             x, ids, w, _ = cases[-1]
             baseline(x, ids, w)  # warm-up

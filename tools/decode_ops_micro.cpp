@@ -44,8 +44,9 @@ inline __m512i bcast(const uint16_t* a) {
   return _mm512_set1_epi32(v);
 }
 
-// The tile's loop: codes -> bf16 by vpermw, vdpbf16ps into S chains per block (the kernel: S = 4).
-template <int S>
+// The tile's loop: codes -> bf16 by vpermw, vdpbf16ps into S chains per block (the kernel: S = 4);
+// PF: with the kernel's prefetches (per two quads and block: T0 3 KiB ahead, T1 8 KiB ahead).
+template <int S, bool PF = false>
 float full() {
   const __m512i lut = _mm512_loadu_si512(g_lut);
   __m512 acc[S][2];
@@ -58,32 +59,7 @@ float full() {
       const __m512i a01 = bcast(g_act + 4 * q), a23 = bcast(g_act + 4 * q + 2);
 #pragma GCC unroll 2
       for (int j = 0; j < 2; ++j) {
-        const __m512i v = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(g_codes[j] + q * 32)));
-        const __m512i wl = _mm512_permutexvar_epi16(v, lut), wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
-        acc[(2 * qq) % S][j] = _mm512_dpbf16_ps(acc[(2 * qq) % S][j], (__m512bh)a01, (__m512bh)wl);
-        acc[(2 * qq + 1) % S][j] = _mm512_dpbf16_ps(acc[(2 * qq + 1) % S][j], (__m512bh)a23, (__m512bh)wh);
-      }
-    }
-  __m512 s = _mm512_setzero_ps();
-  for (auto& c : acc) s = _mm512_add_ps(s, _mm512_add_ps(c[0], c[1]));
-  return _mm512_reduce_add_ps(s);
-}
-
-// The kernel's tile with its prefetches (per two quads and block: T0 3 KiB ahead, T1 8 KiB ahead).
-float full_prefetch() {
-  constexpr int S = 4;
-  const __m512i lut = _mm512_loadu_si512(g_lut);
-  __m512 acc[S][2];
-  for (auto& c : acc) c[0] = c[1] = _mm512_setzero_ps();
-  for (int pass = 0; pass < kPasses; ++pass)
-    for (int g = 0; g < kQuads; g += 8)
-#pragma GCC unroll 8
-      for (int qq = 0; qq < 8; ++qq) {
-      const int q = g + qq;
-      const __m512i a01 = bcast(g_act + 4 * q), a23 = bcast(g_act + 4 * q + 2);
-#pragma GCC unroll 2
-      for (int j = 0; j < 2; ++j) {
-        if ((qq & 1) == 0) {
+        if (PF && (qq & 1) == 0) {
           _mm_prefetch((const char*)(g_codes[j] + (q + 96) * 32), _MM_HINT_T0);
           _mm_prefetch((const char*)(g_codes[j] + q * 32 + 8192), _MM_HINT_T1);
         }
@@ -294,7 +270,7 @@ int main() {
   const std::vector<Variant> variants = {
       {"tile as in the kernel (vpermw + vdpbf16ps, 4 chains per block)", full<4>},
       {"same, 8 chains per block", full<8>},
-      {"same with the kernel's prefetch instructions", full_prefetch},
+      {"same with the kernel's prefetch instructions", full<4, true>},
       {"same, 2 chains per block", full<2>},
       {"conversion only (vpmovzxbw + 2 vpermw + vpsrlw)", convert_only},
       {"vdpbf16ps only, 4 chains, fp4 values", [] { return dots_only<4>(0); }},

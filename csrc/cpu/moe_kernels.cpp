@@ -1075,25 +1075,40 @@ inline __m512i dot4_u8s8(__m512i acc, __m512i u, __m512i s) {
 #endif
 }
 
+// One group of 32 bf16 activations for the integer rows (q8_row, q15_row): as fp32, their max |x|, and
+// whether every one is finite.
+struct ActGroup32 {
+  __m512 x0, x1;
+  float amax;
+  bool finite;
+};
+inline ActGroup32 load_act_group32(const uint16_t* src) {
+  ActGroup32 g;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  g.x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)src));
+  g.x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + 16)));
+  g.amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(g.x0, absmask), _mm512_and_ps(g.x1, absmask)));
+  const bool nan = (_mm512_cmp_ps_mask(g.x0, g.x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(g.x1, g.x1, _CMP_UNORD_Q)) != 0;
+  g.finite = !nan && g.amax <= 3.4e38f;
+  return g;
+}
+
 // One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
 void q8_row(const uint16_t* src, int kp, int8_t* dst) {
   const int nb = kp / kQ8Group;
   float* d = reinterpret_cast<float*>(dst + kp);
   float* ds = d + nb;
   int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int b = 0; b < nb; ++b) {
-    const __m512 x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32)));
-    const __m512 x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32 + 16)));
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const ActGroup32 x = load_act_group32(src + b * 32);
+    const float amax = x.amax;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));  // round to nearest even
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x.x0, _mm512_set1_ps(inv)));  // round to nearest even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x.x1, _mm512_set1_ps(inv)));
     _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
-    // max|x| not finite (inf/NaN input): d = NaN, so the outputs that read it are NaN as in the bf16 path
-    const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
-    const float db = amax <= 3.4e38f && !nan ? amax / 127.0f : __builtin_nanf("");
+    // inf/NaN input: d = NaN, so the outputs that read it are NaN as in the bf16 path
+    const float db = x.finite ? amax / 127.0f : __builtin_nanf("");
     d[b] = db;
     s16[2 * b] = _mm512_reduce_add_epi32(q0);
     s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
@@ -1110,15 +1125,13 @@ void q15_row(const uint16_t* src, int kp, int8_t* dst) {
   int8_t* lo = dst + kp;
   float* d = reinterpret_cast<float*>(dst + 2 * kp);
   int32_t* s16 = reinterpret_cast<int32_t*>(d + nb);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int b = 0; b < nb; ++b) {
-    const __m512 x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32)));
-    const __m512 x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + b * 32 + 16)));
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
-    const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+    const ActGroup32 x = load_act_group32(src + b * 32);
+    const float amax = x.amax;
+    const __m512 x0 = x.x0, x1 = x.x1;
     __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
     float db = 0.0f;  // all-zero group: q = 0
-    if (nan || !(amax <= 3.4e38f)) {
+    if (!x.finite) {
       db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
     } else if (amax > 0.0f) {
       int k;
@@ -1422,7 +1435,7 @@ void down_q4(const DownTask& t) {
 
 // ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
 // Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT not set
-// for fp4): 15-bit activations, dot_tile_fp4q15. x and the bf16 act rows become q15 rows once per chunk
+// for fp4): 15-bit activations, dot_tile_fp4_int with Q15. x and the bf16 act rows become q15 rows once per chunk
 // (q15_row: per 32 inputs a power of two d with max|x| / d in (8128, 16256], q = round(x / d) split
 // as 128 hi + lo into two int8 rows); each quad of codes becomes the unsigned bytes 12 + 2 e2m1 of the
 // int8 path below (fp4_quad_u8: vpmovzxwd, vpternlogd, vpshufb) and feeds two vpdpbusd, one per
@@ -1753,27 +1766,33 @@ inline __attribute__((always_inline)) void fp4_quads_u8(const uint8_t* const* b,
   }
 }
 
-// C[r][j*16 + n] (ld 32) as dot_tile_fp4, from q8 rows x_r ~ d_r[b] * q_r[k] (b = k / 32): per scale
-// group (32 inputs, NV: 16) the integer sum of (kFp4Offset + 2 e2m1) * q (vpdpbusd, one chain seeded
-// with -kFp4Offset * sum q), converted once and multiplied by the group's scale and d in fp32; the
-// tile's totals are halved at the end. MR = 1 runs two integer chains per (row, block).
-template <int MR, int NB, bool NV>
-inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
-                           float* c) {
+// C[r][j*16 + n] (ld 32) as dot_tile_fp4, from integer activation rows. Per scale group (32 inputs,
+// NV: 16) the integer sum of u = kFp4Offset + 2 e2m1 times the activation codes (vpdpbusd), one chain
+// seeded with -kFp4Offset * sum q, converted once and multiplied by the group's scale and d in fp32;
+// the tile's totals are halved at the end. MR = 1 runs two integer chains per (row, block).
+// Q15 = false: q8 rows, x_r ~ d_r[b] * q_r[k] (b = k / 32).
+// Q15 = true: q15 rows, x_r ~ d_r[b] * (128 hi_r[k] + lo_r[k]): the same weights feed a second
+// vpdpbusd on hi, and 128 sum(u hi) + sum(u lo) - kFp4Offset sum q is sum 2 e2m1 q exactly
+// (|.| <= 32 x 12 x 16256 < 2^24, so its fp32 conversion is exact too).
+template <int MR, int NB, bool NV, bool Q15>
+inline void dot_tile_fp4_int(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                             float* c) {
   const int far = far_prefetch_bytes();
   constexpr int G = NV ? 16 : 32;  // inputs per weight scale
   constexpr int GQ = G / 4;        // quads per scale group
   constexpr int S = MR == 1 ? 2 : 1;
-  __m512i acc[S][MR][NB];
+  __m512i acc[S][MR][NB];            // q8: q; q15: lo
+  __m512i hi[Q15 ? S : 1][MR][NB];   // q15: hi
   __m512 tot[MR][NB];
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
   const int nb = kp / kQ8Group;
+  const size_t lo_off = Q15 ? size_t(kp) : 0;  // where the seeded chain's codes start in a row
   const float* d[MR];
   const int32_t* s16[MR];
 #pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) {
-    d[r] = reinterpret_cast<const float*>(a[r] + kp);
-    s16[r] = reinterpret_cast<const int32_t*>(d[r] + 2 * nb);
+  for (int r = 0; r < MR; ++r) {  // row layouts: kernel_table.h (q8_row_bytes, q15_row_bytes)
+    d[r] = reinterpret_cast<const float*>(a[r] + (Q15 ? 2 : 1) * size_t(kp));
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + (Q15 ? 1 : 2) * nb);
   }
   // chain 0 of (r, j) starts each group at -kFp4Offset * sum q of the group, the others at zero
   auto seed = [&](int g) {
@@ -1786,6 +1805,10 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
         acc[0][r][j] = o;
 #pragma GCC unroll 2
         for (int i = 1; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+        if constexpr (Q15) {
+#pragma GCC unroll 2
+          for (int i = 0; i < S; ++i) hi[i][r][j] = _mm512_setzero_si512();
+        }
       }
     }
   };
@@ -1804,10 +1827,16 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         int32_t x;
-        memcpy(&x, a[r] + 4 * q, 4);
+        memcpy(&x, a[r] + lo_off + 4 * q, 4);
         const __m512i av = _mm512_set1_epi32(x);
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) acc[qq % S][r][j] = dot4_u8s8(acc[qq % S][r][j], w[j], av);
+        if constexpr (Q15) {
+          memcpy(&x, a[r] + 4 * q, 4);
+          const __m512i hv = _mm512_set1_epi32(x);
+#pragma GCC unroll 2
+          for (int j = 0; j < NB; ++j) hi[qq % S][r][j] = dot4_u8s8(hi[qq % S][r][j], w[j], hv);
+        }
       }
     }
 #pragma GCC unroll 2
@@ -1818,6 +1847,12 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
         __m512i sum = acc[0][r][j];
 #pragma GCC unroll 2
         for (int i = 1; i < S; ++i) sum = _mm512_add_epi32(sum, acc[i][r][j]);
+        if constexpr (Q15) {
+          __m512i h = hi[0][r][j];
+#pragma GCC unroll 2
+          for (int i = 1; i < S; ++i) h = _mm512_add_epi32(h, hi[i][r][j]);
+          sum = _mm512_add_epi32(sum, _mm512_slli_epi32(h, 7));
+        }
         const __m512 sd = _mm512_mul_ps(sv, _mm512_set1_ps(d[r][NV ? g / 2 : g]));
         tot[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sd, tot[r][j]);
       }
@@ -1829,114 +1864,26 @@ inline void dot_tile_fp4q8(const int8_t* const* a, const uint8_t* const* b, cons
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
 }
 
-// C[r][j*16 + n] (ld 32) as dot_tile_fp4, from q15 rows x_r ~ d_r[b] * (128 hi_r[k] + lo_r[k]): per
-// scale group the integer sums of u = kFp4Offset + 2 e2m1 times hi and times lo (vpdpbusd each, on
-// the same fp4_quad_u8 weights), combined as 128 sum(u hi) + sum(u lo) - kFp4Offset sum q, which is
-// sum 2 e2m1 q exactly (|.| <= 32 x 12 x 16256 < 2^24, so its fp32 conversion is exact too), then
-// times the group's scale and d in fp32; the totals are halved at the end.
-template <int MR, int NB, bool NV>
-inline void dot_tile_fp4q15(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
-                            float* c) {
-  const int far = far_prefetch_bytes();
-  constexpr int G = NV ? 16 : 32;  // inputs per weight scale
-  constexpr int GQ = G / 4;        // quads per scale group
-  constexpr int S = MR == 1 ? 2 : 1;
-  __m512i ah[S][MR][NB], al[S][MR][NB];
-  __m512 tot[MR][NB];
-  const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
-  const int nb = kp / kQ8Group;
-  const float* d[MR];
-  const int32_t* s16[MR];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) {
-    d[r] = reinterpret_cast<const float*>(a[r] + 2 * kp);
-    s16[r] = reinterpret_cast<const int32_t*>(d[r] + nb);
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) tot[r][j] = _mm512_setzero_ps();
-  const int ngroups = kp / G;
-  for (int g = 0; g < ngroups; ++g) {
-#pragma GCC unroll 2
-    for (int i = 0; i < S; ++i)
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) ah[i][r][j] = al[i][r][j] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int qq = 0; qq < GQ; ++qq) {
-      const int q = g * GQ + qq;
-      __m512i w[NB];
-      fp4_quads_u8<NB>(b, q, far, lut, w);
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        int32_t xh, xl;
-        memcpy(&xh, a[r] + 4 * q, 4);
-        memcpy(&xl, a[r] + kp + 4 * q, 4);
-        const __m512i vh = _mm512_set1_epi32(xh), vl = _mm512_set1_epi32(xl);
-#pragma GCC unroll 2
-        for (int j = 0; j < NB; ++j) {
-          ah[qq % S][r][j] = dot4_u8s8(ah[qq % S][r][j], w[j], vh);
-          al[qq % S][r][j] = dot4_u8s8(al[qq % S][r][j], w[j], vl);
-        }
-      }
-    }
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) {
-      const __m512 sv = NV ? fp8x16_to_f32(sc[j] + g * 16) : e8m0x16_to_f32(sc[j] + g * 16);
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        const int32_t sq = NV ? s16[r][g] : s16[r][2 * g] + s16[r][2 * g + 1];
-        __m512i h = ah[0][r][j], l = al[0][r][j];
-#pragma GCC unroll 2
-        for (int i = 1; i < S; ++i) {
-          h = _mm512_add_epi32(h, ah[i][r][j]);
-          l = _mm512_add_epi32(l, al[i][r][j]);
-        }
-        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), _mm512_sub_epi32(l, _mm512_set1_epi32(kFp4Offset * sq)));
-        const __m512 sd = _mm512_mul_ps(sv, _mm512_set1_ps(d[r][NV ? g / 2 : g]));
-        tot[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sd, tot[r][j]);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
-}
-
-template <int NB, bool NV>
-void dot_rows_fp4q15_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
-                       float* c) {
+template <int NB, bool NV, bool Q15>
+void dot_rows_fp4_int_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
+                        float* c) {
   switch (mr) {
-    case 1: dot_tile_fp4q15<1, NB, NV>(a, b, sc, kp, c); break;
-    case 2: dot_tile_fp4q15<2, NB, NV>(a, b, sc, kp, c); break;
-    case 3: dot_tile_fp4q15<3, NB, NV>(a, b, sc, kp, c); break;
-    default: dot_tile_fp4q15<4, NB, NV>(a, b, sc, kp, c); break;
+    case 1: dot_tile_fp4_int<1, NB, NV, Q15>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4_int<2, NB, NV, Q15>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4_int<3, NB, NV, Q15>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4_int<4, NB, NV, Q15>(a, b, sc, kp, c); break;
   }
 }
-
-template <int NB, bool NV>
-void dot_rows_fp4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
-                      float* c) {
-  switch (mr) {
-    case 1: dot_tile_fp4q8<1, NB, NV>(a, b, sc, kp, c); break;
-    case 2: dot_tile_fp4q8<2, NB, NV>(a, b, sc, kp, c); break;
-    case 3: dot_tile_fp4q8<3, NB, NV>(a, b, sc, kp, c); break;
-    default: dot_tile_fp4q8<4, NB, NV>(a, b, sc, kp, c); break;
-  }
-}
-// q15: the rows are q15 rows (dot_tile_fp4q15), else q8 rows (dot_tile_fp4q8).
+// The rows are q15 rows if q15, else q8 rows (dot_tile_fp4_int).
 template <int NB>
-void dot_rows_fp4q8(bool nv, bool q15, int mr, const int8_t* const* a, const uint8_t* const* b,
-                    const uint8_t* const* sc, int kp, float* c) {
+void dot_rows_fp4_int(bool nv, bool q15, int mr, const int8_t* const* a, const uint8_t* const* b,
+                      const uint8_t* const* sc, int kp, float* c) {
   if (q15) {
-    if (nv) dot_rows_fp4q15_t<NB, true>(mr, a, b, sc, kp, c);
-    else dot_rows_fp4q15_t<NB, false>(mr, a, b, sc, kp, c);
+    if (nv) dot_rows_fp4_int_t<NB, true, true>(mr, a, b, sc, kp, c);
+    else dot_rows_fp4_int_t<NB, false, true>(mr, a, b, sc, kp, c);
   } else {
-    if (nv) dot_rows_fp4q8_t<NB, true>(mr, a, b, sc, kp, c);
-    else dot_rows_fp4q8_t<NB, false>(mr, a, b, sc, kp, c);
+    if (nv) dot_rows_fp4_int_t<NB, true, false>(mr, a, b, sc, kp, c);
+    else dot_rows_fp4_int_t<NB, false, false>(mr, a, b, sc, kp, c);
   }
 }
 
@@ -1961,7 +1908,7 @@ constexpr int kFusedFp4Rows = 0;
 template <int NB>
 void dot_rows_fp4(bool, int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 template <int NB>
-void dot_rows_fp4q8(bool, bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+void dot_rows_fp4_int(bool, bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 #endif
 
 // c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
@@ -2000,7 +1947,7 @@ void gate_up_fp4(const GateUpTask& t) {
       const uint8_t* sc[2] = {sg, su};
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
         const int mr = tmin(kQ8TileRows, t.m - r0);
-        dot_rows_fp4q8<2>(q.nv, t.q15, mr, t.q8_rows + r0, b, sc, t.kp, c);
+        dot_rows_fp4_int<2>(q.nv, t.q15, mr, t.q8_rows + r0, b, sc, t.kp, c);
         for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
       }
       continue;
@@ -2055,8 +2002,8 @@ void down_fp4(const DownTask& t) {
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
         const int mr = tmin(kQ8TileRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-        if (nb == 2) dot_rows_fp4q8<2>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
-        else dot_rows_fp4q8<1>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
+        if (nb == 2) dot_rows_fp4_int<2>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
+        else dot_rows_fp4_int<1>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
         for (int r = 0; r < mr; ++r) {
           float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
           for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);

@@ -760,8 +760,7 @@ void ForwardJob::convert_inputs(WorkerCtx& ctx, int64_t t0, int tc) {
     if (copy_x_)
       kt_->to_bf16(static_cast<const char*>(a_.x) + (size_t(t0) + r) * sh.hidden * esz, a_.x_type,
                    xb + size_t(r) * sh.kp1, sh.hidden, sh.kp1);
-    if (q8_)
-      (q15_ ? kt_->q15_row : kt_->q8_row)(x_rows_base_ + size_t(r) * x_ld_, sh.kp1, xq_ + size_t(r) * int_row_bytes(sh.kp1));
+    if (q8_) int_row_fn()(x_rows_base_ + size_t(r) * x_ld_, sh.kp1, xq_ + size_t(r) * int_row_bytes(sh.kp1));
   }
 }
 
@@ -770,7 +769,7 @@ void ForwardJob::quantize_act(WorkerCtx& ctx) {
   const MoEShape& sh = layer_->shape();
   const int S = active_begin_[num_active_];
   for (int p = ctx.tid; p < S; p += ctx.num_threads)
-    (q15_ ? kt_->q15_row : kt_->q8_row)(act_ + size_t(p) * sh.kp2, sh.kp2, aq_ + size_t(p) * int_row_bytes(sh.kp2));
+    int_row_fn()(act_ + size_t(p) * sh.kp2, sh.kp2, aq_ + size_t(p) * int_row_bytes(sh.kp2));
 }
 
 KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {

@@ -225,7 +225,7 @@ void set_decode_schedule(DecodeSchedule s);
 DecodeSchedule decode_schedule();
 // Activations of the fp4 formats' decode chunks (<= kQ8MaxTokens tokens, AVX-512 tiers, LK_INT8_ACT
 // not set for them): q15 rows (the default; integer dot products on 15-bit activations, see
-// moe_kernels.cpp, dot_tile_fp4q15) or the bf16 rows of the vdpbf16ps tile. Process-wide, for
+// moe_kernels.cpp, dot_tile_fp4_int) or the bf16 rows of the vdpbf16ps tile. Process-wide, for
 // benchmarks' A/Bs; the results differ by the activations' 15-bit rounding.
 enum class Fp4DecodeActs { kQ15 = 0, kBf16 = 1 };
 void set_fp4_decode_acts(Fp4DecodeActs a);
@@ -286,6 +286,7 @@ class ForwardJob : public Job {
   uint16_t* act_ = nullptr;           // [S + 32][kp2]
   bool q15_ = false;                  // ... and its integer rows are q15 rows (fp4 formats, Fp4DecodeActs)
   size_t int_row_bytes(int kp) const { return q15_ ? q15_row_bytes(kp) : q8_row_bytes(kp); }
+  auto int_row_fn() const { return q15_ ? kt_->q15_row : kt_->q8_row; }  // bf16 row -> that integer row
   bool q8_ = false;                   // 4-bit decode chunk with int8 activations:
   int8_t* xq_ = nullptr;              // [tc] q8 rows of x (q8_row_bytes(kp1) each)
   int8_t* aq_ = nullptr;              // [S] q8 rows of act (q8_row_bytes(kp2) each)
