@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "cpu/cpu_dispatch.h"
 #include "cpu/cpu_features.h"
@@ -65,20 +66,43 @@ void require_silu(const std::string& activation) {
     throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
 }
 
-// A forward in flight: keeps its tensors (and the layer) alive until waited.
+// A forward in flight: keeps its tensors (and the layer) alive until the job finished. The job reads
+// and writes them through raw pointers, so a handle dropped without wait() waits in its destructor
+// (a handle that was waited, as forward()'s always is, has nothing left to wait for). Move-only: one
+// owner per job.
 struct Handle {
   std::shared_ptr<lk::MoELayer> layer;
   at::Tensor x, ids, weights, out;
   uint32_t seq = 0;
-  bool submitted = false;
+  bool pending = false;  // submitted and not yet seen finished
 
-  bool done() const { return !submitted || layer->pool().finished(seq); }
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& o) noexcept
+      : layer(std::move(o.layer)), x(std::move(o.x)), ids(std::move(o.ids)), weights(std::move(o.weights)),
+        out(std::move(o.out)), seq(o.seq), pending(std::exchange(o.pending, false)) {}
+  Handle& operator=(Handle&&) = delete;
+  ~Handle() { finish(); }
+
+  bool done() const { return !pending || layer->pool().finished(seq); }
   at::Tensor wait() {
-    if (submitted) {
-      py::gil_scoped_release nogil;
-      layer->pool().wait_for(seq);
-    }
+    finish();
     return out;
+  }
+
+ private:
+  void finish() {
+    if (!pending) return;
+    if (!layer->pool().finished(seq)) {
+      if (PyGILState_Check()) {
+        py::gil_scoped_release nogil;
+        layer->pool().wait_for(seq);
+      } else {
+        layer->pool().wait_for(seq);
+      }
+    }
+    pending = false;
   }
 };
 
@@ -120,6 +144,10 @@ struct Layer {
       if (t->scalar_type() != at::kFloat) throw py::type_error(std::string(name) + " must be float32, got " + dtype_name(*t));
     if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
     const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
+    if (E < 1 || I < 1 || H < 1)
+      throw py::value_error("w13_weight must be [E, 2*I, H] with E >= 1, I >= 1, H >= 1, got " + shape_str(w13));
+    if (E > (1 << 20) || H > (1 << 20) || I > (1 << 20))
+      throw py::value_error("expert dimensions are implausibly large: w13_weight " + shape_str(w13));
     const std::string want2 = "[" + std::to_string(E) + ", " + std::to_string(H) + ", " + std::to_string(I) + "]";
     require_shape(w2, "w2_weight", {E, H, I}, want2.c_str());
     for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}, std::pair{&s13, s13_name},
@@ -149,13 +177,17 @@ struct Layer {
     require_silu(activation);
     const auto [E, I, H] = check_byte_weights(w13, w2, s13, s2, at::kFloat8_e4m3fn, "float8_e4m3fn",
                                               "w13_weight_scale_inv", "w2_weight_scale_inv");
-    if (s13.dim() != 3 || s13.size(0) != E || s2.dim() != 3 || s2.size(0) != E)
-      throw py::value_error("w13_weight_scale_inv / w2_weight_scale_inv must be [E, row blocks, col blocks], got " +
-                            shape_str(s13) + " and " + shape_str(s2));
+    if (s13.dim() != 3 || s13.size(0) != E || s2.dim() != 3 || s2.size(0) != E || s13.size(1) < 1 ||
+        s13.size(2) < 1 || s2.size(1) < 1 || s2.size(2) < 1)
+      throw py::value_error("w13_weight_scale_inv / w2_weight_scale_inv must be [E, row blocks, col blocks] with at "
+                            "least one block each way, got " + shape_str(s13) + " and " + shape_str(s2));
     // Block size from the shapes when they tile exactly (real checkpoints: 128 x 128); otherwise
-    // the caller must say it (block_size), as a grid alone is ambiguous then.
+    // the caller must say it (block_size), as a grid alone is ambiguous then. (0, 0): infer.
     int64_t bn = block_n, bk = block_k;
-    if (bn <= 0 || bk <= 0) {
+    if ((bn || bk) && (bn < 1 || bk < 1 || bn > (1 << 20) || bk > (1 << 20)))
+      throw py::value_error("block_size must be (rows, cols) with 1 <= rows, cols <= 1048576, got (" +
+                            std::to_string(bn) + ", " + std::to_string(bk) + ")");
+    if (bn == 0) {
       if ((2 * I) % s13.size(1) || H % s13.size(2))
         throw py::value_error("cannot infer the fp8 block size from w13_weight " + shape_str(w13) +
                               " and w13_weight_scale_inv " + shape_str(s13) + "; pass block_size=(rows, cols)");
@@ -297,6 +329,9 @@ struct Layer {
     if (w2.dim() != 3 || w2.size(0) != E || w2.size(1) < 1 || w2.size(2) < 1)
       throw py::value_error("w2_weight must be [E, H, I/2] with E = " + std::to_string(E) + ", got " + shape_str(w2));
     const int64_t R2 = w2.size(1), C2 = w2.size(2);
+    if (hidden_size < 0 || intermediate_size < 0)
+      throw py::value_error("hidden_size / intermediate_size must be >= 1 (0: the tensors' sizes), got " +
+                            std::to_string(hidden_size) + " / " + std::to_string(intermediate_size));
     const int64_t H = hidden_size > 0 ? hidden_size : R2;
     const int64_t I = intermediate_size > 0 ? intermediate_size : R13 / 2;
     if (E > (1 << 20) || R13 > (1 << 21) || R2 > (1 << 20) || C13 > (1 << 20) || C2 > (1 << 20))
@@ -540,7 +575,7 @@ struct Layer {
       py::gil_scoped_release nogil;  // may wait for this layer's previous forward
       h.seq = impl->submit(a);
     }
-    h.submitted = true;
+    h.pending = true;
     return h;
   }
 };
@@ -566,6 +601,8 @@ struct HostCall {
     if (ids_h.dim() != 2 || w_h.sizes() != ids_h.sizes() || ids_h.size(0) != x_h.size(0))
       throw py::value_error("ids_host/weights_host must be [max_tokens, K]");
     if (tokens < 1 || tokens > x_h.size(0)) throw py::value_error("tokens must be in 1..max_tokens");
+    if (ids_h.size(1) < 1 || ids_h.size(1) > 64)
+      throw py::value_error("ids_host must be [max_tokens, K] with 1 <= K <= 64, got " + shape_str(ids_h));
     lk::ForwardArgs a;
     a.x = x_h.data_ptr();
     a.x_type = xt;

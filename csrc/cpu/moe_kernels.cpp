@@ -162,7 +162,8 @@ constexpr int kPrefetchNearBytes = 1536;
 inline int far_prefetch_bytes() { return __atomic_load_n(&g_decode_far_prefetch, __ATOMIC_RELAXED); }
 
 inline __m512 exp_v(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kExpHi)), _mm512_set1_ps(kExpHi));
+  // Bounds first: min/max return their second operand when either is NaN, so a NaN x stays NaN.
+  x = _mm512_min_ps(_mm512_set1_ps(kExpHi), _mm512_max_ps(_mm512_set1_ps(-kExpHi), x));
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
@@ -356,7 +357,7 @@ constexpr int kMaxRows = 8;
 #elif defined(__AVX2__)
 
 inline __m256 exp_v(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+  x = _mm256_min_ps(_mm256_set1_ps(87.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));  // NaN stays NaN
   __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
@@ -1568,16 +1569,18 @@ inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out
   if (t.act_fn != Activation::kSwigluOAI) return silu_mul_16(g, u, out);
   const float lim = t.limit, al = t.alpha;
 #if defined(LK_V512)
-  const __m512 gv = _mm512_min_ps(_mm512_loadu_ps(g), _mm512_set1_ps(lim));
-  const __m512 uv = _mm512_max_ps(_mm512_min_ps(_mm512_loadu_ps(u), _mm512_set1_ps(lim)), _mm512_set1_ps(-lim));
+  // The clamps take the bound as the first operand: min/max return the second when either is NaN,
+  // so a NaN gate or up stays NaN (vLLM's torch.clamp propagates it too).
+  const __m512 gv = _mm512_min_ps(_mm512_set1_ps(lim), _mm512_loadu_ps(g));
+  const __m512 uv = _mm512_max_ps(_mm512_set1_ps(-lim), _mm512_min_ps(_mm512_set1_ps(lim), _mm512_loadu_ps(u)));
   const __m512 e = exp_v(_mm512_mul_ps(gv, _mm512_set1_ps(-al)));
   const __m512 glu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
   _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(_mm512_mul_ps(_mm512_add_ps(uv, _mm512_set1_ps(1.0f)), glu)));
 #elif defined(__AVX2__)
   float y[16];
   for (int h = 0; h < 2; ++h) {
-    const __m256 gv = _mm256_min_ps(_mm256_loadu_ps(g + 8 * h), _mm256_set1_ps(lim));
-    const __m256 uv = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(u + 8 * h), _mm256_set1_ps(lim)), _mm256_set1_ps(-lim));
+    const __m256 gv = _mm256_min_ps(_mm256_set1_ps(lim), _mm256_loadu_ps(g + 8 * h));
+    const __m256 uv = _mm256_max_ps(_mm256_set1_ps(-lim), _mm256_min_ps(_mm256_set1_ps(lim), _mm256_loadu_ps(u + 8 * h)));
     const __m256 e = exp_v(_mm256_mul_ps(gv, _mm256_set1_ps(-al)));
     const __m256 glu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
     _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(_mm256_add_ps(uv, _mm256_set1_ps(1.0f)), glu));
@@ -1585,7 +1588,7 @@ inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out
   store_bf16_16(y, out);
 #else
   for (int n = 0; n < 16; ++n) {
-    const float gv = g[n] < lim ? g[n] : lim;
+    const float gv = g[n] > lim ? lim : g[n];  // comparisons false for NaN: it passes through
     const float uv = u[n] < -lim ? -lim : (u[n] > lim ? lim : u[n]);
     out[n] = f32_to_bf16((uv + 1.0f) * gv * sigmoid_scalar(al * gv));
   }

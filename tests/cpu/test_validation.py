@@ -86,3 +86,73 @@ def test_bad_isa_name():
     for t in missing:
         with pytest.raises(ValueError, match=f"ISA tier '{t}' is not supported by this CPU"):
             lk_moe.set_isa(t)
+
+
+# ------------------------------------------------------------------ sizes: checked before any division or cast
+def _checkpoint(fmt):
+    """Small valid tensors of every format (E=3, H=256, I=128)."""
+    from .test_channel_formats import make_channel_experts
+    from .test_fp8_block import make_fp8_experts
+    from .test_mxfp4 import make_mxfp4
+    from .test_nvfp4 import make_nvfp4
+    from .test_wna16 import make_int4_experts
+    if fmt == "bf16":
+        w13, w2 = make_experts(3, 256, 128)
+        return dict(w13_weight=w13, w2_weight=w2)
+    if fmt == "fp8_block":
+        return make_fp8_experts(3, 256, 128)[0]
+    if fmt in ("fp8_channel", "int8_channel"):
+        return make_channel_experts(fmt, 3, 256, 128)[0]
+    if fmt == "wna16_int4":
+        return make_int4_experts(3, 256, 128, 32, asym=True)[0]
+    if fmt == "nvfp4":
+        return make_nvfp4(3, 256, 128)[0]
+    return make_mxfp4(3, 256, 128)[0]
+
+
+@pytest.mark.parametrize("fmt", list(lk_moe.MoELayer.FORMATS))
+def test_zero_experts_rejected_for_every_format(fmt):
+    tensors = {k: v[:0] for k, v in _checkpoint(fmt).items()}
+    with pytest.raises(ValueError):
+        lk_moe.MoELayer.from_checkpoint(fmt, tensors)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_channel", "int8_channel"])
+@pytest.mark.parametrize("dim", ["I", "H"])
+def test_zero_sizes_rejected_for_byte_formats(fmt, dim):
+    """I = 0 or H = 0 with scales shaped to match: these formats built such layers before."""
+    t = _checkpoint(fmt)
+    if dim == "I":
+        t = dict(t, w13_weight=t["w13_weight"][:, :0], w2_weight=t["w2_weight"][:, :, :0].contiguous())
+        s = "w13_weight_scale_inv" if fmt == "fp8_block" else "w13_weight_scale"
+        t[s] = t[s][:, :0].contiguous()
+        if fmt == "fp8_block":
+            t["w2_weight_scale_inv"] = t["w2_weight_scale_inv"][:, :, :0].contiguous()
+    else:
+        t = dict(t, w13_weight=t["w13_weight"][:, :, :0].contiguous(), w2_weight=t["w2_weight"][:, :0])
+        if fmt == "fp8_block":
+            t["w13_weight_scale_inv"] = t["w13_weight_scale_inv"][:, :, :0].contiguous()
+            t["w2_weight_scale_inv"] = t["w2_weight_scale_inv"][:, :0].contiguous()
+        else:
+            t["w2_weight_scale"] = t["w2_weight_scale"][:, :0].contiguous()
+    with pytest.raises(ValueError, match="E >= 1, I >= 1, H >= 1|at least one block"):
+        lk_moe.MoELayer.from_checkpoint(fmt, t, **({"block_size": (128, 128)} if fmt == "fp8_block" else {}))
+
+
+def test_fp8_block_empty_scale_grid_is_an_error_not_sigfpe():
+    t = _checkpoint("fp8_block")
+    t = dict(t, w13_weight_scale_inv=torch.ones(3, 0, 2))  # the grid alone used to be divided by
+    with pytest.raises(ValueError, match="at least one block"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", t)
+
+
+@pytest.mark.parametrize("block", [(2 ** 32 + 128, 128), (128, 2 ** 32 + 128), (-128, 128), (128, 0), (2 ** 21, 128)])
+def test_fp8_block_size_out_of_range(block):
+    """2^32 + 128 used to pass and be cast to 128, reading past the scale grid."""
+    with pytest.raises(ValueError, match=r"block_size must be \(rows, cols\) with 1 <= rows, cols <= 1048576"):
+        lk_moe.MoELayer.from_checkpoint("fp8_block", _checkpoint("fp8_block"), block_size=block)
+
+
+def test_mxfp4_negative_real_sizes():
+    with pytest.raises(ValueError, match="hidden_size / intermediate_size must be >= 1"):
+        lk_moe.MoELayer.from_checkpoint("mxfp4", _checkpoint("mxfp4"), hidden_size=-256)
