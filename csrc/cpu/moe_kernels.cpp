@@ -265,10 +265,16 @@ inline __m512i bcast_pair(const uint16_t* a) {
   return _mm512_set1_epi32(v);
 }
 
+// How a tile scales the partial sums of each `seg` inputs (the quantized formats' prefill panels).
+enum SegScale { kSegNone = 0, kSegScalar = 1, kSegVector = 2 };
+
 // C[r][j*16 + n] (ld 32) = sum_k A_r[k] * B_j[n][k]
 // FP8: `b` points at fp8 blocks, converted in registers; with `scale` (per block, one fp32 per
 // `seg` inputs) each segment's partial sums are scaled into the result in fp32.
-template <int MR, int NB, int CODES = kCodesBf16>
+// SEG: bf16 blocks (a dequantized prefill panel) whose segments of `seg` inputs are scaled into the
+// result in fp32, by one scale per segment and block (kSegScalar: scale[j][s]) or by one per output
+// row (kSegVector: scale[j][16 s + n]).
+template <int MR, int NB, int CODES = kCodesBf16, int SEG = kSegNone>
 inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, float* c, Prefetch pf,
                      int seg = 0, const float* const* scale = nullptr) {
   constexpr bool FP8 = CODES != kCodesBf16;   // one-byte codes (fp8 or int8)
@@ -279,7 +285,8 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) acc[r][j] = tot[r][j] = _mm512_setzero_ps();
   const int npairs = kp / 2;
-  const int seg_pairs = (FP8 && scale) ? seg / 2 : npairs;
+  const bool scaled = SEG != kSegNone || (FP8 && scale);
+  const int seg_pairs = scaled ? seg / 2 : npairs;
   const int far = FP8 ? far_prefetch_bytes() : 0;
   const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
   int countdown = every, next_line = 0;
@@ -333,20 +340,21 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
     }
   }
 #endif
-    if constexpr (FP8) {
-      if (scale) {
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r)
+    if constexpr (FP8 || SEG != kSegNone) {
+      if (scaled) {
 #pragma GCC unroll 2
-          for (int j = 0; j < NB; ++j) {
-            tot[r][j] = _mm512_fmadd_ps(acc[r][j], _mm512_set1_ps(scale[j][sidx]), tot[r][j]);
+        for (int j = 0; j < NB; ++j) {
+          const __m512 sv = SEG == kSegVector ? _mm512_loadu_ps(scale[j] + 16 * sidx) : _mm512_set1_ps(scale[j][sidx]);
+#pragma GCC unroll 8
+          for (int r = 0; r < MR; ++r) {
+            tot[r][j] = _mm512_fmadd_ps(acc[r][j], sv, tot[r][j]);
             acc[r][j] = _mm512_setzero_ps();
           }
+        }
       }
     }
   }
 #undef LK_TRICKLE_PREFETCH
-  const bool scaled = FP8 && scale;
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
@@ -538,10 +546,19 @@ inline void dequant_bf16(const Fp8Weights& q, const uint8_t* src, uint16_t* dst,
 
 // o[n] += w * c[n] * v[n] (per-row scales), and c[n] *= v[n].
 inline void axpy_vec_16(float w, const float* c, const float* v, float* o) {
+#if defined(LK_V512)
+  const __m512 cv = _mm512_mul_ps(_mm512_set1_ps(w), _mm512_loadu_ps(c));
+  _mm512_storeu_ps(o, _mm512_fmadd_ps(cv, _mm512_loadu_ps(v), _mm512_loadu_ps(o)));
+#else
   for (int n = 0; n < 16; ++n) o[n] += w * c[n] * v[n];
+#endif
 }
 inline void mul_16(float* c, const float* v) {
+#if defined(LK_V512)
+  _mm512_storeu_ps(c, _mm512_mul_ps(_mm512_loadu_ps(c), _mm512_loadu_ps(v)));
+#else
   for (int n = 0; n < 16; ++n) c[n] *= v[n];
+#endif
 }
 
 // Runtime row count -> compile-time tile.
@@ -565,6 +582,19 @@ void dot_rows(int mr, const uint16_t* const* a, const void* const* b, int kp, fl
     default: dot_tile<4, NB>(a, b, kp, c, pf); break;
 #endif
   }
+}
+
+// The share of `bytes` at `next` that row tile `tile` of `tiles` should prefetch.
+inline Prefetch tile_share(const void* next, size_t bytes, int tile, int tiles) {
+  Prefetch pf;
+  if (!next || tiles < 2) return pf;  // a lone tile is streaming anyway
+  const int lines = int(bytes / 64);
+  const int per = (lines + tiles - 1) / tiles;
+  const int first = tile * per;
+  pf.p = static_cast<const char*>(next) + size_t(first) * 64;
+  pf.lines = tmin(per, lines - first);
+  if (pf.lines < 0) pf.lines = 0;
+  return pf;
 }
 
 #if defined(LK_V512)
@@ -593,24 +623,91 @@ void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp
   if (int8_codes) dot_rows_codes<NB, kCodesInt8>(mr, a, b, kp, c, seg, scale);
   else dot_rows_codes<NB, kCodesFp8>(mr, a, b, kp, c, seg, scale);
 }
+
+// Prefill of the quantized formats (rows beyond the fused decode tiles): each block (pair) is
+// dequantized whole, once per task, into a bf16 panel in the bf16 format's block layout (exact: the
+// codes, or code x scale where that product is exact), and every row tile then runs the bf16 tile
+// over all of K, the remaining scales applied in fp32: per segment in registers (fp8_block, int4
+// groups) or once per result (per-row scales). One pass per row tile and no partial sums through
+// memory, where the earlier per-segment loop paid a tile start, a store and an add per segment
+// (int4 group 32: one per 32 inputs). Tiles with segment scales hold two accumulator sets: 4 rows.
+constexpr int kSegTileRows = 6;
+template <int NB, int SEG>
+void dot_rows_seg(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
+                  const float* const* scale, Prefetch pf) {
+  switch (mr) {
+    case 1: dot_tile<1, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 2: dot_tile<2, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 3: dot_tile<3, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 4: dot_tile<4, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 5: dot_tile<5, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    default: dot_tile<6, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+  }
+}
+
+// The two bf16 panels of a task's scratch (2 x 16 x kp each way) and the fp32 segment scales after them.
+inline uint16_t* panel_of(const KernelScratch& s, int kp, int h) { return s.deq + size_t(h) * kBlockN * kp; }
+inline float* panel_scales(const KernelScratch& s, int kp) {
+  return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
+}
+
+// Row tiles of a gate/up task over the panels of one block pair; fin(c, r) takes row r's 32 results.
+// Meanwhile the tiles trickle the next block pair's codes (`next`, `next_bytes`) into L2, so that its
+// dequantization does not wait on DRAM (the bf16 path does the same for its weights).
+template <int SEG, typename Fin>
+void gate_up_panel(const GateUpTask& t, int seg, const float* sg, const float* su, const void* next,
+                   size_t next_bytes, Fin&& fin) {
+  float* c = t.scratch->c;
+  const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, 1)};
+  const float* sc[2] = {sg, su};
+  constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
+  const int tiles = (t.m + R - 1) / R;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
+    const int mr = tmin(R, t.m - r0);
+    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+    if constexpr (SEG == kSegNone) dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c, pf);
+    else dot_rows_seg<2, SEG>(mr, t.x_rows + r0, b, t.kp, c, seg, sc, pf);
+    for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
+  }
+}
+
+// Row tiles of a down task over the panels of blocks j and j + nb - 1: row r's results times its
+// router weight x gs (and x row_scale[h][n], per-row formats) are added to its out_acc row; the
+// tiles trickle the next blocks' codes into L2 as gate_up_panel does.
+template <int SEG>
+void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* seg_scale,
+                const float* const* row_scale, float gs, const void* next, size_t next_bytes) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
+  constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
+  const int tiles = (t.m + R - 1) / R;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
+    const int mr = tmin(R, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
+    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+    if constexpr (SEG == kSegNone) {
+      if (nb == 2) dot_rows<2>(mr, rows, b, t.kp, c, pf);
+      else dot_rows<1>(mr, rows, b, t.kp, c, pf);
+    } else {
+      if (nb == 2) dot_rows_seg<2, SEG>(mr, rows, b, t.kp, c, seg, seg_scale, pf);
+      else dot_rows_seg<1, SEG>(mr, rows, b, t.kp, c, seg, seg_scale, pf);
+    }
+    for (int r = 0; r < mr; ++r) {
+      float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+      const float w = t.row_weight[r0 + r] * gs;
+      for (int h = 0; h < nb; ++h) {
+        if (row_scale) axpy_vec_16(w, c + r * 32 + h * 16, row_scale[h], o + h * 16);
+        else axpy_16(w, c + r * 32 + h * 16, o + h * 16);
+      }
+    }
+  }
+}
 #else
 constexpr int kFusedFp8Rows = 0;
 template <int NB>
 void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, int, const float* const*, bool) {}
 #endif
-
-// The share of `bytes` at `next` that row tile `tile` of `tiles` should prefetch.
-inline Prefetch tile_share(const void* next, size_t bytes, int tile, int tiles) {
-  Prefetch pf;
-  if (!next || tiles < 2) return pf;  // a lone tile is streaming anyway
-  const int lines = int(bytes / 64);
-  const int per = (lines + tiles - 1) / tiles;
-  const int first = tile * per;
-  pf.p = static_cast<const char*>(next) + size_t(first) * 64;
-  pf.lines = tmin(per, lines - first);
-  if (pf.lines < 0) pf.lines = 0;
-  return pf;
-}
 
 // Blocks outer, rows inner: the block pair (2 x kp x 32 bytes) stays in L2 while every row
 // tile of the unit passes, so the weights leave DRAM once per unit and rows come from L2;
@@ -687,6 +784,22 @@ void gate_up_fp8(const GateUpTask& t) {
       }
       continue;
     }
+#if defined(LK_V512)
+    dequant_bf16(q, bg, panel_of(*t.scratch, t.kp, 0), t.kp * kBlockN);
+    dequant_bf16(q, bu, panel_of(*t.scratch, t.kp, 1), t.kp * kBlockN);
+    uint16_t* act = t.act + j * kBlockN;
+    const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
+    if (q.per_row)
+      gate_up_panel<kSegNone>(t, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
+        mul_16(g, sg);
+        mul_16(g + 16, su);
+        silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld);
+      });
+    else
+      gate_up_panel<kSegScalar>(t, seg, sg, su, next, 2 * block_bytes,
+                                [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+    continue;
+#endif
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int s = 0; s < nseg; ++s) {  // many rows: dequantize each segment once, reuse it per row tile
       const size_t off = size_t(s) * seg * kBlockN;
@@ -722,6 +835,21 @@ void down_fp8(const DownTask& t) {
   uint16_t* d = t.scratch->deq;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
+#if defined(LK_V512)
+  if (t.m > kFusedFp8Rows) {
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      const float* sc[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+      for (int h = 0; h < nb; ++h)
+        dequant_bf16(q, q.w + size_t(j + h) * block_bytes, panel_of(*t.scratch, t.kp, h), t.kp * kBlockN);
+      const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
+      const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block_bytes;
+      if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes);
+      else down_panel<kSegScalar>(t, j, nb, seg, sc, nullptr, 1.0f, next, next_bytes);
+    }
+    return;
+  }
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = q.w + size_t(j) * block_bytes;
     const float* sc = q.scale + size_t(j) * per;
@@ -1362,6 +1490,23 @@ void gate_up_q4(const GateUpTask& t) {
         silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
       continue;
     }
+#if defined(LK_V512)
+    {
+      float* fs = panel_scales(*t.scratch, t.kp);  // [gate groups x 16 | up groups x 16]
+      for (int s = 0; s < nseg; ++s) {
+        const size_t off = size_t(s) * seg * kBlockN / 2;
+        q4_dequant_seg(bg + off, zg ? zg + s * 8 : nullptr, panel_of(*t.scratch, t.kp, 0) + size_t(s) * seg * kBlockN, seg);
+        q4_dequant_seg(bu + off, zu ? zu + s * 8 : nullptr, panel_of(*t.scratch, t.kp, 1) + size_t(s) * seg * kBlockN, seg);
+        scales_16(scg + s * kBlockN, q.fp16_scale, fs + s * 16);
+        scales_16(scu + s * kBlockN, q.fp16_scale, fs + (nseg + s) * 16);
+      }
+      uint16_t* act = t.act + j * kBlockN;
+      const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
+      gate_up_panel<kSegVector>(t, seg, fs, fs + nseg * 16, next, 2 * block_bytes,
+                                [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+      continue;
+    }
+#endif
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int s = 0; s < nseg; ++s) {  // dequantize each group once, reuse it for every row tile
       const size_t off = size_t(s) * seg * kBlockN / 2;
@@ -1415,6 +1560,26 @@ void down_q4(const DownTask& t) {
     }
     return;
   }
+#if defined(LK_V512)
+  float* fs = panel_scales(*t.scratch, t.kp);
+  for (int j = 0; j < t.nblk; j += 2) {
+    const int nb = tmin(2, t.nblk - j);
+    for (int h = 0; h < nb; ++h) {
+      const uint8_t* src = q.w + size_t(j + h) * block_bytes;
+      const uint16_t* scj = q.scale + size_t(j + h) * per;
+      const uint8_t* zj = q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr;
+      for (int s = 0; s < nseg; ++s) {
+        q4_dequant_seg(src + size_t(s) * seg * kBlockN / 2, zj ? zj + s * 8 : nullptr,
+                       panel_of(*t.scratch, t.kp, h) + size_t(s) * seg * kBlockN, seg);
+        scales_16(scj + s * kBlockN, q.fp16_scale, fs + (size_t(h) * nseg + s) * 16);
+      }
+    }
+    const float* ss[2] = {fs, fs + size_t(nb - 1) * nseg * 16};
+    const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
+    down_panel<kSegVector>(t, j, nb, seg, ss, nullptr, 1.0f, next, size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
+  }
+  return;
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = q.w + size_t(j) * block_bytes;
     const uint16_t* scj = q.scale + size_t(j) * per;
@@ -1962,6 +2127,18 @@ void gate_up_fp4(const GateUpTask& t) {
       for (int r = 0; r < t.m; ++r) finish(c + r * 32, r);
       continue;
     }
+#if defined(LK_V512)
+    for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {
+      const int len = tmin(kFp4Seg, t.kp - k0);
+      fp4_dequant_seg(q, bg + size_t(k0) * kBlockN / 2, sg + (k0 / grp) * kBlockN,
+                      panel_of(*t.scratch, t.kp, 0) + size_t(k0) * kBlockN, len);
+      fp4_dequant_seg(q, bu + size_t(k0) * kBlockN / 2, su + (k0 / grp) * kBlockN,
+                      panel_of(*t.scratch, t.kp, 1) + size_t(k0) * kBlockN, len);
+    }
+    gate_up_panel<kSegNone>(t, 0, nullptr, nullptr, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
+                            finish);
+    continue;
+#endif
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {  // dequantize each segment once, reuse it for every row tile
       const int len = tmin(kFp4Seg, t.kp - k0);
@@ -2023,6 +2200,15 @@ void down_fp4(const DownTask& t) {
       }
       continue;
     }
+#if defined(LK_V512)
+    for (int h = 0; h < nb; ++h)
+      for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg)
+        fp4_dequant_seg(q, b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / grp) * kBlockN,
+                        panel_of(*t.scratch, t.kp, h) + size_t(k0) * kBlockN, tmin(kFp4Seg, t.kp - k0));
+    down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, gs, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,
+                         size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
+    continue;
+#endif
     for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {
       const int len = tmin(kFp4Seg, t.kp - k0);
       const void* bd[2] = {d0, d1};
