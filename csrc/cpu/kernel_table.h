@@ -30,7 +30,7 @@ enum class Activation : int { kSiLU = 0, kSwigluOAI = 1 };
 struct KernelScratch {
   float* c;            // >= 32 x 64 floats: one micro-tile of results
   uint16_t* panel;     // >= round_up(m, 32) x Kp1 bf16: AMX A panel (gathered token rows)
-  uint16_t* deq;       // >= 2 x 16 x max(Kp1, Kp2) bf16 + 2 x max(Kp1, Kp2) / 16 floats: dequantized
+  uint16_t* deq;       // >= 2 x 16 x max(Kp1, Kp2, kMaxSeg) bf16 + as many / 16 floats: dequantized
                        // weight segments, or (AVX-512) two whole blocks and their fp32 group scales
   float* acc;          // >= kMaxRowsPerTask x 32 floats: per-row sums across segments
 };

@@ -777,8 +777,9 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
   const bool quant = sh.byte_weights || sh.int4 || sh.fp4;
-  // two whole blocks of bf16 (the prefill panels of the AVX-512 tiers) and their fp32 group scales
-  const size_t kp = size_t(std::max(sh.kp1, sh.kp2));
+  // two whole blocks of bf16 (the prefill panels of the AVX-512 tiers) and their fp32 group scales, and
+  // at least the two kMaxSeg segments of the other tiers' prefill
+  const size_t kp = size_t(std::max({sh.kp1, sh.kp2, kMaxSeg}));
   ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kp * 2 + 8 * kp + 64)) : nullptr;
   ks.acc = quant ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
   return ks;
