@@ -753,6 +753,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "benchmark hook: how far ahead (bytes, 0 = off) the quantized decode tiles prefetch each weight "
       "stream into L2 (results are bit-identical under every setting)");
   m.def("_decode_prefetch", &lk::decode_prefetch);
+  m.def("_set_chunk_tokens", &lk::set_chunk_tokens, py::arg("tokens"),
+        "test hook: cap the tokens of an activation chunk (0, the default: from the scratch budget) so "
+        "small forwards take the multi-chunk path");
+  m.def("_chunk_tokens", &lk::chunk_tokens);
   m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),
         "test hook: while paused, the kernel signal's poller answers nothing (the GPU side times out)");
   py::class_<lk::HostCallCounters, std::shared_ptr<lk::HostCallCounters>>(

@@ -490,7 +490,9 @@ void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const K
   const MoEShape& sh = layer->shape();
   copy_x_ = args.x_type != DType::kBF16 || sh.kp1 != sh.hidden;
   const size_t per_token = size_t(args.top_k) * (sh.kp2 * 2 + 8) + (copy_x_ ? size_t(sh.kp1) * 2 : 0);
-  chunk_tokens_ = int(std::max<int64_t>(1, std::min<int64_t>(args.tokens, int64_t(kChunkBudget / per_token))));
+  int64_t chunk = int64_t(kChunkBudget / per_token);
+  if (const int cap = chunk_tokens(); cap > 0) chunk = std::min<int64_t>(chunk, cap);
+  chunk_tokens_ = int(std::max<int64_t>(1, std::min<int64_t>(args.tokens, chunk)));
 }
 
 namespace {
@@ -603,6 +605,17 @@ void set_decode_prefetch(int bytes) {
 }
 
 int decode_prefetch() { return __atomic_load_n(&g_decode_far_prefetch, __ATOMIC_RELAXED); }
+
+namespace {
+std::atomic<int> g_chunk_tokens{0};
+}  // namespace
+
+void set_chunk_tokens(int tokens) {
+  if (tokens < 0) throw std::invalid_argument("chunk tokens: 0 (computed from the scratch budget) or a positive cap");
+  g_chunk_tokens.store(tokens, std::memory_order_relaxed);
+}
+
+int chunk_tokens() { return g_chunk_tokens.load(std::memory_order_relaxed); }
 
 void ForwardJob::phase_out(PhaseClock& c, int64_t t) {
   store_min(c.first_out, t);

@@ -235,6 +235,11 @@ Fp4DecodeActs fp4_decode_acts();
 constexpr int kDefaultDecodePrefetch = 8192;
 void set_decode_prefetch(int bytes);
 int decode_prefetch();
+// Test hook: the most tokens an activation chunk may hold (0, the default: as many as kChunkBudget
+// allows, ~21.7k at the Qwen3-30B shape). Only lowers the computed size, so tests can reach the
+// multi-chunk path and its last partial chunk at small M; a setting > 0 never raises it.
+void set_chunk_tokens(int tokens);
+int chunk_tokens();
 
 class MoELayer;
 
