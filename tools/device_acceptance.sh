@@ -23,7 +23,10 @@
 #   bash tools/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
 #                                             # copy: the kernels' ceiling) at 1 and 16 threads, cold thread scan
 #   bash tools/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (tools/decode_ops_micro.cpp)
-#   (decode1 and probe1/2 need no vLLM: run them without the payload, as the first command of a machine)
+#   bash tools/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
+#   bash tools/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
+#   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
+#   command of a machine)
 #   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
 #   and the loading file alone 630 s on 2026-12-01, ninth session)
 # Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
@@ -130,6 +133,19 @@ timeout $left bash -c 'for r in 1 2; do for f in mxfp4 nvfp4 wna16_int4 fp8_bloc
 a=; case \$f in *fp4) a=\"--fp4-acts q15,bf16\";; esac; python3 benchmarks/moe_layer.py --format \$f \
 --shapes qwen3-30b-a3b --tokens 1 --threads all,serve --reps 15 --rounds 6 \$a; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
+  harden1)  # the engine-hardening tests and every format's tests on every tier of the AMX host, then CPU
+             # prefill of every format against bf16 (benchmarks/prefill_formats.py) on its two fastest tiers
+    export LVLLM_DEVICE_NO_VLLM=1
+    body="$verdict; $cpu_tests tests/cpu/test_nan_activations.py tests/cpu/test_submit_lifetime.py \
+tests/cpu/test_validation.py tests/cpu/test_chunk_splits.py tests/cpu/test_fp8_block.py tests/cpu/test_channel_formats.py \
+tests/cpu/test_wna16.py tests/cpu/test_mxfp4.py tests/cpu/test_nvfp4.py tests/cpu/test_fp4_q15.py \
+tests/cpu/test_moe_layer.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log
+timeout $left python3 benchmarks/prefill_formats.py --tokens 64,256,1024 --isa avx512_bf16,amx --rounds 3 \
+> \$OUT/prefill.log 2>&1; cat \$OUT/prefill.log" ;;
+  prefill1)  # CPU prefill of every format against bf16 on the DeepSeek-V3 shape (16 experts), two fastest tiers
+    export LVLLM_DEVICE_NO_VLLM=1
+    body="timeout $left python3 benchmarks/prefill_formats.py --shape deepseek-v3 --tokens 256,1024 \
+--isa avx512_bf16,amx --rounds 3 > \$OUT/prefill_dsv3.log 2>&1; cat \$OUT/prefill_dsv3.log" ;;
   probe1)  # 4-bit decode: compute ceiling (hot) and per-thread scaling (cold) against bf16 and int8
     export LVLLM_DEVICE_NO_VLLM=1
     body="timeout $left bash -c 'for f in mxfp4 nvfp4 wna16_int4 int8_channel bf16; do python3 benchmarks/moe_layer.py \

@@ -651,6 +651,70 @@ inline float* panel_scales(const KernelScratch& s, int kp) {
   return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
 }
 
+#if defined(LK_AMX)
+// AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
+constexpr int kAmxMinRows = 16;
+constexpr int kAmxPrefetchK = 64;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+inline void amx_configure() {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = 16;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
+inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const size_t stride = lda * 2;
+  for (int k = 0; k < kp; k += 32) {
+    // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
+    const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
+    const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
+    for (int l = 0; l < 16; ++l) {
+      _mm_prefetch((const char*)(p0 + l * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(p1 + l * 32), _MM_HINT_T0);
+    }
+    _tile_loadd(4, a + k, stride);
+    _tile_loadd(5, a + 16 * lda + k, stride);
+    _tile_loadd(6, b0 + size_t(k) * 16, 64);
+    _tile_loadd(7, b1 + size_t(k) * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 128);
+  _tile_stored(1, c + 16, 128);
+  _tile_stored(2, c + 16 * 32, 128);
+  _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+// The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
+inline void amx_gather_rows(const GateUpTask& t) {
+  const int mt = (t.m + 31) / 32 * 32;
+  for (int r = 0; r < mt; ++r) {
+    if (r < t.m) memcpy(t.scratch->panel + size_t(r) * t.kp, t.x_rows[r], size_t(t.kp) * 2);
+    else memset(t.scratch->panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
+  }
+}
+#endif  // LK_AMX
+
 // Row tiles of a gate/up task over the panels of one block pair; fin(c, r) takes row r's 32 results.
 // Meanwhile the tiles trickle the next block pair's codes (`next`, `next_bytes`) into L2, so that its
 // dequantization does not wait on DRAM (the bf16 path does the same for its weights).
@@ -661,6 +725,18 @@ void gate_up_panel(const GateUpTask& t, int seg, const float* sg, const float* s
   const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, 1)};
   const float* sc[2] = {sg, su};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
+#if defined(LK_AMX)
+  if (SEG == kSegNone && t.m >= kAmxMinRows) {  // the caller gathered the rows (amx_gather_rows)
+    amx_configure();
+    for (int r0 = 0; r0 < t.m; r0 += 32) {
+      amx_tile_32x32(t.scratch->panel + size_t(r0) * t.kp, t.kp, static_cast<const uint16_t*>(b[0]),
+                     static_cast<const uint16_t*>(b[1]), t.kp, c);
+      for (int r = 0; r < tmin(32, t.m - r0); ++r) fin(c + r * 32, r0 + r);
+    }
+    _tile_release();
+    return;
+  }
+#endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
     const int mr = tmin(R, t.m - r0);
@@ -681,6 +757,25 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
   const uint16_t* rows[kMaxRows];
   const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
+#if defined(LK_AMX)
+  if (SEG == kSegNone && t.m >= kAmxMinRows) {  // act rows past m are readable slack, as in down()
+    amx_configure();
+    for (int r0 = 0; r0 < t.m; r0 += 32) {
+      amx_tile_32x32(t.act + size_t(r0) * t.act_ld, t.act_ld, static_cast<const uint16_t*>(b[0]),
+                     static_cast<const uint16_t*>(b[1]), t.kp, c);
+      for (int r = 0; r < tmin(32, t.m - r0); ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+        const float w = t.row_weight[r0 + r] * gs;
+        for (int h = 0; h < nb; ++h) {
+          if (row_scale) axpy_vec_16(w, c + r * 32 + h * 16, row_scale[h], o + h * 16);
+          else axpy_16(w, c + r * 32 + h * 16, o + h * 16);
+        }
+      }
+    }
+    _tile_release();
+    return;
+  }
+#endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
     const int mr = tmin(R, t.m - r0);
@@ -766,6 +861,9 @@ void gate_up_fp8(const GateUpTask& t) {
   float* tot = t.scratch->acc;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
+#if defined(LK_AMX)
+  if (q.per_row && t.m > kFusedFp8Rows && t.m >= kAmxMinRows) amx_gather_rows(t);  // AMX panels (gate_up_panel)
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -2121,6 +2219,9 @@ void gate_up_fp4(const GateUpTask& t) {
   float* tot = t.scratch->acc;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
+#if defined(LK_AMX)
+  if (!(kHaveQ8 && t.q8_rows) && t.m > kFusedFp4Rows && t.m >= kAmxMinRows) amx_gather_rows(t);
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -2253,73 +2354,19 @@ void down_fp4(const DownTask& t) {
 }
 
 #if defined(LK_AMX)
-// AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
-constexpr int kAmxMinRows = 16;
-constexpr int kAmxPrefetchK = 64;
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-inline void amx_configure() {
-  TileConfig cfg;
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int i = 0; i < 8; ++i) {
-    cfg.rows[i] = 16;
-    cfg.colsb[i] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-// C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
-inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const size_t stride = lda * 2;
-  for (int k = 0; k < kp; k += 32) {
-    // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
-    const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
-    const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
-    for (int l = 0; l < 16; ++l) {
-      _mm_prefetch((const char*)(p0 + l * 32), _MM_HINT_T0);
-      _mm_prefetch((const char*)(p1 + l * 32), _MM_HINT_T0);
-    }
-    _tile_loadd(4, a + k, stride);
-    _tile_loadd(5, a + 16 * lda + k, stride);
-    _tile_loadd(6, b0 + size_t(k) * 16, 64);
-    _tile_loadd(7, b1 + size_t(k) * 16, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  _tile_stored(0, c, 128);
-  _tile_stored(1, c + 16, 128);
-  _tile_stored(2, c + 16 * 32, 128);
-  _tile_stored(3, c + 16 * 32 + 16, 128);
-}
-
 void gate_up(const GateUpTask& t) {
-  if (t.f4.w) return gate_up_fp4(t);  // mxfp4: vector paths (decode in registers, prefill on dequantized segments)
-  if (t.q4.w) return gate_up_q4(t);  // int4 prefill: vector path on dequantized groups
-  if (t.fp8.w) return gate_up_fp8(t);  // AMX for FP8 prefill: dequantized tiles, not yet
+  // Quantized formats: decode on the vector tiles; prefill on dequantized panels, through AMX where
+  // the scales are constant along K (per-row and fp4 formats), else the vector tile (fp8_block, int4).
+  if (t.f4.w) return gate_up_fp4(t);
+  if (t.q4.w) return gate_up_q4(t);
+  if (t.fp8.w) return gate_up_fp8(t);
   if (t.m < kAmxMinRows) return gate_up_vec(t);
   amx_configure();
   float* c = t.scratch->c;
   uint16_t* panel = t.scratch->panel;
   const size_t block = size_t(t.kp) * kBlockN;
   const int mt = (t.m + 31) / 32 * 32;
-  for (int r = 0; r < mt; ++r) {  // gather the unit's token rows once into a tile-strided panel
-    if (r < t.m) memcpy(panel + size_t(r) * t.kp, t.x_rows[r], size_t(t.kp) * 2);
-    else memset(panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
-  }
+  amx_gather_rows(t);
   for (int j = 0; j < t.nblk; ++j) {  // block pair stays in L2 across the row tiles
     const uint16_t* bg = t.w13 + size_t(j) * 2 * block;
     for (int r0 = 0; r0 < mt; r0 += 32) {
