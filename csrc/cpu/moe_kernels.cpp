@@ -705,6 +705,51 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
   _tile_stored(3, c + 16 * 32 + 16, 128);
 }
 
+// amx_tile_32x32 with segment scales (SEG as dot_tile's): each `seg` inputs (a multiple of 32) the four
+// accumulator tiles go to `tmp` (32 x 32 fp32) and are added into C scaled, in fp32.
+template <int SEG>
+inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp,
+                               int seg, const float* const* scale, float* c, float* tmp) {
+  const size_t stride = lda * 2;
+  for (int r = 0; r < 32; ++r) {
+    _mm512_storeu_ps(c + r * 32, _mm512_setzero_ps());
+    _mm512_storeu_ps(c + r * 32 + 16, _mm512_setzero_ps());
+  }
+  for (int k0 = 0, sidx = 0; k0 < kp; k0 += seg, ++sidx) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int k = k0; k < k0 + seg; k += 32) {
+      const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
+      const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
+      for (int l = 0; l < 16; ++l) {
+        _mm_prefetch((const char*)(p0 + l * 32), _MM_HINT_T0);
+        _mm_prefetch((const char*)(p1 + l * 32), _MM_HINT_T0);
+      }
+      _tile_loadd(4, a + k, stride);
+      _tile_loadd(5, a + 16 * lda + k, stride);
+      _tile_loadd(6, b0 + size_t(k) * 16, 64);
+      _tile_loadd(7, b1 + size_t(k) * 16, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, tmp, 128);
+    _tile_stored(1, tmp + 16, 128);
+    _tile_stored(2, tmp + 16 * 32, 128);
+    _tile_stored(3, tmp + 16 * 32 + 16, 128);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 sv = SEG == kSegVector ? _mm512_loadu_ps(scale[h] + 16 * sidx) : _mm512_set1_ps(scale[h][sidx]);
+      for (int r = 0; r < 32; ++r) {
+        float* o = c + r * 32 + h * 16;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(tmp + r * 32 + h * 16), sv, _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
+
 // The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
 inline void amx_gather_rows(const GateUpTask& t) {
   const int mt = (t.m + 31) / 32 * 32;
@@ -726,11 +771,14 @@ void gate_up_panel(const GateUpTask& t, int seg, const float* sg, const float* s
   const float* sc[2] = {sg, su};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
 #if defined(LK_AMX)
-  if (SEG == kSegNone && t.m >= kAmxMinRows) {  // the caller gathered the rows (amx_gather_rows)
+  if (t.m >= kAmxMinRows) {  // the caller gathered the rows (amx_gather_rows)
     amx_configure();
     for (int r0 = 0; r0 < t.m; r0 += 32) {
-      amx_tile_32x32(t.scratch->panel + size_t(r0) * t.kp, t.kp, static_cast<const uint16_t*>(b[0]),
-                     static_cast<const uint16_t*>(b[1]), t.kp, c);
+      const uint16_t* a = t.scratch->panel + size_t(r0) * t.kp;
+      const auto* b0 = static_cast<const uint16_t*>(b[0]);
+      const auto* b1 = static_cast<const uint16_t*>(b[1]);
+      if constexpr (SEG == kSegNone) amx_tile_32x32(a, t.kp, b0, b1, t.kp, c);
+      else amx_tile_32x32_seg<SEG>(a, t.kp, b0, b1, t.kp, seg, sc, c, t.scratch->acc);
       for (int r = 0; r < tmin(32, t.m - r0); ++r) fin(c + r * 32, r0 + r);
     }
     _tile_release();
@@ -758,11 +806,14 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
   const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
 #if defined(LK_AMX)
-  if (SEG == kSegNone && t.m >= kAmxMinRows) {  // act rows past m are readable slack, as in down()
+  if (t.m >= kAmxMinRows) {  // act rows past m are readable slack, as in down()
     amx_configure();
     for (int r0 = 0; r0 < t.m; r0 += 32) {
-      amx_tile_32x32(t.act + size_t(r0) * t.act_ld, t.act_ld, static_cast<const uint16_t*>(b[0]),
-                     static_cast<const uint16_t*>(b[1]), t.kp, c);
+      const uint16_t* a = t.act + size_t(r0) * t.act_ld;
+      const auto* b0 = static_cast<const uint16_t*>(b[0]);
+      const auto* b1 = static_cast<const uint16_t*>(b[1]);
+      if constexpr (SEG == kSegNone) amx_tile_32x32(a, t.act_ld, b0, b1, t.kp, c);
+      else amx_tile_32x32_seg<SEG>(a, t.act_ld, b0, b1, t.kp, seg, seg_scale, c, t.scratch->acc);
       for (int r = 0; r < tmin(32, t.m - r0); ++r) {
         float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
         const float w = t.row_weight[r0 + r] * gs;
@@ -862,7 +913,7 @@ void gate_up_fp8(const GateUpTask& t) {
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
 #if defined(LK_AMX)
-  if (q.per_row && t.m > kFusedFp8Rows && t.m >= kAmxMinRows) amx_gather_rows(t);  // AMX panels (gate_up_panel)
+  if (t.m > kFusedFp8Rows && t.m >= kAmxMinRows) amx_gather_rows(t);  // AMX panels (gate_up_panel)
 #endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
@@ -1572,6 +1623,9 @@ void gate_up_q4(const GateUpTask& t) {
   float sg[16], su[16];
   const bool fused = q4_fused(t.m, t.kp, seg);
   if (fused) q4_row_sums(t.x_rows, t.m, t.kp, seg, tot);
+#if defined(LK_AMX)
+  if (!fused && t.m >= kAmxMinRows) amx_gather_rows(t);  // AMX panels (gate_up_panel)
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -2355,8 +2409,8 @@ void down_fp4(const DownTask& t) {
 
 #if defined(LK_AMX)
 void gate_up(const GateUpTask& t) {
-  // Quantized formats: decode on the vector tiles; prefill on dequantized panels, through AMX where
-  // the scales are constant along K (per-row and fp4 formats), else the vector tile (fp8_block, int4).
+  // Quantized formats: decode on the vector tiles; prefill on dequantized panels through AMX (segment
+  // scales, fp8_block and int4 groups, applied to the tiles' partial sums per segment).
   if (t.f4.w) return gate_up_fp4(t);
   if (t.q4.w) return gate_up_q4(t);
   if (t.fp8.w) return gate_up_fp8(t);
