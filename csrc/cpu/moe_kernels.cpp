@@ -1912,6 +1912,30 @@ inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out
 #endif
 }
 
+#if defined(LK_V512)
+inline __m512 e8m0x16_to_f32(const uint8_t* s) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)s));
+  __m512i u = _mm512_slli_epi32(b, 23);
+  u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+  u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(u);
+}
+
+// 16 fp8 e4m3fn bytes -> fp32 (exact). The 7 magnitude bits shifted to fp32's exponent/mantissa
+// fields (<< 20) are the value times 2^-120, subnormals included (an fp8 subnormal lands on an fp32
+// subnormal): one multiply by 2^120 rebiases; 0x7F/0xFF are NaN. The bytes are sign-extended, so
+// one shift puts the magnitude at bits 20..26 and copies of the sign at 27..31, and one mask keeps
+// bit 31 of those.
+inline __m512 fp8x16_to_f32(const uint8_t* s) {
+  const __m128i x = _mm_loadu_si128((const __m128i*)s);
+  const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(x), 20),
+                                        _mm512_set1_epi32(int32_t(0x87F00000u)));
+  const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(1.329227995784916e36f));  // 2^120
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(x, _mm_set1_epi8(int8_t(0x80))), _mm_set1_epi8(-1));
+  return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+#endif
+
 // len inputs (a multiple of 32) of an fp4 block -> bf16 block layout (len/2 pair-rows of 32),
 // values code x scale, exact: mxfp4 scales are powers of two; an nvfp4 scale (fp8 e4m3: 4 significant
 // bits, 2^-9 .. 448) times an e2m1 value (2 significant bits) has at most 6 significant bits and stays
@@ -1927,6 +1951,9 @@ inline void fp4_dequant_seg_t(const uint8_t* src, const uint8_t* sc, uint16_t* d
   const __m512i mask = _mm512_set1_epi16(0x0F);
   const __m512i idx_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i idx_hi = _mm512_add_epi32(idx_lo, _mm512_set1_epi32(8));
+#if defined(LK_VBF16)
+  const __m512 lut32 = bf16_to_f32_v(_mm512_castsi512_si256(lut));  // the 16 e2m1 values as fp32
+#endif
   // mxfp4 scales are powers of two: where every e8m0 byte of a group keeps every e2m1 product a normal
   // bf16 (2 <= e <= 252: e2m1 exponents are -1 .. 2), code x scale is the code's bf16 with e - 127
   // added to its exponent field (zeros stay zero), one masked add per 32 weights instead of two
@@ -1952,11 +1979,24 @@ inline void fp4_dequant_seg_t(const uint8_t* src, const uint8_t* sc, uint16_t* d
         continue;
       }
     }
-    float sf[16];
-    for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]);
-    const __m512 sv = _mm512_loadu_ps(sf);
+    const __m512 sv = NV ? fp8x16_to_f32(sc + g * 16) : e8m0x16_to_f32(sc + g * 16);
     const __m512 s_lo = _mm512_permutexvar_ps(idx_lo, sv);  // words 0..15 of a pair-row: rows 0..7, twice each
     const __m512 s_hi = _mm512_permutexvar_ps(idx_hi, sv);  // words 16..31: rows 8..15
+#if defined(LK_VBF16)
+    // fp32 values straight from the codes (vpermps reads an index's low 4 bits) and one vcvtne2ps2bf16
+    // per pair-row (exact: the products are bf16 values)
+    for (int q = 0; q < GQ; ++q) {
+      const uint8_t* qs = src + (g * GQ + q) * 32;
+      const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)qs));
+      const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(qs + 16)));
+      for (int h = 0; h < 2; ++h) {
+        const __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(h ? _mm512_srli_epi32(b0, 4) : b0, lut32), s_lo);
+        const __m512 hi = _mm512_mul_ps(_mm512_permutexvar_ps(h ? _mm512_srli_epi32(b1, 4) : b1, lut32), s_hi);
+        _mm512_storeu_si512((void*)(dst + (g * GQ + q) * 64 + h * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      }
+    }
+    continue;
+#endif
     for (int q = 0; q < GQ; ++q) {
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(src + (g * GQ + q) * 32)));
       const __m512i w2[2] = {_mm512_permutexvar_epi16(_mm512_and_si512(v, mask), lut),
@@ -1997,28 +2037,6 @@ inline void fp4_dequant_seg(const Fp4Weights& q, const uint8_t* src, const uint8
 #if defined(LK_V512)
 constexpr int kFusedFp4Rows = 4;
 constexpr int kFp4PrefetchQuads = 96;  // prefetch distance in each block stream (32 B per quad)
-
-inline __m512 e8m0x16_to_f32(const uint8_t* s) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)s));
-  __m512i u = _mm512_slli_epi32(b, 23);
-  u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
-  u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
-  return _mm512_castsi512_ps(u);
-}
-
-// 16 fp8 e4m3fn bytes -> fp32 (exact). The 7 magnitude bits shifted to fp32's exponent/mantissa
-// fields (<< 20) are the value times 2^-120, subnormals included (an fp8 subnormal lands on an fp32
-// subnormal): one multiply by 2^120 rebiases; 0x7F/0xFF are NaN. The bytes are sign-extended, so
-// one shift puts the magnitude at bits 20..26 and copies of the sign at 27..31, and one mask keeps
-// bit 31 of those.
-inline __m512 fp8x16_to_f32(const uint8_t* s) {
-  const __m128i x = _mm_loadu_si128((const __m128i*)s);
-  const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(x), 20),
-                                        _mm512_set1_epi32(int32_t(0x87F00000u)));
-  const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(1.329227995784916e36f));  // 2^120
-  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(x, _mm_set1_epi8(int8_t(0x80))), _mm_set1_epi8(-1));
-  return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
-}
 
 // C[r][j*16 + n] (ld 32) = sum_groups s_j[g][n] * sum_{k in g} A_r[k] * e2m1(code_j[n][k]), groups of 32
 // inputs with e8m0 scales 2^(s - 127) (mxfp4) or, NV, of 16 inputs with fp8 e4m3fn scales (nvfp4; the
