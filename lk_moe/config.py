@@ -17,6 +17,12 @@ LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the 
                    fused-MoE kernel for the format would be chosen (lk_moe.gpu_native: fp8_block and
                    fp8_channel from sm_89, int8_channel and wna16_int4 from sm_80; mxfp4 and nvfp4
                    always take the fallback). See lk_moe.gpu_dequant.gpu_path.
+LK_INT8_ACT        auto (default) | 1 | 0 (true/false, yes/no, on/off): int8 activations in the decode
+                   of 4-bit experts (auto: wna16_int4 only; 1: mxfp4 and nvfp4 too; 0: none; see
+                   csrc/cpu/moe_layer.cpp). LK_WNA16_INT8_ACT, its first name (int4 only, no auto), is
+                   read while it is unset. Read again each time a layer is built (int8_act_from_env).
+
+Empty means unset for every variable.
 
 A bad value raises ConfigError (a ValueError) naming the variable.
 """
@@ -43,6 +49,7 @@ class EngineConfig:
     spin_us: int = 1000
     cpu_signal: str = "auto"
     force_gpu_fallback: bool = False
+    int8_act: str = "auto"  # auto | on | off (LK_INT8_ACT)
 
 
 TRUE_VALUES = ("1", "true", "yes", "on")
@@ -61,6 +68,29 @@ def _bool_var(env: Mapping[str, str], name: str) -> bool:
 def force_gpu_fallback(env: Optional[Mapping[str, str]] = None) -> bool:
     """LK_FORCE_GPU_FALLBACK alone (read by the GPU paths when they are built)."""
     return _bool_var(os.environ if env is None else env, "LK_FORCE_GPU_FALLBACK")
+
+
+# LK_INT8_ACT first, then its first name LK_WNA16_INT8_ACT: (name, its "1" as a setting, takes auto)
+_INT8_ACT_VARS = (("LK_INT8_ACT", "on", True), ("LK_WNA16_INT8_ACT", "auto", False))
+
+
+def int8_act_from_env(env: Optional[Mapping[str, str]] = None) -> str:
+    """LK_INT8_ACT (or LK_WNA16_INT8_ACT while it is unset) as "auto", "on" or "off". Parsed on
+    every layer build, since the engine reads the variable then (tests switch it between layers)."""
+    env = os.environ if env is None else env
+    for name, on, takes_auto in _INT8_ACT_VARS:
+        raw = env.get(name, "").strip().lower()
+        if raw == "":
+            continue
+        if raw == "auto" and takes_auto:
+            return "auto"
+        if raw in TRUE_VALUES:
+            return on  # the first name's 1 switched int4 only: what auto does now
+        if raw in FALSE_VALUES:
+            return "off"
+        raise ConfigError(f"{name}={env.get(name)!r} is not a switch: use {'auto, ' if takes_auto else ''}"
+                          "1/0, true/false, yes/no or on/off")
+    return "auto"
 
 
 def _int_var(env: Mapping[str, str], name: str, lo: int, hi: int) -> Optional[int]:
@@ -101,5 +131,5 @@ def from_env(env: Optional[Mapping[str, str]] = None, logical_cpus: Optional[int
         raise ConfigError(f"LK_CPU_SIGNAL={env.get('LK_CPU_SIGNAL')!r} is not one of {', '.join(SIGNALS)}")
     return EngineConfig(
         threads=threads or 0, binding=binding, isa=isa, spin_us=1000 if spin is None else spin, cpu_signal=signal,
-        force_gpu_fallback=force_gpu_fallback(env),
+        force_gpu_fallback=force_gpu_fallback(env), int8_act=int8_act_from_env(env),
     )

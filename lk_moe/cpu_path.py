@@ -11,8 +11,10 @@ With signal="kernel" (LK_CPU_SIGNAL=kernel) the whole call is ONE CUDA kernel
 pinned buffers, rings a poller thread of the engine through a mapped request word, spins until the
 host answers, and loads the output back. One graph node instead of five and no callback-thread
 wake-up, for one spinning block on one SM and one spinning host thread. A run that waits longer
-than `kernel_timeout_s` (10 s) gives up: NaN output, reported by `check_errors()`; a dead engine
-therefore cannot hang the GPU.
+than `kernel_timeout_s` (10 s) gives up: NaN output, counted like a call with invalid expert ids
+(`take_errors()`; lvllm logs the counts every statistics interval); a dead engine therefore cannot
+hang the GPU. `self_check()` sends one token through the path at startup and compares it with the
+engine's own result, so a broken channel stops startup instead of turning into NaNs later.
 
 signal="auto" (the default, LK_CPU_SIGNAL unset) takes the kernel for calls whose inputs fit
 `kernel_copy_max_bytes` (decode sizes, where the wake-up dominates) and the host-function node for
@@ -100,6 +102,26 @@ def kernel_signal_unusable() -> str | None:
     return None
 
 
+def self_check_problem(out: torch.Tensor, ref: torch.Tensor, errors: int) -> str | None:
+    """What is wrong with a self-check's result (CpuExpertPath.self_check), or None: `out` came back
+    through the path, `ref` is the engine's own forward of the same input, `errors` what the path
+    counted meanwhile. Both ran the same engine code on the same input, so they agree to the last
+    bits; a relative RMS bound (not equality) keeps the check about the path, not about summation
+    order: a stale, zeroed or misrouted buffer is off by O(1)."""
+    if errors:
+        return (f"the path counted {errors} error(s): invalid expert ids, or the engine did not answer before "
+                "the kernel signal's timeout (LK_CPU_SIGNAL=hostfn avoids the kernel signal)")
+    out, ref = out.float(), ref.float()
+    if not torch.isfinite(out).all():
+        return f"the output is not finite ({int((~torch.isfinite(out)).sum())} of {out.numel()} values)"
+    scale = ref.pow(2).mean().sqrt().item()
+    diff = (out - ref).pow(2).mean().sqrt().item()
+    if not diff <= 2.0 ** -8 * scale:
+        return (f"the output differs from the engine's own result for the same token (relative RMS "
+                f"{diff / max(scale, 1e-30):.3g}): the pinned buffers or the channel do not carry the data")
+    return None
+
+
 class CpuExpertPath:
     SIGNALS = ("auto", "hostfn", "mailbox", "kernel")
 
@@ -149,6 +171,7 @@ class CpuExpertPath:
         self._calls = {}  # tokens -> immutable HostCall (a captured graph keeps pointing at it)
         self._mailbox_sizes = set()  # token counts registered with the mailbox
         self.counters = _C.HostCallCounters()  # shared by this path's calls, graph replays included
+        self.errors_total = 0  # runs with NaN output taken so far (take_errors)
         if self._uses_kernel:
             # Now, not at the first call (which may be inside a graph capture): the mapped channel page,
             # its poller thread and the device addresses of the pinned buffers (cached for every M).
@@ -178,14 +201,52 @@ class CpuExpertPath:
         eager calls and CUDA-graph replays alike; tokens leave out rows of graph padding."""
         return self.counters.read()
 
+    def take_errors(self) -> int:
+        """Runs since the last take that saw an invalid expert id, or (kernel signal) gave up waiting
+        for the engine after kernel_timeout_s; their outputs were NaN. Eager calls and graph replays
+        alike. Reads host memory only (no CUDA call), so the statistics thread may call it; the
+        counters are taken under the GIL, each run is counted by one taker."""
+        n = sum(c.take_errors() for c in list(self._calls.values()))
+        self.errors_total += n
+        return n
+
     def check_errors(self) -> None:
-        """Raise if a run since the last check saw an invalid expert id, or (kernel signal) gave up
-        waiting for the engine after kernel_timeout_s; the outputs of those runs were NaN."""
-        bad = sum(c.take_errors() for c in self._calls.values())
+        """Raise if take_errors() finds any (the outputs of those runs were NaN)."""
+        bad = self.take_errors()
         if bad:
             raise ValueError(f"{bad} CPU expert call(s) received expert ids outside 0..{self.layer.num_experts - 1}"
                              " (or -1), or timed out waiting for the engine (kernel signal); their outputs were"
                              " set to NaN")
+
+    def self_check(self) -> None:
+        """One token through every channel this path uses (the kernel and/or the host-function node,
+        or the mailbox), eagerly, compared with the engine's own result for the same input; raises
+        RuntimeError saying what came back. Run once when a model's layer is built (lvllm does): a
+        broken channel or engine then stops startup instead of giving NaN outputs while serving.
+        Costs one M = 1 forward per channel and registers no new call size."""
+        K, E, H = self.top_k, self.layer.num_experts, self.layer.hidden_size
+        g = torch.Generator().manual_seed(19)
+        x = torch.randn(1, H, generator=g).to(self.dtype)
+        ids = (torch.arange(K, dtype=torch.int32) % E).reshape(1, K)
+        ids[0, min(K, E):] = -1  # each expert once; slots beyond E experts unused
+        w = torch.full((1, K), 1.0 / K)
+        ref = self.layer.forward(x, ids, w)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        xd, idsd, wd = x.to(dev), ids.to(dev), w.to(dev)
+        self.take_errors()  # nothing ran yet; start from zero
+        channels = []
+        if self.signal == "kernel" or (self._uses_kernel and self._fits_kernel(1)):
+            channels.append(("kernel", lambda: self._kernel_call(xd, idsd, wd, None, 1)))
+        if self.signal != "kernel":
+            channels.append(("mailbox" if self.signal == "mailbox" else "hostfn",
+                             lambda: self._stream_call(xd, idsd, wd, None, 1)))
+        for name, run in channels:
+            out = run()
+            torch.cuda.current_stream(dev).synchronize()
+            problem = self_check_problem(out.cpu(), ref, self.take_errors())
+            if problem:
+                raise RuntimeError(f"lk_moe CPU expert path self-check failed ({name} signal, one token, "
+                                   f"{E} experts, top_k {K}): {problem}")
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -202,6 +263,10 @@ class CpuExpertPath:
             raise ValueError(f"M={M} is outside 1..max_tokens={self.max_tokens}")
         if (self.signal == "kernel" or (self._uses_kernel and self._fits_kernel(M))) and self._may_register("kernel", M):
             return self._kernel_call(x, topk_ids, topk_weights, out, M)
+        return self._stream_call(x, topk_ids, topk_weights, out, M)
+
+    def _stream_call(self, x, topk_ids, topk_weights, out, M):
+        """Copies around a host-function node (or the mailbox) on the current stream (graph-capturable)."""
         stream = torch.cuda.current_stream()
         self._x[:M].copy_(x, non_blocking=True)
         self._ids[:M].copy_(topk_ids, non_blocking=True)

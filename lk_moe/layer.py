@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from .config import int8_act_from_env
 from .engine import default_pool
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -65,6 +66,7 @@ class MoELayer:
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor, activation: str = "silu", *, pool=None):
         if not isinstance(w13, torch.Tensor) or not isinstance(w2, torch.Tensor):
             raise TypeError("w13 and w2 must be torch.Tensor")
+        int8_act_from_env()  # the engine reads LK_INT8_ACT at construction: a bad value is a ConfigError here
         self._pool = pool if pool is not None else default_pool()
         self._impl = _C.Layer(self._pool, w13, w2, activation)
         self.activation = activation
@@ -144,6 +146,7 @@ class MoELayer:
         if format == "bf16":
             return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool)
         self = cls.__new__(cls)
+        int8_act_from_env()  # as in __init__: a ConfigError for every format, before the engine reads it
         self._pool = pool if pool is not None else default_pool()
         if format == "mxfp4":
             opt = cls._optional_tensors(format, tensors)

@@ -14,6 +14,10 @@ from .threads import ThreadPlan, plan_threads
 
 logger = logging.getLogger("vllm.lvllm")
 
+# Seconds between the checks of the CPU path's error counters while LVLLM_STATS_INTERVAL=0 (with the
+# statistics on, they are checked at every statistics interval).
+ERROR_CHECK_INTERVAL = 60
+
 
 def _ranges(indices) -> str:
     out, run = [], []
@@ -68,9 +72,11 @@ class WorkerRuntime:
         self.cpu_prefill_formats: List[str] = []  # formats kept on CPU prefill despite GPU prefill (warned)
         self.gpu_paths: dict = {}  # format -> HybridMoE.gpu_path_reason of its first layer with a GPU path
         self.progress: Optional[LoadProgress] = None
-        self.stats: Optional[WorkerStats] = None
-        if cfg.stats_interval > 0:
-            self.stats = WorkerStats(local_rank, cfg.stats_interval, lambda line: logger.info("%s", line))
+        # The reporting thread: statistics lines (unless off) and the CPU path's errors (always).
+        self.monitor = WorkerStats(local_rank, cfg.stats_interval or ERROR_CHECK_INTERVAL,
+                                   lambda line: logger.info("%s", line), log_error=lambda line: logger.error("%s", line),
+                                   lines=cfg.stats_interval > 0)
+        self.stats: Optional[WorkerStats] = self.monitor if cfg.stats_interval > 0 else None  # GPU-path counting
 
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
@@ -117,19 +123,23 @@ class WorkerRuntime:
         return self.streamer
 
     def add_layer(self, plan, hybrid) -> None:
+        cpu_path = getattr(hybrid, "cpu_path", None)  # (a CPU-only load has none)
+        if cpu_path is not None:
+            try:
+                cpu_path.self_check()  # one token through the host-call channel, before serving
+            except RuntimeError as e:
+                raise RuntimeError(f"{plan.prefix}: {e}") from e
         if self._last is not None and self.cfg.prefetch_window > 0 and hybrid.streamer is not None:
             self._last.link_next(hybrid)
         self._last = hybrid
         if plan.layer_index is not None:
             self.hybrid_layers.append(plan.layer_index)
-        if self.stats is not None:
-            self.stats.add_layer(plan.layer_index, hybrid)
+        self.monitor.add_layer(plan.layer_index, hybrid)
         self.host_bytes += hybrid.layer.nbytes
         self.gpu_bytes_saved += hybrid.layer.expert_bytes
         reason = getattr(hybrid, "gpu_path_reason", None)
         if reason is not None:  # one per format: every layer of a format takes the same path on one GPU
             self.gpu_paths.setdefault(hybrid.format, reason)
-        cpu_path = getattr(hybrid, "cpu_path", None)  # (a CPU-only load has none)
         self._kernel_unusable = getattr(cpu_path, "kernel_unusable", None)
 
     def signal_text(self) -> str:
@@ -159,12 +169,11 @@ class WorkerRuntime:
                 + "".join(f"; GPU path of {r}" for r in self.gpu_paths.values()))
 
     def log_summary_once(self) -> None:
-        """At the first forward: the summary, and the statistics start."""
+        """At the first forward: the summary, and the reporting thread (statistics, errors) starts."""
         if not self._summary_logged:
             self._summary_logged = True
             logger.info("%s", self.summary())
-            if self.stats is not None:
-                self.stats.start()
+            self.monitor.start()
 
 
 _lock = threading.Lock()

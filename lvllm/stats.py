@@ -9,10 +9,16 @@ What is counted, and where:
   events around each layer's forward and read once they completed (no added sync); H2D GB/s =
   bytes the layers streamed / time the main stream spent in them, so copies that overlap other
   work (prefetch) make it an effective rate.
+- Errors of the CPU path (calls whose output is NaN: expert ids outside the layer's experts, or a
+  kernel-signal call that gave up waiting for the engine): counted by the engine per call, taken
+  by the reporting thread at each interval and logged at ERROR level with their counts per layer,
+  in every interval that had any. The reporting thread runs with the statistics off too
+  (lvllm.runtime.ERROR_CHECK_INTERVAL): a NaN is never left to be found downstream.
 """
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -54,10 +60,25 @@ def _timing_event():
     return torch.cuda.Event(enable_timing=True)  # recorded on the current stream
 
 
+def format_errors(rank: int, seconds: float, per_layer, total: int) -> str:
+    """per_layer: (layer index or None, count) of the layers with errors in the interval."""
+    where = ", ".join(f"layer {'?' if i is None else i}: {n}" for i, n in per_layer)
+    return (f"lk_moe: rank {rank}: {sum(n for _, n in per_layer)} CPU expert call(s) in the last {seconds:.0f} s "
+            f"returned NaN ({where}): invalid expert ids from the router (neither one of the layer's experts "
+            f"nor -1), or kernel-signal calls that timed out waiting for the engine (LK_CPU_SIGNAL); "
+            f"{total} since start")
+
+
 class WorkerStats:
     def __init__(self, rank: int, interval: float, log: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic, new_event: Optional[Callable[[], object]] = None):
+                 clock: Callable[[], float] = time.monotonic, new_event: Optional[Callable[[], object]] = None,
+                 log_error: Optional[Callable[[str], None]] = None, lines: bool = True):
+        """log: the statistics lines (INFO); log_error: the error lines (default: log); lines=False:
+        errors only (LVLLM_STATS_INTERVAL=0)."""
         self.rank, self.interval, self.log, self.clock = rank, interval, log, clock
+        self.log_error = log_error or log
+        self.lines = lines
+        self.errors_total = 0
         self._new_event = new_event or _timing_event
         self._layers = []  # (layer index, HybridMoE), in the order they were built
         self.first = None  # the hybrid layer that runs first in a step
@@ -128,6 +149,36 @@ class WorkerStats:
         self._last, self._since = t, now
         return format_line(self.rank, seconds, d) if d.steps else None
 
+    def error_line(self, seconds: float) -> Optional[str]:
+        """The CPU-path errors since the last call, per layer, as one line; None without any."""
+        per_layer = []
+        for index, hybrid in self._layers:
+            path = getattr(hybrid, "cpu_path", None)
+            n = path.take_errors() if path is not None else 0
+            if n:
+                per_layer.append((index, n))
+        if not per_layer:
+            return None
+        self.errors_total += sum(n for _, n in per_layer)
+        return format_errors(self.rank, seconds, per_layer, self.errors_total)
+
+    def report(self) -> None:
+        """Once `interval` seconds have passed since the last report: the CPU-path errors of the
+        interval (log_error, whenever there were any, steps or not: a dead engine runs no step),
+        then the statistics line (log; with lines on, for an interval with a step)."""
+        now = self.clock()
+        if now - self._since < self.interval:
+            return
+        err = self.error_line(now - self._since)
+        if err:
+            self.log_error(err)
+        if self.lines:
+            line = self.tick()
+            if line:
+                self.log(line)
+        else:
+            self._since = now
+
     def start(self) -> None:
         """A daemon thread that logs the line: `apply` cannot do it, since it does not run while CUDA
         graphs replay (decode), which would leave long decode-only stretches without a line."""
@@ -141,6 +192,7 @@ class WorkerStats:
 
     def _run(self) -> None:
         while not self._stop.wait(max(0.05, self._since + self.interval - self.clock())):
-            line = self.tick()
-            if line:
-                self.log(line)
+            try:
+                self.report()
+            except Exception:  # a reporting failure must not end the reports (the thread would die silently)
+                logging.getLogger("vllm.lvllm").exception("lk_moe: the statistics/error report failed")

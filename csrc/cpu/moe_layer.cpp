@@ -32,7 +32,9 @@ int round_up(int v, int a) { return (v + a - 1) / a * a; }
 // the 16-core AMX host (M=1 0.354 -> 0.245 ms, 2026-12-01); mxfp4/nvfp4 gained 5-6% there while
 // their int8 error (~0.01 relative RMS vs 0.002) moved gpt-oss's greedy logprobs past the e2e bound,
 // so they keep 15-bit activations (Fp4DecodeActs) unless LK_INT8_ACT=1. 0/false/no/off: none. LK_WNA16_INT8_ACT,
-// its first name (int4 only), is read when it is unset.
+// its first name (int4 only), is read when it is unset or empty. Empty (or blank) means unset, as for every LK_*
+// variable; lk_moe.config validates both names (ConfigError) before any layer is built, so the throw below is a
+// backstop for callers of the engine that bypass it.
 struct Int8ActVariable {
   const char* name;
   bool covers_fp4;  // false for the first name: it only ever switched int4, and knows no "auto"
@@ -43,6 +45,10 @@ bool int8_act_from_env(bool fp4) {
     const char* v = std::getenv(var.name);
     if (!v) continue;
     std::string s(v);
+    const auto blank = [](unsigned char ch) { return std::isspace(ch) != 0; };
+    s.erase(std::find_if_not(s.rbegin(), s.rend(), blank).base(), s.end());  // trimmed, as lk_moe.config does
+    s.erase(s.begin(), std::find_if_not(s.begin(), s.end(), blank));
+    if (s.empty()) continue;
     for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
     if (s == "auto" && var.covers_fp4) return !fp4;
     if (s == "1" || s == "true" || s == "yes" || s == "on") return var.covers_fp4 || !fp4;

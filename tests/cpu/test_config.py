@@ -81,3 +81,50 @@ def test_auto_signal_names_why_the_kernel_cannot_run_here():
     assert (why is None) == torch.cuda.is_available() or "lk_moe/_lk_cuda.so" in (why or "")
     if not torch.cuda.is_available():
         assert why == "signal 'kernel' needs a CUDA device"
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, "auto"), ({"LK_INT8_ACT": ""}, "auto"), ({"LK_INT8_ACT": "  "}, "auto"), ({"LK_INT8_ACT": " On "}, "on"),
+    ({"LK_INT8_ACT": "0"}, "off"), ({"LK_INT8_ACT": "AUTO"}, "auto"),
+    # the first name (int4 only, no "auto"), read while LK_INT8_ACT is unset or empty
+    ({"LK_WNA16_INT8_ACT": "0"}, "off"), ({"LK_WNA16_INT8_ACT": "yes"}, "auto"), ({"LK_WNA16_INT8_ACT": ""}, "auto"),
+    ({"LK_INT8_ACT": "", "LK_WNA16_INT8_ACT": "off"}, "off"), ({"LK_INT8_ACT": "1", "LK_WNA16_INT8_ACT": "0"}, "on"),
+])
+def test_int8_act_is_parsed_like_the_other_variables(env, want):
+    assert from_env(env, logical_cpus=8).int8_act == want
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"LK_INT8_ACT": "maybe"}, "LK_INT8_ACT='maybe' is not a switch: use auto, 1/0"),
+    ({"LK_WNA16_INT8_ACT": "auto"}, "LK_WNA16_INT8_ACT='auto' is not a switch: use 1/0"),
+])
+def test_bad_int8_act_is_a_config_error(env, words):
+    with pytest.raises(ConfigError) as ei:
+        from_env(env, logical_cpus=8)
+    assert words in str(ei.value)
+
+
+def test_int8_act_is_checked_for_every_format_and_empty_is_the_default(monkeypatch):
+    """Read when a layer is built: a bad value is a ConfigError whatever the format (a bf16 layer
+    ignored it); empty means the default, as for every other variable (a 4-bit layer refused it)."""
+    import torch
+
+    from .conftest import make_experts
+    from .test_mxfp4 import make_mxfp4
+
+    w13, w2 = make_experts(2, 64, 32)
+    monkeypatch.delenv("LK_WNA16_INT8_ACT", raising=False)
+    monkeypatch.setenv("LK_INT8_ACT", "maybe")
+    with pytest.raises(ConfigError, match="LK_INT8_ACT='maybe' is not a switch"):
+        lk_moe.MoELayer(w13, w2)
+    tensors, *_ = make_mxfp4(2, 96, 64)
+    with pytest.raises(ConfigError, match="LK_INT8_ACT='maybe' is not a switch"):
+        lk_moe.MoELayer.from_checkpoint("mxfp4", tensors)
+    monkeypatch.delenv("LK_INT8_ACT")
+    default = lk_moe.MoELayer.from_checkpoint("mxfp4", tensors)
+    monkeypatch.setenv("LK_INT8_ACT", "")
+    empty = lk_moe.MoELayer.from_checkpoint("mxfp4", tensors)
+    x = torch.randn(2, 96).bfloat16()
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    w = torch.full((2, 2), 0.5)
+    assert torch.equal(empty.forward(x, ids, w), default.forward(x, ids, w))

@@ -1,6 +1,9 @@
 """Runtime statistics: totals from the engine counters and the GPU-path counts, one line per
 interval (injected clock), nothing for idle intervals; the engine's counter object."""
+import logging
 from types import SimpleNamespace
+
+import pytest
 
 from lvllm.stats import Totals, WorkerStats, format_line
 
@@ -12,8 +15,13 @@ class FakeLayer:
 
     def __init__(self):
         self.engine = [0, 0, 0]  # calls, tokens, ns
-        self.cpu_path = SimpleNamespace(engine_totals=lambda: tuple(self.engine))
+        self.errors = 0  # NaN runs not yet taken (invalid ids, kernel-signal timeouts)
+        self.cpu_path = SimpleNamespace(engine_totals=lambda: tuple(self.engine), take_errors=self._take_errors)
         self.streamer = None
+
+    def _take_errors(self):
+        n, self.errors = self.errors, 0
+        return n
 
     def run(self, tokens, ns):
         self.engine[0] += 1
@@ -152,3 +160,107 @@ def test_engine_counters_start_at_zero():
     from lk_moe import _C
 
     assert _C.HostCallCounters().read() == (0, 0, 0)
+
+
+def test_cpu_path_errors_are_logged_once_per_interval_with_counts():
+    """Invalid expert ids and kernel-signal timeouts (NaN outputs) are said at ERROR level with their
+    counts per layer every interval they happen in, steps or not (a dead engine runs no step)."""
+    clock = [0.0]
+    a, b = FakeLayer(), FakeLayer()
+    infos, errors = [], []
+    s = WorkerStats(rank=2, interval=60, log=infos.append, log_error=errors.append, clock=lambda: clock[0])
+    s.add_layer(3, a)
+    s.add_layer(7, b)
+    a.errors, b.errors = 2, 1
+    clock[0] = 30.0
+    s.report()
+    assert errors == []  # not due yet
+    clock[0] = 60.0
+    s.report()
+    assert len(errors) == 1 and infos == []  # no step in the interval: no statistics line
+    assert errors[0].startswith("lk_moe: rank 2: 3 CPU expert call(s) in the last 60 s returned NaN "
+                                "(layer 3: 2, layer 7: 1)"), errors[0]
+    assert "invalid expert ids" in errors[0] and "timed out" in errors[0] and "3 since start" in errors[0]
+    a.run(1, 1_000_000)
+    b.run(1, 1_000_000)
+    clock[0] = 120.0
+    s.report()  # a clean interval: its statistics line, no error line
+    assert len(errors) == 1 and len(infos) == 1 and infos[0].startswith("lk_moe stats (rank 2, last 60 s)")
+    b.errors = 4
+    clock[0] = 180.0
+    s.report()
+    assert errors[1].startswith("lk_moe: rank 2: 4 CPU expert call(s) in the last 60 s returned NaN (layer 7: 4)")
+    assert "7 since start" in errors[1]
+
+
+def test_errors_are_reported_with_the_statistics_off():
+    from lvllm.config import from_env
+    from lvllm.runtime import ERROR_CHECK_INTERVAL, WorkerRuntime
+
+    rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_STATS_INTERVAL": "0"}))
+    assert rt.stats is None  # no statistics (and no GPU-path timing)
+    assert rt.monitor.interval == ERROR_CHECK_INTERVAL == 60 and not rt.monitor.lines
+    on = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_STATS_INTERVAL": "5"}))
+    assert on.monitor is on.stats and on.monitor.interval == 5
+    layer = FakeLayer()
+    rt.monitor.add_layer(0, layer)
+    layer.errors = 5
+    layer.run(1, 1000)
+    t0 = rt.monitor.clock()
+    rt.monitor.clock = lambda: t0 + 61.0  # a minute on
+    with lvllm_log_records() as seen:
+        rt.monitor.report()
+    assert len(seen) == 1, seen  # the error line only: statistics are off
+    level, message = seen[0]
+    assert level == logging.ERROR and "5 CPU expert call(s) in the last 61 s returned NaN (layer 0: 5)" in message
+
+
+def test_runtime_self_checks_each_cpu_path_when_a_layer_is_added():
+    """A broken CPU path stops startup naming the layer, before the first request meets it."""
+    from lvllm.config import from_env
+    from lvllm.runtime import WorkerRuntime
+
+    rt = WorkerRuntime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1"}))
+    checked = []
+
+    def hybrid(problem=None):
+        def self_check():
+            checked.append(problem)
+            if problem:
+                raise RuntimeError(problem)
+        h = SimpleNamespace(cpu_path=SimpleNamespace(self_check=self_check, kernel_unusable=None), streamer=None,
+                            layer=SimpleNamespace(nbytes=0, expert_bytes=0), format="bf16", gpu_path_reason=None)
+        return h
+
+    plan = SimpleNamespace(layer_index=3, prefix="model.layers.3.mlp.experts")
+    rt.add_layer(plan, hybrid())
+    assert checked == [None]
+    plan = SimpleNamespace(layer_index=4, prefix="model.layers.4.mlp.experts")
+    with pytest.raises(RuntimeError, match=r"^model\.layers\.4\.mlp\.experts: engine gave NaN$"):
+        rt.add_layer(plan, hybrid("engine gave NaN"))
+
+
+def test_self_check_verdict_on_real_engine_outputs():
+    """What CpuExpertPath.self_check decides from what came back (its GPU round trip runs in
+    tests/gpu/test_cpu_path.py): the engine's own output of the same input passes; NaN, a stale or
+    zero buffer, an error count fail, each saying what was seen."""
+    import torch
+
+    import lk_moe
+    from lk_moe.cpu_path import self_check_problem
+    from lk_moe.reference import random_routing
+
+    from .conftest import make_experts
+
+    w13, w2 = make_experts(4, 64, 32)
+    layer = lk_moe.MoELayer(w13, w2)
+    x = torch.randn(1, 64).bfloat16()
+    ids, w = random_routing(1, 4, 2)
+    ref = layer.forward(x, ids, w)
+    assert self_check_problem(ref.clone(), ref, errors=0) is None
+    assert "1 error" in self_check_problem(ref.clone(), ref, errors=1)
+    nan = torch.full_like(ref, float("nan"))
+    assert "not finite" in self_check_problem(nan, ref, errors=0)
+    assert "differs from the engine's" in self_check_problem(torch.zeros_like(ref), ref, errors=0)
+    other = layer.forward(torch.randn(1, 64).bfloat16(), ids, w)  # another token's result
+    assert "differs from the engine's" in self_check_problem(other, ref, errors=0)

@@ -230,7 +230,7 @@ def test_nvfp4_int8_activations_fp16_unused_slots_and_switch():
         assert not torch.equal(out, exact)  # the switch switches
     with int8_activations(False):
         os.environ["LK_INT8_ACT"] = "maybe"
-        with pytest.raises(ValueError, match="LK_INT8_ACT=maybe is not a switch: use auto, 1/0"):
+        with pytest.raises(ValueError, match="LK_INT8_ACT='maybe' is not a switch: use auto, 1/0"):
             lk_moe.MoELayer.from_checkpoint("nvfp4", tensors)
 
 

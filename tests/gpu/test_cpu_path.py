@@ -264,6 +264,40 @@ def test_kernel_signal_gives_up_when_the_engine_never_answers(experts):
     path.check_errors()
 
 
+@pytest.mark.parametrize("signal", CpuExpertPath.SIGNALS)
+def test_self_check_passes_on_a_working_path_and_counts_nothing(experts, signal):
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=8, top_k=K, signal=signal)
+    path.self_check()
+    assert path.take_errors() == 0 and path.errors_total == 0
+    assert path.engine_totals()[0] == (2 if signal == "auto" else 1)  # auto: the kernel and the hostfn node
+
+
+def test_self_check_catches_an_engine_that_does_not_answer(experts):
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=4, top_k=K, signal="kernel", kernel_timeout_s=0.2)
+    lk_moe._C._kernel_poller_pause(True)
+    try:
+        with pytest.raises(RuntimeError, match=r"self-check failed \(kernel signal.*counted 1 error"):
+            path.self_check()
+    finally:
+        lk_moe._C._kernel_poller_pause(False)
+    time.sleep(0.05)
+
+
+def test_take_errors_counts_runs_with_nan_once(experts):
+    """What lvllm's reporting thread reads every interval: each NaN run once, graph replays too."""
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=4, top_k=K, signal="hostfn")
+    x, ids, w = _inputs(2, 6)
+    ids[0, 0] = E + 3
+    xc, idc, wc = x.cuda(), ids.cuda(), w.cuda()
+    for _ in range(3):
+        path(xc, idc, wc)
+    torch.cuda.synchronize()
+    assert path.take_errors() == 3 and path.take_errors() == 0 and path.errors_total == 3
+
+
 def test_kernel_signal_non_contiguous_out_and_inputs(experts):
     layer, w13, w2 = experts
     path = CpuExpertPath(layer, max_tokens=8, top_k=K, signal="kernel")
