@@ -332,6 +332,12 @@ struct Layer {
     if (hidden_size < 0 || intermediate_size < 0)
       throw py::value_error("hidden_size / intermediate_size must be >= 1 (0: the tensors' sizes), got " +
                             std::to_string(hidden_size) + " / " + std::to_string(intermediate_size));
+    // vLLM pads H and I alike in both tensors: a w2 that disagrees with w13 is named here (its scales'
+    // check would otherwise take w2's dims as the truth and blame w2_weight_scale).
+    if ((R2 + 1) / 2 != C13 || (R13 / 2 + 1) / 2 != C2)
+      throw py::value_error("w2_weight must be [E, H, I/2] = [" + std::to_string(E) + ", " + std::to_string(2 * C13) +
+                            ", " + std::to_string((R13 / 2 + 1) / 2) + "] to match w13_weight " + shape_str(w13) +
+                            ", got " + shape_str(w2));
     const int64_t H = hidden_size > 0 ? hidden_size : R2;
     const int64_t I = intermediate_size > 0 ? intermediate_size : R13 / 2;
     if (E > (1 << 20) || R13 > (1 << 21) || R2 > (1 << 20) || C13 > (1 << 20) || C2 > (1 << 20))

@@ -62,6 +62,9 @@ def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> i
     return value
 
 
+MAX_LAYER_INDEX = 10_000  # bounds the set a typo like 0-99999999 would build
+
+
 def parse_layer_set(text: str, name: str = "LVLLM_GPU_RESIDENT_MOE_LAYERS") -> FrozenSet[int]:
     """ "0-3,40" -> {0, 1, 2, 3, 40}; empty -> {}."""
     layers = set()
@@ -75,8 +78,12 @@ def parse_layer_set(text: str, name: str = "LVLLM_GPU_RESIDENT_MOE_LAYERS") -> F
         except ValueError:
             raise LvllmConfigError(f"{name}: {part!r} is not a layer index or range like 0-3 "
                                    f"(full value {text!r})") from None
-        if a < 0 or b < a or b > 10_000:
-            raise LvllmConfigError(f"{name}: range {part!r} must be ascending, non-negative layer indices")
+        if b > MAX_LAYER_INDEX:
+            what = f"range {part!r} goes" if sep else f"layer {b} is"
+            raise LvllmConfigError(f"{name}: {what} past layer index {MAX_LAYER_INDEX}, the largest accepted "
+                                   f"(full value {text!r})")
+        if b < a:
+            raise LvllmConfigError(f"{name}: range {part!r} must be ascending (first-last, e.g. 0-3)")
         layers.update(range(a, b + 1))
     return frozenset(layers)
 

@@ -33,6 +33,11 @@ def test_layer_sets():
     ({"LVLLM_GPU_PREFETCH_WINDOW": "2"}, "LVLLM_GPU_PREFETCH_WINDOW=2 is out of range"),
     ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "3-1"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS: range '3-1' must be ascending"),
     ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "a,b"}, "LVLLM_GPU_RESIDENT_MOE_LAYERS: 'a' is not a layer index"),
+    # the limit is said as it is (it was "must be ascending, non-negative" for an ascending range)
+    ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "0-99999"},
+     "LVLLM_GPU_RESIDENT_MOE_LAYERS: range '0-99999' goes past layer index 10000, the largest accepted"),
+    ({"LVLLM_GPU_RESIDENT_MOE_LAYERS": "1,20000"},
+     "LVLLM_GPU_RESIDENT_MOE_LAYERS: layer 20000 is past layer index 10000, the largest accepted"),
     ({"LVLLM_STATS_INTERVAL": "-5"}, "LVLLM_STATS_INTERVAL=-5 is out of range"),
     ({"LVLLM_STATS_INTERVAL": "1.5"}, "LVLLM_STATS_INTERVAL='1.5' is not an integer"),
 ])

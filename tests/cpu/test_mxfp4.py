@@ -278,6 +278,10 @@ def test_mxfp4_rejects_bad_inputs():
         _layer(bad(w13_weight_scale=tensors["w13_weight_scale"][:, :, :2].contiguous()))
     with pytest.raises(ValueError, match="w2_weight must be"):
         _layer(bad(w2_weight=tensors["w2_weight"][:1].contiguous()))
+    # w2 [E, I/2, H] (transposed) or with a hidden size other than w13's: named as w2_weight, not as its scales
+    for w2 in (tensors["w2_weight"].transpose(1, 2).contiguous(), tensors["w2_weight"][:, :64].contiguous()):
+        with pytest.raises(ValueError, match=r"w2_weight must be \[E, H, I/2\] = \[2, 96, 32\] to match w13_weight"):
+            _layer(bad(w2_weight=w2))
     with pytest.raises(TypeError, match="w13_bias must be bfloat16"):
         _layer(bad(w13_bias=tensors["w13_bias"].float()))
     with pytest.raises(ValueError, match="w2_bias must have shape"):
