@@ -112,6 +112,8 @@ def self_check_problem(out: torch.Tensor, ref: torch.Tensor, errors: int) -> str
         return (f"the path counted {errors} error(s): invalid expert ids, or the engine did not answer before "
                 "the kernel signal's timeout (LK_CPU_SIGNAL=hostfn avoids the kernel signal)")
     out, ref = out.float(), ref.float()
+    if not torch.isfinite(ref).all():  # not the path's fault, but a NaN is never left for later
+        return "the engine's own result for the token is not finite either: the layer's weights give NaN/inf"
     if not torch.isfinite(out).all():
         return f"the output is not finite ({int((~torch.isfinite(out)).sum())} of {out.numel()} values)"
     scale = ref.pow(2).mean().sqrt().item()
