@@ -675,14 +675,10 @@ inline void amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
-inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+// Accumulator tiles 0-3 += A (32 rows, stride lda elements) x [B0 | B1] over inputs [k0, k1).
+inline void amx_accumulate(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int k0, int k1) {
   const size_t stride = lda * 2;
-  for (int k = 0; k < kp; k += 32) {
+  for (int k = k0; k < k1; k += 32) {
     // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
     const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
     const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
@@ -699,10 +695,28 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
+}
+
+inline void amx_zero() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// The accumulator tiles to C (32 x 32 fp32, ld 32).
+inline void amx_store(float* c) {
   _tile_stored(0, c, 128);
   _tile_stored(1, c + 16, 128);
   _tile_stored(2, c + 16 * 32, 128);
   _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+// C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
+inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
+  amx_zero();
+  amx_accumulate(a, lda, b0, b1, 0, kp);
+  amx_store(c);
 }
 
 // amx_tile_32x32 with segment scales (SEG as dot_tile's): each `seg` inputs (a multiple of 32) the four
@@ -710,36 +724,14 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
 template <int SEG>
 inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp,
                                int seg, const float* const* scale, float* c, float* tmp) {
-  const size_t stride = lda * 2;
   for (int r = 0; r < 32; ++r) {
     _mm512_storeu_ps(c + r * 32, _mm512_setzero_ps());
     _mm512_storeu_ps(c + r * 32 + 16, _mm512_setzero_ps());
   }
   for (int k0 = 0, sidx = 0; k0 < kp; k0 += seg, ++sidx) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int k = k0; k < k0 + seg; k += 32) {
-      const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
-      const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
-      for (int l = 0; l < 16; ++l) {
-        _mm_prefetch((const char*)(p0 + l * 32), _MM_HINT_T0);
-        _mm_prefetch((const char*)(p1 + l * 32), _MM_HINT_T0);
-      }
-      _tile_loadd(4, a + k, stride);
-      _tile_loadd(5, a + 16 * lda + k, stride);
-      _tile_loadd(6, b0 + size_t(k) * 16, 64);
-      _tile_loadd(7, b1 + size_t(k) * 16, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, tmp, 128);
-    _tile_stored(1, tmp + 16, 128);
-    _tile_stored(2, tmp + 16 * 32, 128);
-    _tile_stored(3, tmp + 16 * 32 + 16, 128);
+    amx_zero();
+    amx_accumulate(a, lda, b0, b1, k0, k0 + seg);
+    amx_store(tmp);
     for (int h = 0; h < 2; ++h) {
       const __m512 sv = SEG == kSegVector ? _mm512_loadu_ps(scale[h] + 16 * sidx) : _mm512_set1_ps(scale[h][sidx]);
       for (int r = 0; r < 32; ++r) {
@@ -748,6 +740,16 @@ inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0
       }
     }
   }
+}
+
+// One 32-row tile over a block pair's panels, scaled per segment as SEG says (tmp: 32 x 32 fp32).
+template <int SEG>
+inline void amx_panel_tile(const uint16_t* a, size_t lda, const void* const* b, int kp, int seg,
+                           const float* const* scale, float* c, float* tmp) {
+  const auto* b0 = static_cast<const uint16_t*>(b[0]);
+  const auto* b1 = static_cast<const uint16_t*>(b[1]);
+  if constexpr (SEG == kSegNone) amx_tile_32x32(a, lda, b0, b1, kp, c);
+  else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp);
 }
 
 // The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
@@ -774,11 +776,7 @@ void gate_up_panel(const GateUpTask& t, int seg, const float* sg, const float* s
   if (t.m >= kAmxMinRows) {  // the caller gathered the rows (amx_gather_rows)
     amx_configure();
     for (int r0 = 0; r0 < t.m; r0 += 32) {
-      const uint16_t* a = t.scratch->panel + size_t(r0) * t.kp;
-      const auto* b0 = static_cast<const uint16_t*>(b[0]);
-      const auto* b1 = static_cast<const uint16_t*>(b[1]);
-      if constexpr (SEG == kSegNone) amx_tile_32x32(a, t.kp, b0, b1, t.kp, c);
-      else amx_tile_32x32_seg<SEG>(a, t.kp, b0, b1, t.kp, seg, sc, c, t.scratch->acc);
+      amx_panel_tile<SEG>(t.scratch->panel + size_t(r0) * t.kp, t.kp, b, t.kp, seg, sc, c, t.scratch->acc);
       for (int r = 0; r < tmin(32, t.m - r0); ++r) fin(c + r * 32, r0 + r);
     }
     _tile_release();
@@ -809,11 +807,7 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
   if (t.m >= kAmxMinRows) {  // act rows past m are readable slack, as in down()
     amx_configure();
     for (int r0 = 0; r0 < t.m; r0 += 32) {
-      const uint16_t* a = t.act + size_t(r0) * t.act_ld;
-      const auto* b0 = static_cast<const uint16_t*>(b[0]);
-      const auto* b1 = static_cast<const uint16_t*>(b[1]);
-      if constexpr (SEG == kSegNone) amx_tile_32x32(a, t.act_ld, b0, b1, t.kp, c);
-      else amx_tile_32x32_seg<SEG>(a, t.act_ld, b0, b1, t.kp, seg, seg_scale, c, t.scratch->acc);
+      amx_panel_tile<SEG>(t.act + size_t(r0) * t.act_ld, t.act_ld, b, t.kp, seg, seg_scale, c, t.scratch->acc);
       for (int r = 0; r < tmin(32, t.m - r0); ++r) {
         float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
         const float w = t.row_weight[r0 + r] * gs;
