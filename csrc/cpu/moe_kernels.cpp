@@ -12,10 +12,12 @@
 //   workhorse of decode (memory bound: each weight byte is loaded once per
 //   forward) and of prefill on tiers without AMX.
 // - amx_tile_32x32 (amx tier): 32 rows x 2 blocks with tdpbf16ps, used once an
-//   expert has >= kAmxMinRows tokens.
-// - int4 (wna16_int4): dot_tile_q4q8 (int8 activations, vpdpbusd) or dot_tile_q4 for decode, dequantized
-//   groups for prefill (see the int4 section).
-// - mxfp4 (gpt-oss) and nvfp4 (ModelOpt): dot_tile_fp4 for decode, dequantized segments for prefill
+//   expert has >= kAmxMinRows tokens; amx_tile_32x32_seg with per-segment scales.
+// - quantized prefill on the AVX-512 tiers: each block (pair) dequantized whole into a bf16
+//   panel, then dot_tile (segment scales in registers) or the AMX tiles over all of K.
+// - int4 (wna16_int4): dot_tile_q4q8 (int8 activations, vpdpbusd) or dot_tile_q4 for decode
+//   (see the int4 section).
+// - mxfp4 (gpt-oss) and nvfp4 (ModelOpt): dot_tile_fp4 / dot_tile_fp4_int for decode
 //   (see the mxfp4 section).
 #include <cmath>
 #include <cstring>
@@ -1044,10 +1046,10 @@ void down_fp8(const DownTask& t) {
 // u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
 // in fp32 per group, then (128 + z) * sum A (row sums computed once per task) is subtracted and the
 // group's 16 per-row scales applied in fp32.
-// Prefill (more rows) and every row count on the generic/avx2 tiers: per group, dequantize u - z of
-// the block (pair) once to bf16 in L1 (exact: |u - z| <= 15; a 32-entry vpermw table on AVX-512)
-// and run the bf16 dot_rows over all row tiles on it, adding scale x partial into fp32 sums (as the
-// fp8 path). AMX tier: the same vector paths (no AMX tiles for int4 yet).
+// Prefill (more rows): u - z of the block (pair) dequantized to bf16 (exact: |u - z| <= 15; a 32-entry
+// vpermw table on AVX-512), on the AVX-512 tiers whole into a panel with the group scales applied per
+// segment by the tile (vector dot_tile, or AMX tiles on the amx tier; see "Prefill of the quantized
+// formats"), on the generic/avx2 tiers one group at a time into L1, adding scale x partial into fp32 sums.
 // Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
 // wna16_int4 --shapes qwen3-30b-a3b, gs=128 sym; docs/results/2026-11-30_epyc2c_wna16_vnni_moe_layer.log):
 // medians of 3 runs, before (bf16 widening) -> after: M=1 0.565 -> 0.535 ms (0.75 -> 0.78 of read
@@ -1816,10 +1818,10 @@ void down_q4(const DownTask& t) {
 // folding e8m0 scales into the table (the table is per code, the scale per row: an extra add and a
 // zero fix-up per quad would cost more than the once-per-8-quads epilogue), prefetch of the next
 // expert. M=4 stays bound by the vdpbf16ps count (16 per quad and block pair), not the unpack.
-// Prefill (more rows) and every row count on the generic/avx2 tiers: per segment of up to 256 inputs,
-// dequantize code x scale of the block (pair) into bf16 in L1 (exact: e2m1 has 2 significant bits, the
-// scale is a power of two) and run the bf16 dot_rows over all row tiles on it, summing segments in fp32.
-// AMX tier: the same vector paths (no AMX tiles for mxfp4 yet). Biases: w13_bias is added to the fp32
+// Prefill (more rows): code x scale of the block (pair) dequantized into bf16 (exact: e2m1 has 2
+// significant bits, an mxfp4 scale is a power of two, an nvfp4 one has 4), on the AVX-512 tiers whole
+// into a panel run by the bf16 tile or AMX tiles over all of K, on the generic/avx2 tiers per segment
+// of up to 256 inputs into L1, summing segments in fp32. Biases: w13_bias is added to the fp32
 // pre-activations here, before the activation; the w2 bias by the engine (moe_layer.cpp).
 // Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format mxfp4
 // --shapes gpt-oss-120b: E=128, K=4, H=I=2880, biases, swigluoai; 3 packed copies rotated): M=1 1.55 ms =
