@@ -632,7 +632,7 @@ void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp
 // over all of K, the remaining scales applied in fp32: per segment in registers (fp8_block, int4
 // groups) or once per result (per-row scales). One pass per row tile and no partial sums through
 // memory, where the earlier per-segment loop paid a tile start, a store and an add per segment
-// (int4 group 32: one per 32 inputs). Tiles with segment scales hold two accumulator sets: 4 rows.
+// (int4 group 32: one per 32 inputs). Tiles with segment scales hold two accumulator sets: 6 rows.
 constexpr int kSegTileRows = 6;
 template <int NB, int SEG>
 void dot_rows_seg(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
@@ -764,18 +764,20 @@ inline void amx_gather_rows(const GateUpTask& t) {
 }
 #endif  // LK_AMX
 
-// Row tiles of a gate/up task over the panels of one block pair; fin(c, r) takes row r's 32 results.
+// Row tiles of a gate/up task over the panels of block pair j; fin(c, r) takes row r's 32 results.
 // Meanwhile the tiles trickle the next block pair's codes (`next`, `next_bytes`) into L2, so that its
-// dequantization does not wait on DRAM (the bf16 path does the same for its weights).
+// dequantization does not wait on DRAM (the bf16 path does the same for its weights). On the amx tier
+// the task's rows are gathered into the tile panel with its first block pair (j == 0).
 template <int SEG, typename Fin>
-void gate_up_panel(const GateUpTask& t, int seg, const float* sg, const float* su, const void* next,
+void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const float* su, const void* next,
                    size_t next_bytes, Fin&& fin) {
   float* c = t.scratch->c;
   const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, 1)};
   const float* sc[2] = {sg, su};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
 #if defined(LK_AMX)
-  if (t.m >= kAmxMinRows) {  // the caller gathered the rows (amx_gather_rows)
+  if (t.m >= kAmxMinRows) {
+    if (j == 0) amx_gather_rows(t);
     amx_configure();
     for (int r0 = 0; r0 < t.m; r0 += 32) {
       amx_panel_tile<SEG>(t.scratch->panel + size_t(r0) * t.kp, t.kp, b, t.kp, seg, sc, c, t.scratch->acc);
@@ -908,9 +910,6 @@ void gate_up_fp8(const GateUpTask& t) {
   float* tot = t.scratch->acc;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
-#if defined(LK_AMX)
-  if (t.m > kFusedFp8Rows && t.m >= kAmxMinRows) amx_gather_rows(t);  // AMX panels (gate_up_panel)
-#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -935,13 +934,13 @@ void gate_up_fp8(const GateUpTask& t) {
     uint16_t* act = t.act + j * kBlockN;
     const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
     if (q.per_row)
-      gate_up_panel<kSegNone>(t, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
+      gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
         mul_16(g, sg);
         mul_16(g + 16, su);
         silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld);
       });
     else
-      gate_up_panel<kSegScalar>(t, seg, sg, su, next, 2 * block_bytes,
+      gate_up_panel<kSegScalar>(t, j, seg, sg, su, next, 2 * block_bytes,
                                 [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
     continue;
 #endif
@@ -1600,6 +1599,20 @@ void dot_rows_q4(int, const uint16_t* const*, const uint8_t* const*, int, float*
                  const uint8_t* const*, bool, const float*) {}
 inline void q4_row_sums(const uint16_t* const*, int, int, int, float*) {}
 #endif
+#if defined(LK_V512)
+// One int4 block whole into a prefill panel: u - z as bf16 (dst, the bf16 block layout) and its group
+// scales as fp32 (fs: kp / group x 16). zero: the block's packed zero points, or null (symmetric).
+inline void q4_panel_block(const Int4Weights& q, const uint8_t* src, const uint16_t* scale, const uint8_t* zero,
+                           int kp, uint16_t* dst, float* fs) {
+  const int seg = q.group;
+  for (int s = 0; s < kp / seg; ++s) {
+    q4_dequant_seg(src + size_t(s) * seg * kBlockN / 2, zero ? zero + s * 8 : nullptr, dst + size_t(s) * seg * kBlockN,
+                   seg);
+    scales_16(scale + s * kBlockN, q.fp16_scale, fs + s * 16);
+  }
+}
+#endif
+
 // The fused tile needs m x kp/group row sums in the scratch accumulator.
 inline bool q4_fused(int m, int kp, int group) {
   return m <= kFusedQ4Rows && size_t(m) * (kp / group) <= size_t(kMaxRowsPerTask) * 32;
@@ -1619,9 +1632,6 @@ void gate_up_q4(const GateUpTask& t) {
   float sg[16], su[16];
   const bool fused = q4_fused(t.m, t.kp, seg);
   if (fused) q4_row_sums(t.x_rows, t.m, t.kp, seg, tot);
-#if defined(LK_AMX)
-  if (!fused && t.m >= kAmxMinRows) amx_gather_rows(t);  // AMX panels (gate_up_panel)
-#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -1641,16 +1651,11 @@ void gate_up_q4(const GateUpTask& t) {
 #if defined(LK_V512)
     {
       float* fs = panel_scales(*t.scratch, t.kp);  // [gate groups x 16 | up groups x 16]
-      for (int s = 0; s < nseg; ++s) {
-        const size_t off = size_t(s) * seg * kBlockN / 2;
-        q4_dequant_seg(bg + off, zg ? zg + s * 8 : nullptr, panel_of(*t.scratch, t.kp, 0) + size_t(s) * seg * kBlockN, seg);
-        q4_dequant_seg(bu + off, zu ? zu + s * 8 : nullptr, panel_of(*t.scratch, t.kp, 1) + size_t(s) * seg * kBlockN, seg);
-        scales_16(scg + s * kBlockN, q.fp16_scale, fs + s * 16);
-        scales_16(scu + s * kBlockN, q.fp16_scale, fs + (nseg + s) * 16);
-      }
+      q4_panel_block(q, bg, scg, zg, t.kp, panel_of(*t.scratch, t.kp, 0), fs);
+      q4_panel_block(q, bu, scu, zu, t.kp, panel_of(*t.scratch, t.kp, 1), fs + nseg * 16);
       uint16_t* act = t.act + j * kBlockN;
       const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
-      gate_up_panel<kSegVector>(t, seg, fs, fs + nseg * 16, next, 2 * block_bytes,
+      gate_up_panel<kSegVector>(t, j, seg, fs, fs + nseg * 16, next, 2 * block_bytes,
                                 [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
       continue;
     }
@@ -1712,16 +1717,10 @@ void down_q4(const DownTask& t) {
   float* fs = panel_scales(*t.scratch, t.kp);
   for (int j = 0; j < t.nblk; j += 2) {
     const int nb = tmin(2, t.nblk - j);
-    for (int h = 0; h < nb; ++h) {
-      const uint8_t* src = q.w + size_t(j + h) * block_bytes;
-      const uint16_t* scj = q.scale + size_t(j + h) * per;
-      const uint8_t* zj = q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr;
-      for (int s = 0; s < nseg; ++s) {
-        q4_dequant_seg(src + size_t(s) * seg * kBlockN / 2, zj ? zj + s * 8 : nullptr,
-                       panel_of(*t.scratch, t.kp, h) + size_t(s) * seg * kBlockN, seg);
-        scales_16(scj + s * kBlockN, q.fp16_scale, fs + (size_t(h) * nseg + s) * 16);
-      }
-    }
+    for (int h = 0; h < nb; ++h)
+      q4_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
+                     q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, panel_of(*t.scratch, t.kp, h),
+                     fs + size_t(h) * nseg * 16);
     const float* ss[2] = {fs, fs + size_t(nb - 1) * nseg * 16};
     const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
     down_panel<kSegVector>(t, j, nb, seg, ss, nullptr, 1.0f, next, size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
@@ -2276,6 +2275,14 @@ inline void scale_16(float* c, float s) {
 
 constexpr int kFp4Seg = kMaxSeg;  // inputs dequantized at a time on the prefill path
 
+// One fp4 block whole into a prefill panel (dst: code x scale as bf16, the bf16 block layout).
+inline void fp4_panel_block(const Fp4Weights& q, const uint8_t* src, const uint8_t* sc, int kp, uint16_t* dst) {
+  const int grp = q.nv ? 16 : 32;
+  for (int k0 = 0; k0 < kp; k0 += kFp4Seg)
+    fp4_dequant_seg(q, src + size_t(k0) * kBlockN / 2, sc + (k0 / grp) * kBlockN, dst + size_t(k0) * kBlockN,
+                    tmin(kFp4Seg, kp - k0));
+}
+
 void gate_up_fp4(const GateUpTask& t) {
   const Fp4Weights& q = t.f4;
   const int grp = q.nv ? 16 : 32;  // inputs per scale
@@ -2287,9 +2294,6 @@ void gate_up_fp4(const GateUpTask& t) {
   float* tot = t.scratch->acc;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
-#if defined(LK_AMX)
-  if (!(kHaveQ8 && t.q8_rows) && t.m > kFusedFp4Rows && t.m >= kAmxMinRows) amx_gather_rows(t);
-#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -2321,15 +2325,10 @@ void gate_up_fp4(const GateUpTask& t) {
       continue;
     }
 #if defined(LK_V512)
-    for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {
-      const int len = tmin(kFp4Seg, t.kp - k0);
-      fp4_dequant_seg(q, bg + size_t(k0) * kBlockN / 2, sg + (k0 / grp) * kBlockN,
-                      panel_of(*t.scratch, t.kp, 0) + size_t(k0) * kBlockN, len);
-      fp4_dequant_seg(q, bu + size_t(k0) * kBlockN / 2, su + (k0 / grp) * kBlockN,
-                      panel_of(*t.scratch, t.kp, 1) + size_t(k0) * kBlockN, len);
-    }
-    gate_up_panel<kSegNone>(t, 0, nullptr, nullptr, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
-                            finish);
+    fp4_panel_block(q, bg, sg, t.kp, panel_of(*t.scratch, t.kp, 0));
+    fp4_panel_block(q, bu, su, t.kp, panel_of(*t.scratch, t.kp, 1));
+    gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr,
+                            2 * block_bytes, finish);
     continue;
 #endif
     memset(tot, 0, size_t(t.m) * 32 * 4);
@@ -2394,10 +2393,7 @@ void down_fp4(const DownTask& t) {
       continue;
     }
 #if defined(LK_V512)
-    for (int h = 0; h < nb; ++h)
-      for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg)
-        fp4_dequant_seg(q, b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / grp) * kBlockN,
-                        panel_of(*t.scratch, t.kp, h) + size_t(k0) * kBlockN, tmin(kFp4Seg, t.kp - k0));
+    for (int h = 0; h < nb; ++h) fp4_panel_block(q, b[h], s[h], t.kp, panel_of(*t.scratch, t.kp, h));
     down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, gs, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,
                          size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
     continue;
