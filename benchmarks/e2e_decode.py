@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end decode speed and TTFT through vLLM 0.26.0, Qwen3-30B-A3B shape, dummy bf16 weights.
+"""End-to-end decode speed and TTFT through vLLM 0.33.0, Qwen3-30B-A3B shape, dummy bf16 weights.
 
 Modes (each its own vLLM process, as a user would run it):
   hybrid   LVLLM_MOE_NUMA_ENABLED=1: routed experts in host RAM on lk_moe, GPU prefill from

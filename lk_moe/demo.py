@@ -32,7 +32,7 @@ def main(argv=None, why_not_serving: str = "") -> int:
 
     why = why_not_serving or ("" if gpu_status() else "No NVIDIA GPU found")
     if why:
-        print(f"{why}: serving a model (`vllm serve`) needs an NVIDIA GPU and vLLM 0.26.0.\n"
+        print(f"{why}: serving a model (`vllm serve`) needs an NVIDIA GPU and the pinned vLLM.\n"
               "Running the CPU engine demo instead: the routed experts of one MoE layer on lk_moe.")
 
     H, I, E, K = 2048, 768, args.experts, 8

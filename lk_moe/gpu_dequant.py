@@ -25,7 +25,7 @@ from .gpu_layout import rows_w13, rows_w2
 CODES = {"fp8_e4m3": 0, "int8": 1}
 
 # Which GPU path a format takes (`gpu_path`). NATIVE_KERNELS (lk_moe.gpu_native.KERNELS): the formats
-# that vLLM 0.26.0's fused-MoE kernels compute natively from their codes, with the first capability
+# that vLLM 0.33.0's fused-MoE kernels compute natively from their codes, with the first capability
 # each runs on: fp8_block and fp8_channel from sm_89 (FP8 tensor-core MMA), int8_channel and
 # wna16_int4 from sm_80 (W8A16 / W4A16: bf16 MMA on weights converted in registers). Below that, and
 # for the FP4 formats everywhere, the fallback: dequantize to bf16 on the GPU (byte formats: this

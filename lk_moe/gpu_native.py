@@ -3,7 +3,7 @@ from the format's codes and scales, with no dequantization to bf16.
 
 The streamed bytes are the engine's packed blocks (lk_moe.hybrid.GpuCopyLayout): no second host
 copy in vLLM's layout exists (host memory stays the engine's one copy). After the H2D copy, `relayout`
-rearranges codes and scales on the GPU into the layout vLLM 0.26.0's Triton fused-MoE kernels read
+rearranges codes and scales on the GPU into the layout vLLM 0.33.0's Triton fused-MoE kernels read
 (one permute per tensor, plus a nibble swap for int4): a copy at GPU memory speed, the size of the
 codes, next to a PCIe transfer of the same bytes.
 
@@ -268,7 +268,7 @@ class NativeExperts:
 
 def _failure(fmt: str, what: str) -> str:
     return (f"lk_moe: {fmt} experts should take the native GPU path on this GPU, but {what}. Install the "
-            f"vLLM build lvllm expects (0.26.0 with its CUDA ops), or set LK_FORCE_GPU_FALLBACK=1 to use the "
+            f"vLLM build lvllm expects (the pinned release with its CUDA ops), or set LK_FORCE_GPU_FALLBACK=1 to use the "
             f"fallback (dequantize to bf16 on the GPU + bf16 GEMM)")
 
 

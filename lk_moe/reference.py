@@ -190,7 +190,7 @@ def moe_torch_baseline_wna16(x, tensors, topk_ids, topk_weights) -> torch.Tensor
 
 
 # ---------------------------------------------------------------- mxfp4 (OCP MX FP4, gpt-oss)
-# Convention (vLLM 0.26.0, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code pairs, element 2i in the
+# Convention (vLLM 0.33.0, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code pairs, element 2i in the
 # low nibble of byte i; code bit 3 = sign, bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}; one e8m0 scale
 # byte s per 32 consecutive inputs of a row, worth 2^(s - 127) (255 is NaN).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -230,7 +230,7 @@ def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swi
 
 
 # ---------------------------------------------------------------- nvfp4 (ModelOpt NVFP4)
-# Convention (vLLM 0.26.0 ModelOptNvFp4FusedMoE, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code
+# Convention (vLLM 0.33.0 ModelOptNvFp4FusedMoE, see csrc/cpu/moe_layer.h): uint8 rows of e2m1 code
 # pairs as for mxfp4 (element 2i in the low nibble of byte i); one float8_e4m3fn block scale per 16
 # consecutive inputs of a row; one fp32 global scale (weight_scale_2) per expert projection.
 # weight = e2m1(code) * float(block scale) * global scale.

@@ -1,2 +1,2 @@
-"""lvllm: the vLLM 0.26.0 integration of the lk_moe engine (plugin in progress; see README)."""
+"""lvllm: the lk_moe hybrid CPU/GPU MoE engine as a vLLM plugin (see README)."""
 __version__ = "0.1.0.dev0"

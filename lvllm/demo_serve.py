@@ -1,6 +1,6 @@
 """The built-in demo (README main job, `bash commands/demo_tiny_serve_tp1.sh`).
 
-On a machine with an NVIDIA GPU and vLLM 0.26.0: write a tiny Qwen3-MoE checkpoint (random
+On a machine with an NVIDIA GPU and vLLM 0.33.0: write a tiny Qwen3-MoE checkpoint (random
 weights, so the answer is gibberish), `vllm serve` it with lk_moe switched on, send one chat
 request, print the answer and the plugin's startup summary, stop the server.
 Without a GPU (or without vLLM): say so, and run the CPU engine demo (lk_moe.demo).
@@ -15,6 +15,8 @@ import sys
 import time
 import urllib.request
 from typing import Iterator, Optional
+
+from . import pins
 
 
 def free_port() -> int:
@@ -79,9 +81,9 @@ def _why_no_serving() -> Optional[str]:
     try:
         import vllm
     except ImportError:
-        return "vLLM is not installed (pip install vllm==0.26.0)"
-    if vllm.__version__ != "0.26.0":
-        return f"vLLM {vllm.__version__} is installed; lvllm needs 0.26.0"
+        return f"vLLM is not installed (pip install vllm=={pins.VLLM})"
+    if vllm.__version__ != pins.VLLM:
+        return f"vLLM {vllm.__version__} is installed; lvllm needs {pins.VLLM}"
     return None
 
 

@@ -14,9 +14,10 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from . import pins
 from .threads import physical_cores, reserved_cores
 
-PINS = {"vllm": "0.26.0", "torch": "2.11.0"}
+PINS = {"vllm": pins.VLLM, "torch": pins.TORCH}
 GiB = 1 << 30
 
 

@@ -1,9 +1,9 @@
 """`--load-format dummy` (benchmarks) for hybrid layers, at host speed.
 
-vLLM 0.26's DummyModelLoader calls `initialize_dummy_weights(module)` on *every* module, and each
-call fills the module's whole state_dict: a routed-expert tensor is filled once per enclosing module
-(six times in Qwen3-MoE), each time by a serial CPU random generator (~0.5 GB/s) once the tensor lives
-in host RAM. For the 57 GB of a Qwen3-30B-A3B-shaped model that is over ten minutes of start-up.
+vLLM 0.33's DummyModelLoader fills every tensor of every module in place
+(`initialize_single_dummy_weight`) with a serial random generator on the tensor's device: for a
+routed-expert tensor in host RAM that is one CPU core at ~0.5 GB/s (measured with 0.26's filler,
+the same generator), minutes of start-up for the 57 GB of a Qwen3-30B-A3B-shaped model.
 
 So with the dummy format the hybrid method creates its tensors on the meta device (vLLM's filler
 skips meta tensors), and `materialize` gives them host memory at hand-over: floating tensors are

@@ -26,7 +26,9 @@ class HybridMoEMixin:
     """Members copied into each hybrid class. Not a base class: CPython refuses `__class__`
     assignment to a class with a second base, even a slot-less one (measured, torch modules)."""
 
-    lk_keep_on_host = True  # read by the device_loading_context hook: no GPU round trip at load
+    # vLLM's post-load step runs on the host tensors as they are (the default, True, copies every
+    # expert to the GPU and back around it).
+    requires_device_loading = False
 
     def lk_setup(self, layer, plan: LayerPlan, cfg) -> None:
         self._lk_plan = plan
@@ -48,10 +50,6 @@ class HybridMoEMixin:
         from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
         return FusedMoEMethodBase.maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition,
                                                       act_dtype, moe_parallel_config)
-
-    def maybe_make_prepare_finalize(self, routing_tables=None):
-        # vLLM 0.26 calls this for every MoE layer when TP >= 2; the in-tree methods raise.
-        return None
 
     def get_fused_moe_quant_config(self, layer):
         return None

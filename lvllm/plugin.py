@@ -2,22 +2,21 @@
 
 Switch off (LVLLM_MOE_NUMA_ENABLED unset/0): return at once; nothing of vLLM's internals or of
 lk_moe is imported, vLLM runs exactly as shipped. Switch on: parse every LVLLM_* switch (a bad
-value stops startup naming the variable), check that this is the vLLM the hooks were written
-for, then install two hooks, each once per process, at the moment vLLM itself imports the module
-they go into (lvllm.post_import: processes that never build a model, like the API server, import
-nothing more than with the switch off):
+value stops startup naming the variable), check that this is the vLLM the hook was written for,
+then install one hook, once per process, at the moment vLLM itself imports the module it goes
+into (lvllm.post_import: processes that never build a model, like the API server, import nothing
+more than with the switch off):
 
 H1  RoutedExperts._get_quant_method: after vLLM picked the layer's method, ask the layer policy;
-    hybrid layers get their method re-classed into the hybrid method (lvllm.hybrid_method).
-H2  model_loader.utils.device_loading_context: for hybrid layers, post-processing runs on the
-    host tensors; vLLM 0.26 would otherwise copy every expert to the GPU and back.
+    hybrid layers get their method re-classed into the hybrid method (lvllm.hybrid_method), which
+    also answers `requires_device_loading = False`, so vLLM's post-load step leaves its host
+    tensors on the host.
 
 Any check that fails raises PluginError naming the vLLM function and version: never a
 half-installed plugin, never a silent fallback to stock vLLM.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import logging
@@ -28,7 +27,7 @@ from .post_import import when_imported
 
 logger = logging.getLogger("vllm.lvllm")
 
-SUPPORTED_VLLM = "0.26.0"
+from .pins import VLLM as SUPPORTED_VLLM
 _installed = False
 
 
@@ -46,7 +45,6 @@ def _params(fn) -> tuple:
 
 
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
-LOADER_UTILS = "vllm.model_executor.model_loader.utils"
 
 
 def _check_version() -> str:
@@ -60,7 +58,7 @@ def _check_version() -> str:
         raise PluginError(f"lvllm supports vLLM {SUPPORTED_VLLM} only; this is vLLM {version}. "
                           f"Install vllm=={SUPPORTED_VLLM} or set LVLLM_MOE_NUMA_ENABLED=0")
     roots = list(getattr(vllm, "__path__", []))
-    for module in (ROUTED_EXPERTS, LOADER_UTILS):
+    for module in (ROUTED_EXPERTS,):
         rel = os.path.join(*module.split(".")[1:]) + ".py"
         if not any(os.path.exists(os.path.join(root, rel)) for root in roots):
             raise PluginError(f"vLLM {version} has no module {module}; lvllm cannot install its hooks")
@@ -68,7 +66,7 @@ def _check_version() -> str:
 
 
 def _check(where: str, expect: dict) -> None:
-    """expect: {name: (function, parameter names)} as in vLLM 0.26.0."""
+    """expect: {name: (function, parameter names)} as in the pinned vLLM."""
     for name, (fn, params) in expect.items():
         if fn is None or not callable(fn):
             raise PluginError(f"{where} has no {name}; lvllm cannot install its hooks")
@@ -80,18 +78,22 @@ def _check(where: str, expect: dict) -> None:
 
 def _routed_experts_surface(module) -> dict:
     from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    if not isinstance(getattr(QuantizeMethodBase, "requires_device_loading", None), bool):
+        # Without it vLLM's post-load step would copy every host expert to the GPU and back.
+        raise PluginError("QuantizeMethodBase has no requires_device_loading flag; "
+                          "lvllm cannot keep the experts on the host")
     return {
         "RoutedExperts._get_quant_method": (getattr(getattr(module, "RoutedExperts", None), "_get_quant_method", None),
                                             ("self", "prefix", "quant_config", "moe_config")),
         "FusedMoEMethodBase.apply": (FusedMoEMethodBase.apply,
                                      ("self", "layer", "x", "topk_weights", "topk_ids", "shared_experts",
                                       "shared_experts_input")),
+        "FusedMoEMethodBase.create_weights": (FusedMoEMethodBase.create_weights,
+                                              ("self", "layer", "num_experts", "hidden_size",
+                                               "intermediate_size_per_partition", "params_dtype",
+                                               "extra_weight_attrs")),
     }
-
-
-def _loader_surface(loader_utils) -> dict:
-    return {"model_loader.utils.device_loading_context": (
-        getattr(loader_utils, "device_loading_context", None), ("module", "target_device"))}
 
 
 def check_hook_targets() -> str:
@@ -100,7 +102,6 @@ def check_hook_targets() -> str:
     import importlib
     where = f"vLLM {_check_version()}"
     _check(where, _routed_experts_surface(importlib.import_module(ROUTED_EXPERTS)))
-    _check(where, _loader_surface(importlib.import_module(LOADER_UTILS)))
     return where
 
 
@@ -127,27 +128,9 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
     RoutedExperts._get_quant_method = _get_quant_method
 
 
-def _hook_loader(where: str, loader_utils) -> None:
-    """H2, once vLLM has imported its model loader's utils in this process."""
-    _check(where, _loader_surface(loader_utils))
-    original_loading_context = loader_utils.device_loading_context
-
-    @contextlib.contextmanager
-    def device_loading_context(module, target_device):
-        if getattr(getattr(module, "quant_method", None), "lk_keep_on_host", False):
-            yield module
-            return
-        with original_loading_context(module, target_device) as m:
-            yield m
-
-    device_loading_context.__wrapped__ = original_loading_context
-    loader_utils.device_loading_context = device_loading_context
-
-
 def _install(cfg: LvllmConfig) -> None:
     where = f"vLLM {_check_version()}"
     when_imported(ROUTED_EXPERTS, functools.partial(_hook_routed_experts, cfg, where))
-    when_imported(LOADER_UTILS, functools.partial(_hook_loader, where))
 
 
 def register() -> None:

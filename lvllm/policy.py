@@ -61,7 +61,9 @@ def engine_format(method) -> tuple:
         return "bf16", None
     if name == "Fp8MoEMethod":
         if getattr(method, "block_quant", False):
-            block = getattr(method, "weight_block_size", None)
+            # The grid of the scale tensors vLLM created: the checkpoint's block, or, where TP cuts
+            # a block, the refined grid its loader upsamples the scales to.
+            block = getattr(method, "moe_block_shape", None) or getattr(method, "weight_block_size", None)
             return "fp8_block", (tuple(int(v) for v in block) if block else None)
         raise UnsupportedMoELayer(
             "Fp8MoEMethod with per-tensor weight scales is not supported by lk_moe yet "
@@ -72,11 +74,11 @@ def engine_format(method) -> tuple:
         raise UnsupportedMoELayer(
             f"{name} with weight strategy {_strategy(method, 'weight_quant')!r} is not supported by "
             "lk_moe yet (per-channel is)")
-    if name in ("CompressedTensorsWNA16MarlinMoEMethod", "CompressedTensorsWNA16MoEMethod"):
+    if name == "CompressedTensorsWNA16MoEMethod":
         bits = getattr(method, "num_bits", None)
         if bits != 4:
             raise UnsupportedMoELayer(f"{name} with {bits}-bit weights is not supported by lk_moe yet (4-bit is)")
-        if enum_value(getattr(method, "actorder", None) or "") == "group":
+        if enum_value(getattr(getattr(method, "weight_quant", None), "actorder", None) or "") == "group":
             raise UnsupportedMoELayer(f"{name} with act order (actorder='group') is not supported by lk_moe yet")
         if "flashinfer" in enum_value(getattr(method, "wna16_backend", "")):
             raise UnsupportedMoELayer(f"{name} on the FlashInfer-TRTLLM backend keeps N-first tensors, which "

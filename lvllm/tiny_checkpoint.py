@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a small checkpoint of a real MoE architecture: config.json that vLLM 0.26.0 loads as it
+"""Write a small checkpoint of a real MoE architecture: config.json that vLLM 0.33.0 loads as it
 is, safetensors with random weights under the names the Hub checkpoints of that family use, and
 a small byte-level BPE tokenizer with a chat template (so `vllm serve` works with text).
 
@@ -346,7 +346,7 @@ def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
 # Linear `name`: name.weight uint8 [N, K/2] (two e2m1 codes per byte, element 2i in the low nibble),
 # name.weight_scale float8_e4m3fn [N, K/16] (per 16 inputs), name.weight_scale_2 fp32 scalar (the
 # per-tensor global scale amax / (6 * 448), not its reciprocal), name.input_scale fp32 scalar (the
-# activation scale W4A4 kernels use). weight = e2m1(code) * weight_scale * weight_scale_2. vLLM 0.26
+# activation scale W4A4 kernels use). weight = e2m1(code) * weight_scale * weight_scale_2. vLLM 0.33
 # reads them under these names (ModelOptNvFp4LinearMethod / ModelOptNvFp4FusedMoE, modelopt.py).
 NVFP4_GROUP = 16
 _E2M1_MAX, _E4M3_MAX = 6.0, 448.0
@@ -417,7 +417,7 @@ def _nvfp4_hf_quant_config(qc: dict) -> dict:
 # e.g. RedHatAI/Qwen3-30B-A3B-FP8-dynamic, *-quantized.w8a8), per quantized Linear `name`: name.weight
 # float8_e4m3fn or int8 [N, K], name.weight_scale [N, 1] in the model's dtype (compressed-tensors gives a
 # scale the dtype of the weight it observed: bf16 here); symmetric, no zero point, weight = code *
-# scale. Activations are quantized per token at run time: no input scales in the file. vLLM 0.26 reads
+# scale. Activations are quantized per token at run time: no input scales in the file. vLLM 0.33 reads
 # them as CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod for the experts.
 W8A8_CHANNEL = {  # quant -> (code dtype, largest code, compressed-tensors type and format)
     "fp8_channel": (torch.float8_e4m3fn, 448.0, "float", "float-quantized"),

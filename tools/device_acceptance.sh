@@ -25,6 +25,12 @@
 #   bash tools/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (tools/decode_ops_micro.cpp)
 #   bash tools/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
 #   bash tools/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
+# The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see ../shared/device/README.md):
+#   bash tools/device_acceptance.sh pin1      # install, wheel, versions, doctor, tests/gpu, vllm serve e2e
+#   bash tools/device_acceptance.sh hybrid1   # e2e_decode hybrid (decode vs the bandwidth bound, TTFT, startup)
+#   bash tools/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
+#                                             # benchmarks/results-carry.json: one table with the ratios)
+#   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
 #   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
@@ -112,6 +118,20 @@ $cpu_tests $loads -k tensor_parallel > \$OUT/cpu_loads_b.log 2>&1; wait
 verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   setup)
     body="true" ;;
+  pin1)
+    body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin1] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin1] hooks:\", p.check_hook_targets())'
+timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
+OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
+timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+$e2e_lines \$OUT/e2e_serve.log" ;;
+  hybrid1)
+    body="timeout $left python3 benchmarks/e2e_decode.py --modes hybrid --results \$OUT/bench.json --log-dir \$OUT \
+--timeout 480 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -14" ;;
+  base1)
+    body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
+timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock --reps 2 --decode-tokens 64 \
+--results \$OUT/bench.json --log-dir \$OUT --timeout 400 > \$OUT/bench_baseline.log 2>&1
+grep -v '^ *\$' \$OUT/bench_baseline.log | tail -16" ;;
   gpu1)
     body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
 timeout 200 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do \

@@ -4,7 +4,7 @@
 # - Python venv kept OUTSIDE the clone as a cache: $LVLLM_VENV, default
 #   ~/.cache/lvllm/venv-py<major.minor>; (re)installed when requirements/*.txt change.
 # - LVLLM_USE_SYSTEM_PYTHON=1 skips the venv and uses python3 as it is (e.g. the GPU machine,
-#   which has torch 2.11 but no package index).
+#   whose own torch is 2.11: run it on the carried payload, see tools/device_session.sh).
 # - Builds lk_moe._C in place (build/ and lk_moe/_C*.so are git-ignored).
 set -euo pipefail
 _lk_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,7 +15,7 @@ if [ "${LVLLM_USE_SYSTEM_PYTHON:-0}" != "1" ]; then
   _lk_venv="${LVLLM_VENV:-$HOME/.cache/lvllm/venv-py$_lk_ver}"
   _lk_stamp="$(cat "$_lk_root"/requirements/cpu.txt "$_lk_root"/requirements/build.txt "$_lk_root"/requirements/test.txt | sha256sum | cut -c1-16)"
   if [ ! -x "$_lk_venv/bin/python" ] || [ "$(cat "$_lk_venv/.lvllm-stamp" 2>/dev/null)" != "$_lk_stamp" ]; then
-    echo "[setup] preparing venv $_lk_venv (torch 2.11.0 is a ~3 GB download the first time)" >&2
+    echo "[setup] preparing venv $_lk_venv (torch 2.14.0 is a ~3 GB download the first time)" >&2
     "$_lk_py" -m venv "$_lk_venv"
     "$_lk_venv/bin/python" -m pip install -q --upgrade pip >&2
     "$_lk_venv/bin/python" -m pip install -q -r "$_lk_root/requirements/cpu.txt" \

@@ -33,7 +33,7 @@ def make_experts(E, H, I, dtype=torch.bfloat16, seed=0):
 
 
 def vllm_dequantize_nvfp4(codes, scales, global_scale):
-    """vLLM 0.26's own NVFP4 decoder (nvfp4_emulation_utils.dequantize_to_dtype, unswizzled scales) as
+    """vLLM 0.33's own NVFP4 decoder (nvfp4_emulation_utils.dequantize_to_dtype, unswizzled scales) as
     fp32 on the CPU. On a CUDA platform vLLM runs it as a Triton kernel that takes GPU tensors only, so
     the inputs go where vLLM's platform sends the call."""
     emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")

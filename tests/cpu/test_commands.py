@@ -1,5 +1,5 @@
 """Every commands/<model>_serve_tp<N>.sh: its LVLLM_/LK_ values pass our config parsers, its
-`vllm serve` arguments pass vLLM 0.26.0's own serve parser (where vLLM is installed: CI), and its
+`vllm serve` arguments pass the pinned vLLM's own serve parser (where vLLM is installed: CI), and its
 header states the hardware it assumes."""
 import glob
 import os
@@ -59,7 +59,8 @@ def test_missing_model_argument_is_a_clear_error():
 @pytest.mark.parametrize("script", SERVE, ids=os.path.basename)
 def test_vllm_accepts_the_arguments(script):
     vllm = pytest.importorskip("vllm")
-    assert vllm.__version__ == "0.26.0"
+    from lvllm import pins
+    assert vllm.__version__ == pins.VLLM
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

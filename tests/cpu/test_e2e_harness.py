@@ -1,4 +1,4 @@
-"""What tests/e2e/generate.py's explicit shutdown relies on in vLLM 0.26.0 (it runs only on a GPU, so a
+"""What tests/e2e/generate.py's explicit shutdown relies on in vLLM 0.33.0 (it runs only on a GPU, so a
 vLLM that moved these would otherwise show up as e2e runs that hang or abort at exit)."""
 import inspect
 

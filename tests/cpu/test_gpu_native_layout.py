@@ -1,9 +1,9 @@
 """The native GPU path (lk_moe.gpu_native), everything that runs without a GPU: the re-layout of the
-streamed engine blocks into the tensors vLLM 0.26.0's fused-MoE kernels read, run with torch on CPU
+streamed engine blocks into the tensors vLLM 0.33.0's fused-MoE kernels read, run with torch on CPU
 tensors, against the checkpoint tensors as vLLM's own methods hold them (bit for bit), and which
 path each format takes on each GPU generation.
 
-The layouts vLLM's kernels read (vllm/model_executor/layers/fused_moe/fused_moe.py, 0.26.0):
+The layouts vLLM's kernels read (vllm/model_executor/layers/fused_moe/fused_moe.py, 0.33.0):
 - fp8_block (Fp8MoEMethod): w13 fp8 [E, 2I, H], w2 [E, H, I], scale_inv fp32 [E, 2I/128, H/128],
   [E, H/128, I/128]: exactly the checkpoint tensors.
 - fp8_channel / int8_channel (CT W8A8): codes as above, scales fp32 [E, 2I, 1], [E, H, 1].

@@ -95,7 +95,7 @@ def test_doctor_bad_arguments():
 
 
 def test_plugin_line_checks_the_hooks_against_this_vllm(monkeypatch):
-    """The plugin line runs what a switch-on startup checks: with vLLM 0.26.0 the hooks fit; a vLLM
+    """The plugin line runs what a switch-on startup checks: with vLLM 0.33.0 the hooks fit; a vLLM
     whose hooked function changed is a FAIL naming it."""
     from lvllm import doctor as doctor_mod
     from lvllm import plugin

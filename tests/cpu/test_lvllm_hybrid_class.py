@@ -1,10 +1,12 @@
 """The re-classed vLLM method keeps its class name and isinstance, and answers the runner's
-questions as the hybrid path needs (runs where vLLM 0.26.0 is importable; no GPU needed)."""
+questions as the hybrid path needs (runs where the pinned vLLM is importable; no GPU needed)."""
 import pytest
 
+from lvllm import pins
+
 vllm = pytest.importorskip("vllm")
-if vllm.__version__ != "0.26.0":
-    pytest.skip(f"vLLM {vllm.__version__} is not the pinned 0.26.0", allow_module_level=True)
+if vllm.__version__ != pins.VLLM:
+    pytest.skip(f"vLLM {vllm.__version__} is not the pinned {pins.VLLM}", allow_module_level=True)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -28,7 +30,8 @@ def test_reclass_keeps_name_and_type():
     make_hybrid(m, None, LayerPlan("model.layers.1.mlp.experts", 1, "hybrid", "bf16"), None)
     assert type(m).__name__ == "UnquantizedFusedMoEMethod" and isinstance(m, UnquantizedFusedMoEMethod)
     assert type(m) is hybrid_class_for(UnquantizedFusedMoEMethod)  # one class per base
-    assert m.lk_keep_on_host
+    # vLLM's post-load step leaves the host tensors where they are (no GPU round trip)
+    assert m.requires_device_loading is False and UnquantizedFusedMoEMethod.requires_device_loading is True
 
 
 def test_runner_sees_a_plain_modular_method():
@@ -37,7 +40,6 @@ def test_runner_sees_a_plain_modular_method():
     assert not m.is_monolithic and not m.supports_eplb and not m.supports_internal_mk
     assert not m.mk_can_overlap_shared_experts and not m.skip_forward_padding and not m.has_unpadded_output
     assert m.topk_indices_dtype is torch.int32
-    assert m.maybe_make_prepare_finalize() is None  # vLLM 0.26 calls it for TP >= 2
     assert m.get_fused_moe_quant_config(None) is None
 
 

@@ -55,8 +55,15 @@ def test_format_mapping():
     ct = SimpleNamespace(strategy=Strategy.CHANNEL)
     assert engine_format(method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=ct)) == ("fp8_channel", None)
     assert engine_format(method("CompressedTensorsW8A8Int8MoEMethod", weight_quant=ct)) == ("int8_channel", None)
-    for cls in ("CompressedTensorsWNA16MarlinMoEMethod", "CompressedTensorsWNA16MoEMethod"):
-        assert engine_format(method(cls, num_bits=4, actorder=None, wna16_backend="MARLIN")) == ("wna16_int4", None)
+    assert engine_format(method("CompressedTensorsWNA16MoEMethod", num_bits=4, wna16_backend="MARLIN",
+                                weight_quant=SimpleNamespace(actorder=None))) == ("wna16_int4", None)
+
+
+def test_fp8_block_follows_the_scale_grid_vllm_created():
+    """With TP cutting a 128-row block, vLLM refines the scale grid (moe_block_shape) and upsamples the
+    checkpoint's scales to it: the engine reads that grid, not the checkpoint's block."""
+    m = method("Fp8MoEMethod", block_quant=True, weight_block_size=[128, 128], moe_block_shape=(64, 128))
+    assert engine_format(m) == ("fp8_block", (64, 128))
 
 
 @pytest.mark.parametrize("m,words", [
@@ -64,9 +71,10 @@ def test_format_mapping():
     (method("CompressedTensorsW8A8Fp8MoEMethod", weight_quant=SimpleNamespace(strategy=Strategy.TENSOR)),
      "weight strategy 'tensor'"),
     (method("AutoGPTQMoEMethod"), "AutoGPTQMoEMethod is not supported by lk_moe yet"),
-    (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=8), "8-bit weights"),
-    (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=4, actorder="group"), "act order"),
-    (method("CompressedTensorsWNA16MarlinMoEMethod", num_bits=4, wna16_backend="FLASHINFER_TRTLLM"), "N-first"),
+    (method("CompressedTensorsWNA16MoEMethod", num_bits=8), "8-bit weights"),
+    (method("CompressedTensorsWNA16MoEMethod", num_bits=4, weight_quant=SimpleNamespace(actorder="group")),
+     "act order"),
+    (method("CompressedTensorsWNA16MoEMethod", num_bits=4, wna16_backend="FLASHINFER_TRTLLM"), "N-first"),
 ])
 def test_unsupported_methods_are_named(m, words):
     with pytest.raises(UnsupportedMoELayer) as ei:

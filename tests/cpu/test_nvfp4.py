@@ -1,4 +1,4 @@
-"""nvfp4 experts (ModelOpt NVFP4, as vLLM 0.26.0's ModelOptNvFp4FusedMoE holds them after loading and
+"""nvfp4 experts (ModelOpt NVFP4, as vLLM 0.33.0's ModelOptNvFp4FusedMoE holds them after loading and
 before process_weights_after_loading: uint8 e2m1 code pairs, float8_e4m3fn block scales per 16 inputs,
 fp32 global scales per expert projection [E, 2] (gate, up) / [E], optional fp32 input scales) against
 an independent decoder and the fp32 reference on the dequantized weights, on every ISA tier this CPU has.

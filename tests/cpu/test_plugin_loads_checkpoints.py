@@ -1,4 +1,4 @@
-"""The plugin through the real vLLM 0.26.0 model construction and loader, on the CPU (CI): tiny
+"""The plugin through the real vLLM 0.33.0 model construction and loader, on the CPU (CI): tiny
 checkpoints of real architectures and formats are built, loaded, handed to the engine, and one
 hybrid layer's output is compared with a reference decoded straight from the checkpoint files
 (their own layouts: N-first packing, interleaved gpt-oss rows, MXFP4 blocks), so every layout

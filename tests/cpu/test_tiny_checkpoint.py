@@ -73,7 +73,7 @@ def test_nvfp4_encoder_round_trip():
 
 
 def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
-    """ModelOpt names and dtypes per expert projection; vLLM 0.26's ModelOpt config parses the
+    """ModelOpt names and dtypes per expert projection; vLLM 0.33's ModelOpt config parses the
     quantization_config (NVFP4, group 16, the bf16 modules excluded) and its own NVFP4 decoder agrees
     with decode_nvfp4."""
     from safetensors.torch import load_file
@@ -123,7 +123,7 @@ def test_w8a8_channel_encoder_round_trip(quant):
 @pytest.mark.parametrize("quant,moe_scheme", [("fp8_channel", "_is_fp8_w8a8"), ("int8_channel", "_is_dynamic_token_w8a8")])
 def test_w8a8_channel_checkpoint_as_vllm_reads_it(tmp_path, quant, moe_scheme):
     """compressed-tensors names, dtypes and shapes per expert projection (weight [N, K] in fp8/int8,
-    weight_scale [N, 1] bf16, no input scales: dynamic per token); vLLM 0.26's compressed-tensors config
+    weight_scale [N, 1] bf16, no input scales: dynamic per token); vLLM 0.33's compressed-tensors config
     parses the quantization_config, ignores the bf16 Linears, and finds the experts' scheme to be the one
     its MoE dispatcher turns into CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod
     (tests/cpu/test_plugin_loads_checkpoints.py builds the methods through vLLM's loader)."""

@@ -1,5 +1,5 @@
 """Helper process for test_plugin_loads_checkpoints.py: build a tiny checkpoint's model with the
-real vLLM 0.26.0 (CPU platform lent for construction; no GPU here), the plugin switched on, and
+real vLLM 0.33.0 (CPU platform lent for construction; no GPU here), the plugin switched on, and
 its real loader; then compare one hybrid layer's engine output with a reference computed
 straight from the checkpoint files (their own layout, not vLLM's). Prints one JSON line.
 
@@ -123,7 +123,7 @@ def main():
         initialize_model_parallel(world)
         model = get_model(vllm_config=vc)
     hybrid = {name: m.quant_method for name, m in model.named_modules()
-              if getattr(getattr(m, "quant_method", None), "lk_keep_on_host", False)}
+              if hasattr(getattr(m, "quant_method", None), "_lk_hybrid")}
     method = next(qm for name, qm in hybrid.items() if f".layers.{layer_idx}." in name)
     engine = method._lk_hybrid.layer
     ref = reference_layer(model_dir, arch, quant, layer_idx)

@@ -35,12 +35,12 @@ def gpu_memory_used_mib():
         return None
 
 
-# vLLM 0.26's front-end daemon threads (v1/engine/core_client.py) that shut_down lets end
+# vLLM 0.33's front-end daemon threads (v1/engine/core_client.py) that shut_down lets end
 FRONT_END_THREADS = ("EngineCoreOutputQueueThread", "MPClientEngineMonitor")
 
 
 def shut_down(llm) -> str:
-    """vLLM 0.26's LLM has no shutdown(): its engine goes down in finalizers at interpreter exit while
+    """vLLM 0.33's LLM has no shutdown(): its engine goes down in finalizers at interpreter exit while
     the front end's daemon threads (engine monitor, output queue) still run, and one that resumes
     during finalization can abort the process. On the loaded H200 machine, 2026-12-01, 2 of 29
     switch-on front ends (no lk_moe code in them; 0 of 21 switch-off or stock ones) died so after
@@ -83,14 +83,14 @@ def main() -> int:
     with open(os.path.join(a.model, "tokenizer.json")) as f:
         vocab = len(json.load(f)["model"]["vocab"])
     t0 = time.time()
-    # With a fixed KV size vLLM 0.26 still checks at start-up that free memory >= utilization x total
+    # With a fixed KV size vLLM (0.26 seen; 0.33 has the same check) still checks at start-up that free memory >= utilization x total
     # (default 0.92): runs sharing a GPU failed that check on 2026-12-01 (14 at a time). A low value
     # keeps the check meaningful (7 GiB free) without touching the sizing, which the fixed bytes decide.
     mem_args = ({"kv_cache_memory_bytes": a.kv_bytes, "gpu_memory_utilization": 0.05} if a.kv_bytes
                 else {"gpu_memory_utilization": a.gpu_util})
     extra = {}
     if a.tp > 1:
-        # vLLM 0.26 fuses all-reduce + RMSNorm through FlashInfer and picks its "mnnvl" backend,
+        # vLLM (0.26 seen, 0.33 has the same pass) fuses all-reduce + RMSNorm through FlashInfer and picks its "mnnvl" backend,
         # which wants NVLink multicast. The GPU machine keeps multicast off (it can take shared
         # GPUs down); there the TP=2 run died with illegal memory accesses. The fusion is a speed
         # pass only: the all-reduce stays NCCL/custom all-reduce, the math the same.

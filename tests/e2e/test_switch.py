@@ -1,4 +1,4 @@
-"""End to end through the real vLLM 0.26.0: tiny checkpoints of real architectures, switch on vs off.
+"""End to end through the real vLLM 0.33.0: tiny checkpoints of real architectures, switch on vs off.
 
 Each vLLM run is its own process (tests/e2e/generate.py), CUDA graphs on (vLLM's default
 FULL_AND_PIECEWISE), prefix caching, chunked prefill (512-token budget), 4 requests in flight.

@@ -1,7 +1,7 @@
-"""The native GPU path: vLLM 0.26.0's fused-MoE kernel on the streamed codes (lk_moe.gpu_native), per
+"""The native GPU path: vLLM 0.33.0's fused-MoE kernel on the streamed codes (lk_moe.gpu_native), per
 native format, on the Qwen3-30B-A3B expert shape (E=128, H=2048, I=768, top-8), against the fp32 torch
 reference on the dequantized checkpoint weights and against the forced fallback. Needs an NVIDIA GPU
-on which the format is native (H200: all four) and vLLM 0.26.0 with its CUDA ops.
+on which the format is native (H200: all four) and vLLM 0.33.0 with its CUDA ops.
 
 Run: pytest -q tests/gpu/test_native.py   (or: bash tools/run_tests.sh -k native)
 
