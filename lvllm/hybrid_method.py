@@ -94,7 +94,7 @@ class HybridMoEMixin:
             tensors[name] = p.data
         moe = layer.moe_config
         t0 = time.perf_counter()
-        engine_layer = lk_moe.MoELayer.from_checkpoint(plan.format, tensors, pool=rt.pool,
+        engine_layer = lk_moe.MoELayer.from_checkpoint(plan.format, _engine_layout(plan.format, tensors), pool=rt.pool,
                                                        block_size=plan.block_size, **_format_args(layer, plan))
         # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
         for name in needed:
@@ -149,6 +149,20 @@ class HybridMoEMixin:
 
 
 _MEMBERS = {k: v for k, v in vars(HybridMoEMixin).items() if not (k.startswith("__") and k.endswith("__"))}
+
+
+# compressed-tensors WNA16: vLLM 0.33 holds the tensors as the checkpoint does, N-first (packed int32
+# [E, 2I, H/8] / [E, H, I/8], scales [E, 2I, H/gs], zero points [E, 2I/8, H/gs]); the engine's
+# wna16_int4 input is K-first. Every int32 word packs 8 values along one axis that a transpose of
+# the last two dims keeps whole, so the transpose is exact.
+_N_FIRST = {"wna16_int4": ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale",
+                           "w13_weight_zero_point", "w2_weight_zero_point")}
+
+
+def _engine_layout(fmt: str, tensors: dict) -> dict:
+    """The tensors as the engine format reads them (a transposed host copy where the layouts differ)."""
+    names = _N_FIRST.get(fmt, ())
+    return {n: (t.transpose(1, 2).contiguous() if n in names else t) for n, t in tensors.items()}
 
 
 def _format_args(layer, plan: LayerPlan) -> dict:

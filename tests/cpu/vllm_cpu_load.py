@@ -85,8 +85,8 @@ def lend_marlin_backend():
     host tensors are K-first); the method, its create_weights and the loader stay vLLM's own."""
     from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import WNA16MoEBackend
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
-        compressed_tensors_moe_wna16_marlin as marlin)
-    marlin.select_wna16_moe_backend = lambda *a, **k: (WNA16MoEBackend.MARLIN, None)
+        compressed_tensors_moe_wna16 as wna16)
+    wna16.select_wna16_moe_backend = lambda *a, **k: (WNA16MoEBackend.MARLIN, None)
 
 
 def lend_nvfp4_backend():
