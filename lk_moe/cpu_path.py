@@ -231,7 +231,7 @@ class CpuExpertPath:
         x = torch.randn(1, H, generator=g).to(self.dtype)
         ids = (torch.arange(K, dtype=torch.int32) % E).reshape(1, K)
         ids[0, min(K, E):] = -1  # each expert once; slots beyond E experts unused
-        w = torch.full((1, K), 1.0 / K)
+        w = torch.full((1, K), 1.0 / K, dtype=torch.float32)  # vLLM loads under a bf16 default dtype
         ref = self.layer.forward(x, ids, w)
         dev = torch.device("cuda", torch.cuda.current_device())
         xd, idsd, wd = x.to(dev), ids.to(dev), w.to(dev)

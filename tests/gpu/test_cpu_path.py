@@ -273,6 +273,20 @@ def test_self_check_passes_on_a_working_path_and_counts_nothing(experts, signal)
     assert path.engine_totals()[0] == (2 if signal == "auto" else 1)  # auto: the kernel and the hostfn node
 
 
+def test_self_check_under_vllms_bf16_default_dtype(experts):
+    """vLLM 0.33 builds and post-processes layers under a bf16 default dtype (where the plugin runs
+    self_check); the check's own tensors must not take it (the H200 start-up failed so, 2026-12-02)."""
+    layer, _, _ = experts
+    path = CpuExpertPath(layer, max_tokens=8, top_k=K, signal="auto")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        path.self_check()
+    finally:
+        torch.set_default_dtype(old)
+    assert path.take_errors() == 0
+
+
 def test_self_check_catches_an_engine_that_does_not_answer(experts):
     layer, _, _ = experts
     path = CpuExpertPath(layer, max_tokens=4, top_k=K, signal="kernel", kernel_timeout_s=0.2)
