@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/isa_tiers.h"
+
 namespace lk {
 
 constexpr int kBlockN = 16;  // outputs per packed block
@@ -161,10 +163,8 @@ struct KernelTable {
 // set_decode_prefetch (moe_layer.h), a benchmark hook: prefetching never changes a result.
 extern int g_decode_far_prefetch;
 
-namespace tier_generic { const KernelTable* kernel_table(); }
-namespace tier_avx2 { const KernelTable* kernel_table(); }
-namespace tier_avx512 { const KernelTable* kernel_table(); }
-namespace tier_avx512_bf16 { const KernelTable* kernel_table(); }
-namespace tier_amx { const KernelTable* kernel_table(); }
+#define LK_TIER_TABLE(name, feature, flags) namespace tier_##name { const KernelTable* kernel_table(); }
+LK_ISA_TIERS(LK_TIER_TABLE)
+#undef LK_TIER_TABLE
 
 }  // namespace lk
