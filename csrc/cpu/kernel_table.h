@@ -1,7 +1,7 @@
 // The boundary between the ISA-independent engine and the per-tier kernels.
 //
-// moe_kernels.cpp is compiled once per tier (generic, avx2, avx512, avx512_bf16,
-// amx) into namespace lk::tier_<name>; each build exports one KernelTable. The
+// The kernel sources (csrc/cpu/kernels/) are compiled once per tier (isa_tiers.h) into namespace
+// lk::tier_<name>; each build exports one KernelTable. The
 // engine (moe_layer.cpp) only sees this table, so adding a tier or changing a
 // kernel never touches the scheduling code.
 //
@@ -58,7 +58,7 @@ struct Fp8Weights {
 // output rows x kp inputs in kp/8 "octets" of 64 bytes (one cache line): byte 4n + j of octet o
 // holds element (n, 8o + j) in its low nibble and element (n, 8o + 4 + j) in its high nibble, so
 // one and/shift gives a dword per output row of 4 consecutive inputs: the u8 operand of VNNI
-// vpdpbusd (see the int4 section of moe_kernels.cpp). Nibbles u are unsigned; weight =
+// vpdpbusd (see kernels/int4.cpp). Nibbles u are unsigned; weight =
 // (u - zero) * scale with one scale (and zero) per output row and `group` inputs. Half a byte per
 // weight in memory.
 struct Int4Weights {
@@ -159,7 +159,7 @@ struct KernelTable {
 };
 
 // Bytes ahead in each block stream that the quantized decode tiles prefetch into L2 (0: off; see
-// moe_kernels.cpp, kPrefetchNearBytes). Process-wide, read with a relaxed atomic load; set through
+// kernels/simd.h, kPrefetchNearBytes). Process-wide, read with a relaxed atomic load; set through
 // set_decode_prefetch (moe_layer.h), a benchmark hook: prefetching never changes a result.
 extern int g_decode_far_prefetch;
 

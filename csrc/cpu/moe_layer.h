@@ -135,7 +135,7 @@ struct MoEShape {
 //    multiples of 16. Non-gated experts (w13_num_shards = 1) are refused.
 // Repacked into the Fp4Weights blocks with one fp8 byte per (row, 16 inputs): the checkpoint's bytes,
 // plus 12 bytes of global scales per expert (H, I not multiples of 32 pad one zero group per row).
-// Kernels (moe_kernels.cpp, mxfp4 section, shared with mxfp4): decode (<= 4 rows per expert, AVX-512
+// Kernels (kernels/fp4.cpp, shared with mxfp4): decode (<= 4 rows per expert, AVX-512
 // tiers) converts codes to bf16 in registers through the 16-entry vpermw table, accumulates each
 // 16-input group in fp32 (vdpbf16ps, or the exact even/odd fp32 split on plain AVX-512) with 2 chains
 // per (row, block) at one row, then multiplies the group's 16 fp8 scales (converted in registers:
@@ -225,7 +225,7 @@ void set_decode_schedule(DecodeSchedule s);
 DecodeSchedule decode_schedule();
 // Activations of the fp4 formats' decode chunks (<= kQ8MaxTokens tokens, AVX-512 tiers, LK_INT8_ACT
 // not set for them): q15 rows (the default; integer dot products on 15-bit activations, see
-// moe_kernels.cpp, dot_tile_fp4_int) or the bf16 rows of the vdpbf16ps tile. Process-wide, for
+// kernels/fp4.cpp, dot_tile_fp4_int) or the bf16 rows of the vdpbf16ps tile. Process-wide, for
 // benchmarks' A/Bs; the results differ by the activations' 15-bit rounding.
 enum class Fp4DecodeActs { kQ15 = 0, kBf16 = 1 };
 void set_fp4_decode_acts(Fp4DecodeActs a);

@@ -35,7 +35,7 @@ namespace {
 // Decode with int8 activations (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers, only
 // with LK_INT8_ACT=1: on the 16-core AMX host, 2026-12-01, M=1 it gained 5-6% (mxfp4 0.327 -> 0.308 ms,
 // nvfp4 0.329 -> 0.312) while its error moved gpt-oss's greedy logprobs past the e2e bound, so the exact
-// path below is the default): the int4 section's int8 activations (q8 rows, quantized once per chunk per 32
+// path below is the default): int4.cpp's int8 activations (act_quant.cpp) (q8 rows, quantized once per chunk per 32
 // inputs) times exact int8 weights: 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}, so each
 // quad (32 bytes, the block layout as it is) becomes 16 dwords of 4 unsigned codes 12 + 2 e2m1
 // (vpmovzxwd, one vpternlogd, one vpshufb table) and vpdpbusd (vpmaddubsw + vpmaddwd on the avx512
