@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "cpu/format.h"
 #include "cpu/moe_layer.h"
 #include "cpu/thread_pool.h"
 

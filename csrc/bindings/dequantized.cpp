@@ -10,12 +10,12 @@ namespace lk_bind {
 // rounding of the exact product; mxfp4 biases are not included).
 py::tuple Layer::dequantized() const {
   const auto& sh = impl->shape();
-  if (!sh.fp4) throw py::value_error("dequantized() is available for mxfp4 / nvfp4 layers");
-  const int E = sh.experts, I = sh.intermediate, H = sh.hidden, grp = sh.nv ? 16 : 32;
+  if (sh.format->family != lk::Family::kFp4) throw py::value_error("dequantized() is available for mxfp4 / nvfp4 layers");
+  const int E = sh.experts, I = sh.intermediate, H = sh.hidden, grp = sh.seg1;
   at::Tensor w13 = at::zeros({E, 2 * I, H}, at::kFloat), w2 = at::zeros({E, H, I}, at::kFloat);
   static const float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   auto scale_of = [&](uint8_t s) -> double {
-    if (sh.nv) {  // fp8 e4m3fn
+    if (sh.format->nv) {  // fp8 e4m3fn
       const int mag = s & 0x7F, e = mag >> 3, m = mag & 7;
       if (mag == 0x7F) return NAN;
       const double v = e ? std::ldexp(1.0 + m / 8.0, e - 7) : std::ldexp(double(m), -9);
@@ -47,14 +47,14 @@ py::tuple Layer::dequantized() const {
           const size_t b = (size_t(e) * nbi + lb) * 2 + h;
           const int r0 = (sl.ib0 + lb) * lk::kBlockN;
           if (r0 >= I) continue;
-          const double gs = sh.nv ? impl->global_scales13()[2 * size_t(e) + h] : 1.0;
+          const double gs = sh.format->nv ? impl->global_scales13()[2 * size_t(e) + h] : 1.0;
           decode(sl.w13.as<uint8_t>() + b * bb1, sl.s13.as<uint8_t>() + b * sb1, sh.kp1, H,
                  std::min(lk::kBlockN, I - r0), gs, p13 + (size_t(e) * 2 * I + size_t(h) * I + r0) * H, H);
         }
       for (int lb = 0; lb < nbh; ++lb) {
         const size_t b = size_t(e) * nbh + lb;
         const int r0 = (sl.hb0 + lb) * lk::kBlockN;
-        const double gs = sh.nv ? impl->global_scales2()[e] : 1.0;
+        const double gs = sh.format->nv ? impl->global_scales2()[e] : 1.0;
         decode(sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * sb2, sh.kp2, I,
                std::min(lk::kBlockN, H - r0), gs, p2 + (size_t(e) * H + r0) * I, I);
       }

@@ -12,8 +12,8 @@ void def_gpu_export(py::class_<Layer>& layer) {
              // Views of the packed weights (bf16), for streaming them to a GPU. Each view keeps
              // the layer's memory alive. w13: [E, nbi, 2, kp1/2, 16, 2]; w2: [E, nbh, kp2/2, 16, 2].
              const auto& sh = l.impl->shape();
-             if (sh.byte_weights || sh.int4 || sh.fp4)
-               throw py::value_error(sh.byte_weights
+             if (sh.format->family != lk::Family::kBf16)
+               throw py::value_error(sh.format->family == lk::Family::kByteCodes
                                          ? "packed_slices() gives bf16/fp16 experts; this layer has byte weights "
                                            "(fp8/int8 codes + fp32 scales): use quant_slices()"
                                          : "packed_slices() gives bf16/fp16 experts; this layer has 4-bit weights "
@@ -37,8 +37,8 @@ void def_gpu_export(py::class_<Layer>& layer) {
              // Byte-weight layers: (codes, seg) for lk_moe.gpu_dequant: "fp8_e4m3" or "int8", and
              // the inputs per scale (0: one scale per row) for both projections; None otherwise.
              const auto& sh = l.impl->shape();
-             if (!sh.byte_weights) return py::none();
-             return py::make_tuple(sh.int8 ? "int8" : "fp8_e4m3", sh.per_row ? 0 : sh.seg);
+             if (sh.format->family != lk::Family::kByteCodes) return py::none();
+             return py::make_tuple(sh.format->int8_codes ? "int8" : "fp8_e4m3", sh.format->per_row ? 0 : sh.seg1);
            })
       .def("quant_slices",
            [](const Layer& l) {
@@ -49,14 +49,13 @@ void def_gpu_export(py::class_<Layer>& layer) {
              // the codes in the bf16 block layout of packed_slices (one byte per weight), P = 16
              // (one scale per row) or kp/seg (one per segment of seg inputs, shared by the block's rows).
              const auto& sh = l.impl->shape();
-             if (!sh.byte_weights)
+             if (sh.format->family != lk::Family::kByteCodes)
                throw py::value_error(std::string("quant_slices() is for byte-weight layers (fp8_block, fp8_channel, "
                                                  "int8_channel); this layer is ") +
-                                     (sh.int4 ? "wna16_int4 (use quant4_slices)"
-                                      : sh.fp4 ? (sh.nv ? "nvfp4 (use quant4_slices)" : "mxfp4 (use quant4_slices)")
-                                               : "bf16 (use packed_slices)"));
-             const int64_t p1 = sh.per_row ? lk::kBlockN : sh.kp1 / sh.seg;
-             const int64_t p2 = sh.per_row ? lk::kBlockN : sh.kp2 / sh.seg;
+                                     sh.format->name +
+                                     (sh.format->family == lk::Family::kBf16 ? " (use packed_slices)" : " (use quant4_slices)"));
+             const int64_t p1 = sh.format->per_row ? lk::kBlockN : sh.kp1 / sh.seg1;
+             const int64_t p2 = sh.format->per_row ? lk::kBlockN : sh.kp2 / sh.seg2;
              py::list out;
              auto keep = l.impl;
              auto u8 = at::TensorOptions().dtype(at::kByte).device(at::kCPU);
@@ -91,13 +90,13 @@ void def_gpu_export(py::class_<Layer>& layer) {
              //   mxfp4 with biases: b13 bf16 [E, nbi, 2, 16], b2 bf16 [E, nbh, 16];
              //   bounds: (i0, i1, h0, h1).
              const auto& sh = l.impl->shape();
-             if (!sh.int4 && !sh.fp4)
+             if (sh.format->family != lk::Family::kInt4 && sh.format->family != lk::Family::kFp4)
                throw py::value_error(std::string("quant4_slices() is for 4-bit layers (wna16_int4, mxfp4, nvfp4); "
                                                  "this layer is ") +
-                                     (sh.byte_weights ? "byte-weight (use quant_slices)" : "bf16 (use packed_slices)"));
-             const int64_t g1 = sh.int4 ? sh.seg1 : sh.nv ? 16 : 32, g2 = sh.int4 ? sh.seg2 : sh.nv ? 16 : 32;
-             const auto scale_type = sh.int4 ? (sh.int4_fp16 ? at::kHalf : at::kBFloat16)
-                                             : sh.nv ? at::kFloat8_e4m3fn : at::kByte;
+                                     (sh.format->family == lk::Family::kByteCodes ? "byte-weight (use quant_slices)" : "bf16 (use packed_slices)"));
+             const int64_t g1 = sh.seg1, g2 = sh.seg2;  // inputs per scale
+             const auto scale_type = sh.format->family == lk::Family::kInt4 ? (sh.fp16_scales ? at::kHalf : at::kBFloat16)
+                                             : sh.format->nv ? at::kFloat8_e4m3fn : at::kByte;
              const int64_t E = sh.experts, kp1 = sh.kp1, kp2 = sh.kp2;
              py::list out;
              auto keep = l.impl;
@@ -112,7 +111,7 @@ void def_gpu_export(py::class_<Layer>& layer) {
                d["s13"] = view(sl.s13, {E, nbi, 2, kp1 / g1, 16}, scale_type);
                d["w2"] = view(sl.w2, {E, nbh, kp2 / 4, 16, 2}, at::kByte);
                d["s2"] = view(sl.s2, {E, nbh, kp2 / g2, 16}, scale_type);
-               if (sh.int4_asym) {
+               if (sh.zero_points) {
                  d["z13"] = view(sl.z13, {E, nbi, 2, kp1 / g1, 8}, at::kByte);
                  d["z2"] = view(sl.z2, {E, nbh, kp2 / g2, 8}, at::kByte);
                }
@@ -130,7 +129,7 @@ void def_gpu_export(py::class_<Layer>& layer) {
            [](const Layer& l) -> py::object {
              // nvfp4: views of the per-expert fp32 global scales (w13 [E, 2]: gate, up; w2 [E]); None otherwise.
              const auto& sh = l.impl->shape();
-             if (!sh.nv) return py::none();
+             if (!sh.format->nv) return py::none();
              auto keep = l.impl;
              auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
              // from_blob wants a mutable pointer; the views are read by the GPU copy only.

@@ -98,11 +98,7 @@ void def_layer(py::module_& m) {
   layer
       .def_property_readonly("format", [](const Layer& l) {
         const auto& sh = l.impl->shape();
-        if (sh.fp4) return sh.nv ? "nvfp4" : "mxfp4";
-        if (sh.int4) return "wna16_int4";
-        if (!sh.byte_weights) return "bf16";
-        if (sh.per_row) return sh.int8 ? "int8_channel" : "fp8_channel";
-        return "fp8_block";
+        return sh.format->name;
       })
       .def("submit", &Layer::submit, py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("out"))
       .def_property_readonly("nbytes", [](const Layer& l) { return l.impl->nbytes(); })
