@@ -3,6 +3,21 @@
 #include "bindings/common.h"
 
 namespace lk_bind {
+namespace {
+
+// How every 4-bit adapter ends: each of its tensors CPU-contiguous (named as vLLM names them), then a
+// source of `type` with the codes w13 / w2.
+lk::WeightSource contiguous_source(lk::DType type, const at::Tensor& w13, const at::Tensor& w2,
+                                   std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors) {
+  for (auto [t, name] : tensors) require_cpu_contiguous(*t, name);
+  lk::WeightSource src;
+  src.type = type;
+  src.w13 = w13.data_ptr();
+  src.w2 = w2.data_ptr();
+  return src;
+}
+
+}  // namespace
 
 // Checks shared by the byte-quantized formats: weights of `code` dtype shaped [E, 2I, H] and
 // [E, H, I], fp32 scales, everything CPU-contiguous. Returns {E, I, H}. Names in errors are vLLM's.
@@ -142,13 +157,9 @@ Layer Layer::wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& 
     require_cpu_contiguous(*z13, n13);
     require_cpu_contiguous(*z2, n2);
   }
-  for (auto [t, name] : {std::pair{&w13, "w13_weight_packed"}, std::pair{&w2, "w2_weight_packed"},
-                         std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
-    require_cpu_contiguous(*t, name);
-  lk::WeightSource src;
-  src.type = lk::DType::kINT4;
-  src.w13 = w13.data_ptr();
-  src.w2 = w2.data_ptr();
+  lk::WeightSource src = contiguous_source(lk::DType::kINT4, w13, w2,
+                                          {{&w13, "w13_weight_packed"}, {&w2, "w2_weight_packed"},
+                                           {&s13, "w13_weight_scale"}, {&s2, "w2_weight_scale"}});
   src.q13s = static_cast<const uint16_t*>(s13.data_ptr());
   src.q2s = static_cast<const uint16_t*>(s2.data_ptr());
   src.z13 = z13 ? z13->data_ptr<int32_t>() : nullptr;
@@ -223,14 +234,10 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
     require_cpu_contiguous(*b13, "w13_bias");
     require_cpu_contiguous(*b2, "w2_bias");
   }
-  for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
-                         std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
-    require_cpu_contiguous(*t, name);
+  lk::WeightSource src = contiguous_source(lk::DType::kMXFP4, w13, w2,
+                                          {{&w13, "w13_weight"}, {&w2, "w2_weight"}, {&s13, "w13_weight_scale"},
+                                           {&s2, "w2_weight_scale"}});
   if (!(alpha == alpha) || !(limit > 0)) throw py::value_error("swiglu_alpha must be a number and swiglu_limit > 0");
-  lk::WeightSource src;
-  src.type = lk::DType::kMXFP4;
-  src.w13 = w13.data_ptr();
-  src.w2 = w2.data_ptr();
   src.e13 = s13.data_ptr<uint8_t>();
   src.e2 = s2.data_ptr<uint8_t>();
   src.b13 = b13 ? static_cast<const uint16_t*>(b13->data_ptr()) : nullptr;
@@ -300,14 +307,10 @@ Layer Layer::nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
       throw py::value_error("w2_input_scale must be [E'] with E' >= E = " + std::to_string(E) + ", got " +
                             shape_str(*a2));
   }
-  for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"},
-                         std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"},
-                         std::pair{&g13, "w13_weight_scale_2"}, std::pair{&g2, "w2_weight_scale_2"}})
-    require_cpu_contiguous(*t, name);
-  lk::WeightSource src;
-  src.type = lk::DType::kNVFP4;
-  src.w13 = w13.data_ptr();
-  src.w2 = w2.data_ptr();
+  lk::WeightSource src = contiguous_source(lk::DType::kNVFP4, w13, w2,
+                                          {{&w13, "w13_weight"}, {&w2, "w2_weight"}, {&s13, "w13_weight_scale"},
+                                           {&s2, "w2_weight_scale"}, {&g13, "w13_weight_scale_2"},
+                                           {&g2, "w2_weight_scale_2"}});
   src.e13 = static_cast<const uint8_t*>(s13.data_ptr());
   src.e2 = static_cast<const uint8_t*>(s2.data_ptr());
   src.r13 = int(2 * I);

@@ -13,6 +13,25 @@
 
 using namespace lk_bind;
 
+namespace {
+
+// A two-valued process-wide hook: _set_<name>(value name) and _<name>() (the value's name).
+template <typename E>
+void def_switch(py::module_& m, const std::string& name, const std::string& what,
+                const std::array<std::pair<const char*, E>, 2>& values, void (*set)(E), E (*get)(), const char* doc) {
+  m.def(
+      ("_set_" + name).c_str(),
+      [=](const std::string& v) {
+        for (const auto& [n, e] : values)
+          if (v == n) return set(e);
+        throw py::value_error(what + ": " + values[0].first + " or " + values[1].first + ", not '" + v + "'");
+      },
+      py::arg("name"), doc);
+  m.def(("_" + name).c_str(), [=] { return std::string(get() == values[0].second ? values[0].first : values[1].first); });
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lk_moe CPU engine";
   m.def("isa", [] { return std::string(lk::active_kernels()->name); }, "ISA tier in use");
@@ -117,28 +136,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const lk::DecodeUnits u = lk::decode_units();
     return py::make_tuple(kDecodeWideNames[int(u.wide)], u.units_per_thread);
   });
-  m.def(
-      "_set_decode_schedule",
-      [](const std::string& name) {
-        if (name != "units" && name != "guided") throw py::value_error("schedule: units or guided, not '" + name + "'");
-        lk::set_decode_schedule(name == "guided" ? lk::DecodeSchedule::kGuided : lk::DecodeSchedule::kUnits);
-      },
-      py::arg("name"),
-      "benchmark hook: how decode chunks hand out their work, fixed units ('units') or guided "
-      "self-scheduling ('guided'); results are bit-identical under both");
-  m.def("_decode_schedule",
-        [] { return std::string(lk::decode_schedule() == lk::DecodeSchedule::kGuided ? "guided" : "units"); });
-  m.def(
-      "_set_fp4_decode_acts",
-      [](const std::string& name) {
-        if (name != "q15" && name != "bf16") throw py::value_error("fp4 decode acts: q15 or bf16, not '" + name + "'");
-        lk::set_fp4_decode_acts(name == "q15" ? lk::Fp4DecodeActs::kQ15 : lk::Fp4DecodeActs::kBf16);
-      },
-      py::arg("name"),
-      "benchmark hook: the activations of mxfp4/nvfp4 decode chunks, 15-bit integer rows ('q15', the "
-      "default) or bf16 ('bf16', the vdpbf16ps tile)");
-  m.def("_fp4_decode_acts",
-        [] { return std::string(lk::fp4_decode_acts() == lk::Fp4DecodeActs::kQ15 ? "q15" : "bf16"); });
+  def_switch<lk::DecodeSchedule>(m, "decode_schedule", "schedule", {{{"units", lk::DecodeSchedule::kUnits},
+                                                                     {"guided", lk::DecodeSchedule::kGuided}}},
+                                 &lk::set_decode_schedule, &lk::decode_schedule,
+                                 "benchmark hook: how decode chunks hand out their work, fixed units ('units') or "
+                                 "guided self-scheduling ('guided'); results are bit-identical under both");
+  def_switch<lk::Fp4DecodeActs>(m, "fp4_decode_acts", "fp4 decode acts", {{{"q15", lk::Fp4DecodeActs::kQ15},
+                                                                          {"bf16", lk::Fp4DecodeActs::kBf16}}},
+                                &lk::set_fp4_decode_acts, &lk::fp4_decode_acts,
+                                "benchmark hook: the activations of mxfp4/nvfp4 decode chunks, 15-bit integer rows "
+                                "('q15', the default) or bf16 ('bf16', the vdpbf16ps tile)");
   m.def(
       "_set_decode_prefetch", [](int bytes) { lk::set_decode_prefetch(bytes); }, py::arg("bytes"),
       "benchmark hook: how far ahead (bytes, 0 = off) the quantized decode tiles prefetch each weight "

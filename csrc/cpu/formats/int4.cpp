@@ -135,26 +135,27 @@ void repack2(const RepackUnit& u) {
               sh.zero_points ? u.sl.z2.as<uint8_t>() + b * nseg2 * kBlockN / 2 : nullptr);
 }
 
+// Blocks from packed block b on of a projection's buffers (w codes, s scales, z zero points).
+Int4Weights weights(const MoEShape& sh, const HostBuffer& w, const HostBuffer& s, const HostBuffer& z, size_t b,
+                    int kp, int seg) {
+  const size_t per = size_t(kp / seg) * kBlockN;  // scales (and zero-point nibbles) per block
+  Int4Weights q;
+  q.w = w.as<uint8_t>() + b * kp * kBlockN / 2;
+  q.scale = s.as<uint16_t>() + b * per;
+  q.zero = sh.zero_points ? z.as<uint8_t>() + b * per / 2 : nullptr;
+  q.group = seg;
+  q.fp16_scale = sh.fp16_scales;
+  return q;
+}
+
 void gate_up_task(const TaskBlocks& w, GateUpTask& t) {
-  const MoEShape& sh = w.sh;
-  const size_t b = w.b * 2, per = size_t(sh.kp1 / sh.seg1) * kBlockN;
   t.w13 = nullptr;
-  t.q4.w = w.sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
-  t.q4.scale = w.sl.s13.as<uint16_t>() + b * per;
-  t.q4.zero = sh.zero_points ? w.sl.z13.as<uint8_t>() + b * per / 2 : nullptr;
-  t.q4.group = sh.seg1;
-  t.q4.fp16_scale = sh.fp16_scales;
+  t.q4 = weights(w.sh, w.sl.w13, w.sl.s13, w.sl.z13, w.b * 2, w.sh.kp1, w.sh.seg1);
 }
 
 void down_task(const TaskBlocks& w, DownTask& t) {
-  const MoEShape& sh = w.sh;
-  const size_t b = w.b, per = size_t(sh.kp2 / sh.seg2) * kBlockN;
   t.w2 = nullptr;
-  t.q4.w = w.sl.w2.as<uint8_t>() + b * sh.kp2 * kBlockN / 2;
-  t.q4.scale = w.sl.s2.as<uint16_t>() + b * per;
-  t.q4.zero = sh.zero_points ? w.sl.z2.as<uint8_t>() + b * per / 2 : nullptr;
-  t.q4.group = sh.seg2;
-  t.q4.fp16_scale = sh.fp16_scales;
+  t.q4 = weights(w.sh, w.sl.w2, w.sl.s2, w.sl.z2, w.b, w.sh.kp2, w.sh.seg2);
 }
 
 }  // namespace

@@ -553,11 +553,7 @@ void gate_up_fp4(const GateUpTask& t) {
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / grp) * kBlockN;  // scale bytes per block
   const bool global = q.nv && (q.gs[0] != 1.0f || q.gs[1] != 1.0f);
-  uint16_t* dg = t.scratch->deq;
-  uint16_t* du = dg + kFp4Seg * kBlockN;
-  float* tot = t.scratch->acc;
   float* c = t.scratch->c;
-  const uint16_t* rows[kMaxRows];
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -595,22 +591,19 @@ void gate_up_fp4(const GateUpTask& t) {
                             2 * block_bytes, finish);
     continue;
 #endif
+    float* tot = t.scratch->acc;
+    uint16_t* dg = t.scratch->deq;
+    uint16_t* du = dg + kFp4Seg * kBlockN;
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {  // dequantize each segment once, reuse it for every row tile
       const int len = tmin(kFp4Seg, t.kp - k0);
-      const void* b[2] = {dg, du};
       fp4_dequant_seg(q, bg + size_t(k0) * kBlockN / 2, sg + (k0 / grp) * kBlockN, dg, len);
       fp4_dequant_seg(q, bu + size_t(k0) * kBlockN / 2, su + (k0 / grp) * kBlockN, du, len);
-      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-        const int mr = tmin(kMaxRows, t.m - r0);
-        for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + k0;
-        dot_rows<2>(mr, rows, b, len, c);
-        for (int r = 0; r < mr; ++r) {
-          float* o = tot + size_t(r0 + r) * 32;
-          axpy_16(1.0f, c + r * 32, o);
-          axpy_16(1.0f, c + r * 32 + 16, o + 16);
-        }
-      }
+      gate_up_segment(t, dg, du, k0, len, [&](const float* cr, int r) {
+        float* o = tot + size_t(r) * 32;
+        axpy_16(1.0f, cr, o);
+        axpy_16(1.0f, cr + 16, o + 16);
+      });
     }
     for (int r = 0; r < t.m; ++r) finish(tot + size_t(r) * 32, r);
   }
@@ -622,8 +615,6 @@ void down_fp4(const DownTask& t) {
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / grp) * kBlockN;
   const float gs = q.nv ? q.gs[0] : 1.0f;  // the global scale rides on the router weight (both scalars)
-  uint16_t* d0 = t.scratch->deq;
-  uint16_t* d1 = d0 + kFp4Seg * kBlockN;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
   const bool fused = t.m <= kFusedFp4Rows;
@@ -633,6 +624,11 @@ void down_fp4(const DownTask& t) {
     const int nb = tmin(2, t.nblk - j);
     const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
     const uint8_t* s[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    // row r's results (16 per block) times its router weight x gs into its out_acc row
+    auto add = [&](const float* cr, int r) {
+      float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+      for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r] * gs, cr + h * 16, o + h * 16);
+    };
     if (kHaveQ8 && t.q8_act) {  // decode with int8 activations
       const int8_t* rows8[kQ8TileRows];
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
@@ -640,20 +636,14 @@ void down_fp4(const DownTask& t) {
         for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
         if (nb == 2) dot_rows_fp4_int<2>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
         else dot_rows_fp4_int<1>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
-        for (int r = 0; r < mr; ++r) {
-          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
-          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);
-        }
+        for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
       }
       continue;
     }
     if (fused) {
       if (nb == 2) dot_rows_fp4<2>(q.nv, t.m, rows, b, s, t.kp, c);
       else dot_rows_fp4<1>(q.nv, t.m, rows, b, s, t.kp, c);
-      for (int r = 0; r < t.m; ++r) {
-        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
-        for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r] * gs, c + r * 32 + h * 16, o + h * 16);
-      }
+      for (int r = 0; r < t.m; ++r) add(c + r * 32, r);
       continue;
     }
 #if defined(LK_V512)
@@ -662,21 +652,14 @@ void down_fp4(const DownTask& t) {
                          size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
     continue;
 #endif
+    uint16_t* d0 = t.scratch->deq;
+    uint16_t* d1 = d0 + kFp4Seg * kBlockN;
+    const void* bd[2] = {d0, d1};
     for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {
       const int len = tmin(kFp4Seg, t.kp - k0);
-      const void* bd[2] = {d0, d1};
       for (int h = 0; h < nb; ++h)
         fp4_dequant_seg(q, b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / grp) * kBlockN, h ? d1 : d0, len);
-      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-        const int mr = tmin(kMaxRows, t.m - r0);
-        for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + k0;
-        if (nb == 2) dot_rows<2>(mr, rows, bd, len, c);
-        else dot_rows<1>(mr, rows, bd, len, c);
-        for (int r = 0; r < mr; ++r) {
-          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
-          for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r] * gs, c + r * 32 + h * 16, o + h * 16);
-        }
-      }
+      down_segment(t, bd, nb, k0, len, add);
     }
   }
 }

@@ -98,11 +98,7 @@ void gate_up_fp8(const GateUpTask& t) {
   const int seg = q.seg, nseg = t.kp / seg;
   const int per = q.per_row ? kBlockN : nseg;  // scales per block
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  uint16_t* dg = t.scratch->deq;
-  uint16_t* du = dg + seg * kBlockN;
-  float* tot = t.scratch->acc;
   float* c = t.scratch->c;
-  const uint16_t* rows[kMaxRows];
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -137,27 +133,24 @@ void gate_up_fp8(const GateUpTask& t) {
                                 [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
     continue;
 #endif
+    float* tot = t.scratch->acc;
+    uint16_t* dg = t.scratch->deq;
+    uint16_t* du = dg + seg * kBlockN;
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int s = 0; s < nseg; ++s) {  // many rows: dequantize each segment once, reuse it per row tile
       const size_t off = size_t(s) * seg * kBlockN;
-      const void* b[2] = {dg, du};
       dequant_bf16(q, bg + off, dg, seg * kBlockN);
       dequant_bf16(q, bu + off, du, seg * kBlockN);
-      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-        const int mr = tmin(kMaxRows, t.m - r0);
-        for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + size_t(s) * seg;
-        dot_rows<2>(mr, rows, b, seg, c);
-        for (int r = 0; r < mr; ++r) {
-          float* o = tot + size_t(r0 + r) * 32;
-          if (q.per_row) {
-            axpy_vec_16(1.0f, c + r * 32, sg, o);
-            axpy_vec_16(1.0f, c + r * 32 + 16, su, o + 16);
-          } else {
-            axpy_16(sg[s], c + r * 32, o);
-            axpy_16(su[s], c + r * 32 + 16, o + 16);
-          }
+      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
+        float* o = tot + size_t(r) * 32;
+        if (q.per_row) {
+          axpy_vec_16(1.0f, cr, sg, o);
+          axpy_vec_16(1.0f, cr + 16, su, o + 16);
+        } else {
+          axpy_16(sg[s], cr, o);
+          axpy_16(su[s], cr + 16, o + 16);
         }
-      }
+      });
     }
     for (int r = 0; r < t.m; ++r)
       silu_mul_16(tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
@@ -205,16 +198,11 @@ void down_fp8(const DownTask& t) {
     for (int s = 0; s < nseg; ++s) {
       const void* b[2] = {d, d};
       dequant_bf16(q, src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
-      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-        const int mr = tmin(kMaxRows, t.m - r0);
-        for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + size_t(s) * seg;
-        dot_rows<1>(mr, rows, b, seg, c);
-        for (int r = 0; r < mr; ++r) {
-          float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
-          if (q.per_row) axpy_vec_16(t.row_weight[r0 + r], c + r * 32, sc, o);
-          else axpy_16(t.row_weight[r0 + r] * sc[s], c + r * 32, o);
-        }
-      }
+      down_segment(t, b, 1, s * seg, seg, [&](const float* cr, int r) {
+        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+        if (q.per_row) axpy_vec_16(t.row_weight[r], cr, sc, o);
+        else axpy_16(t.row_weight[r] * sc[s], cr, o);
+      });
     }
   }
 }

@@ -306,13 +306,7 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
         const __m512 dv = _mm512_set1_ps(d[r][bb]);
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) {
-          __m512i sum = acc[0][r][j];
-          acc[0][r][j] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-          for (int i = 1; i < S; ++i) {
-            sum = _mm512_add_epi32(sum, acc[i][r][j]);
-            acc[i][r][j] = _mm512_setzero_si512();
-          }
+          const __m512i sum = take_chains<MR, NB, S>(acc, r, j);
           gacc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dv, gacc[r][j]);
         }
       }
@@ -440,12 +434,8 @@ void gate_up_q4(const GateUpTask& t) {
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(nseg) * kBlockN;  // scales (and zeros) per block
-  uint16_t* dg = t.scratch->deq;
-  uint16_t* du = dg + seg * kBlockN;
   float* tot = t.scratch->acc;
   float* c = t.scratch->c;
-  const uint16_t* rows[kMaxRows];
-  float sg[16], su[16];
   const bool fused = q4_fused(t.m, t.kp, seg);
   if (fused) q4_row_sums(t.x_rows, t.m, t.kp, seg, tot);
   for (int j = 0; j < t.nblk; ++j) {
@@ -476,24 +466,21 @@ void gate_up_q4(const GateUpTask& t) {
       continue;
     }
 #endif
+    uint16_t* dg = t.scratch->deq;
+    uint16_t* du = dg + seg * kBlockN;
+    float sg[16], su[16];
     memset(tot, 0, size_t(t.m) * 32 * 4);
     for (int s = 0; s < nseg; ++s) {  // dequantize each group once, reuse it for every row tile
       const size_t off = size_t(s) * seg * kBlockN / 2;
-      const void* b[2] = {dg, du};
       q4_dequant_seg(bg + off, zg ? zg + s * 8 : nullptr, dg, seg);
       q4_dequant_seg(bu + off, zu ? zu + s * 8 : nullptr, du, seg);
       scales_16(scg + s * kBlockN, q.fp16_scale, sg);
       scales_16(scu + s * kBlockN, q.fp16_scale, su);
-      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-        const int mr = tmin(kMaxRows, t.m - r0);
-        for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + size_t(s) * seg;
-        dot_rows<2>(mr, rows, b, seg, c);
-        for (int r = 0; r < mr; ++r) {
-          float* o = tot + size_t(r0 + r) * 32;
-          axpy_vec_16(1.0f, c + r * 32, sg, o);
-          axpy_vec_16(1.0f, c + r * 32 + 16, su, o + 16);
-        }
-      }
+      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
+        float* o = tot + size_t(r) * 32;
+        axpy_vec_16(1.0f, cr, sg, o);
+        axpy_vec_16(1.0f, cr + 16, su, o + 16);
+      });
     }
     for (int r = 0; r < t.m; ++r)
       silu_mul_16(tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
@@ -551,13 +538,9 @@ void down_q4(const DownTask& t) {
       const void* b[2] = {d, d};
       q4_dequant_seg(src + size_t(s) * seg * kBlockN / 2, zj ? zj + s * 8 : nullptr, d, seg);
       scales_16(scj + s * kBlockN, q.fp16_scale, sc);
-      for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
-        const int mr = tmin(kMaxRows, t.m - r0);
-        for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + size_t(s) * seg;
-        dot_rows<1>(mr, rows, b, seg, c);
-        for (int r = 0; r < mr; ++r)
-          axpy_vec_16(t.row_weight[r0 + r], c + r * 32, sc, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
-      }
+      down_segment(t, b, 1, s * seg, seg, [&](const float* cr, int r) {
+        axpy_vec_16(t.row_weight[r], cr, sc, t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN);
+      });
     }
   }
 }

@@ -146,6 +146,19 @@ inline void amx_gather_rows(const GateUpTask& t) {
     else memset(t.scratch->panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
   }
 }
+
+// The 32-row tiles of m rows (a: tile-strided, lda elements) over a block pair's panels, scaled per
+// segment as SEG says; fin(c, r) takes row r's 32 results.
+template <int SEG, typename Fin>
+inline void amx_panel_rows(const uint16_t* a, size_t lda, int m, const void* const* b, int kp, int seg,
+                           const float* const* scale, const KernelScratch& s, Fin&& fin) {
+  amx_configure();
+  for (int r0 = 0; r0 < m; r0 += 32) {
+    amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc);
+    for (int r = 0; r < tmin(32, m - r0); ++r) fin(s.c + r * 32, r0 + r);
+  }
+  _tile_release();
+}
 #endif  // LK_AMX
 
 // Row tiles of a gate/up task over the panels of block pair j; fin(c, r) takes row r's 32 results.
@@ -162,13 +175,7 @@ void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const f
 #if defined(LK_AMX)
   if (t.m >= kAmxMinRows) {
     if (j == 0) amx_gather_rows(t);
-    amx_configure();
-    for (int r0 = 0; r0 < t.m; r0 += 32) {
-      amx_panel_tile<SEG>(t.scratch->panel + size_t(r0) * t.kp, t.kp, b, t.kp, seg, sc, c, t.scratch->acc);
-      for (int r = 0; r < tmin(32, t.m - r0); ++r) fin(c + r * 32, r0 + r);
-    }
-    _tile_release();
-    return;
+    return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, fin);
   }
 #endif
   const int tiles = (t.m + R - 1) / R;
@@ -191,23 +198,18 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
   const uint16_t* rows[kMaxRows];
   const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
-#if defined(LK_AMX)
-  if (t.m >= kAmxMinRows) {  // act rows past m are readable slack, as in down()
-    amx_configure();
-    for (int r0 = 0; r0 < t.m; r0 += 32) {
-      amx_panel_tile<SEG>(t.act + size_t(r0) * t.act_ld, t.act_ld, b, t.kp, seg, seg_scale, c, t.scratch->acc);
-      for (int r = 0; r < tmin(32, t.m - r0); ++r) {
-        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
-        const float w = t.row_weight[r0 + r] * gs;
-        for (int h = 0; h < nb; ++h) {
-          if (row_scale) axpy_vec_16(w, c + r * 32 + h * 16, row_scale[h], o + h * 16);
-          else axpy_16(w, c + r * 32 + h * 16, o + h * 16);
-        }
-      }
+  // row r's results c (16 per block) into its out_acc row
+  auto add = [&](const float* c, int r) {
+    float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+    const float w = t.row_weight[r] * gs;
+    for (int h = 0; h < nb; ++h) {
+      if (row_scale) axpy_vec_16(w, c + h * 16, row_scale[h], o + h * 16);
+      else axpy_16(w, c + h * 16, o + h * 16);
     }
-    _tile_release();
-    return;
-  }
+  };
+#if defined(LK_AMX)
+  if (t.m >= kAmxMinRows)  // act rows past m are readable slack, as in down_bf16()
+    return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, add);
 #endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
@@ -221,17 +223,40 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
       if (nb == 2) dot_rows_seg<2, SEG>(mr, rows, b, t.kp, c, seg, seg_scale, pf);
       else dot_rows_seg<1, SEG>(mr, rows, b, t.kp, c, seg, seg_scale, pf);
     }
-    for (int r = 0; r < mr; ++r) {
-      float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
-      const float w = t.row_weight[r0 + r] * gs;
-      for (int h = 0; h < nb; ++h) {
-        if (row_scale) axpy_vec_16(w, c + r * 32 + h * 16, row_scale[h], o + h * 16);
-        else axpy_16(w, c + r * 32 + h * 16, o + h * 16);
-      }
-    }
+    for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
   }
 }
 #endif  // LK_V512
+
+// Prefill of the quantized formats on the tiers without the panels (generic, avx2; the AVX-512 tiers
+// never get here): one segment of `len` inputs from input k0, which the caller dequantized into L1 (a
+// block pair dg, du; or blocks b[0], b[nb - 1]), run over every row tile of the task with the bf16
+// tile; add(c, r) takes row r's partial sums (32: gate and up; 16 per block: down).
+template <typename Add>
+void gate_up_segment(const GateUpTask& t, const uint16_t* dg, const uint16_t* du, int k0, int len, Add&& add) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  const void* b[2] = {dg, du};
+  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const int mr = tmin(kMaxRows, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + k0;
+    dot_rows<2>(mr, rows, b, len, c);
+    for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
+  }
+}
+
+template <typename Add>
+void down_segment(const DownTask& t, const void* const* b, int nb, int k0, int len, Add&& add) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const int mr = tmin(kMaxRows, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + k0;
+    if (nb == 2) dot_rows<2>(mr, rows, b, len, c);
+    else dot_rows<1>(mr, rows, b, len, c);
+    for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
+  }
+}
 
 }  // namespace
 

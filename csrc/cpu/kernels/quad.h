@@ -64,14 +64,20 @@ inline __attribute__((always_inline)) void zero_chains(__m512 (&acc)[S][MR][NB],
     }
 }
 
-template <int MR, int NB, int S>
-inline __attribute__((always_inline)) __m512 take_chains(__m512 (&acc)[S][MR][NB], int r, int j) {
-  __m512 sum = acc[0][r][j];
-  acc[0][r][j] = _mm512_setzero_ps();
+// The chains' lanes: fp32 sums (the bf16-activation tiles) or int32 ones (the integer tiles).
+inline __attribute__((always_inline)) __m512 chain_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+inline __attribute__((always_inline)) __m512i chain_add(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+inline __attribute__((always_inline)) void chain_zero(__m512& v) { v = _mm512_setzero_ps(); }
+inline __attribute__((always_inline)) void chain_zero(__m512i& v) { v = _mm512_setzero_si512(); }
+
+template <int MR, int NB, int S, typename V>
+inline __attribute__((always_inline)) V take_chains(V (&acc)[S][MR][NB], int r, int j) {
+  V sum = acc[0][r][j];
+  chain_zero(acc[0][r][j]);
 #pragma GCC unroll 4
   for (int i = 1; i < S; ++i) {
-    sum = _mm512_add_ps(sum, acc[i][r][j]);
-    acc[i][r][j] = _mm512_setzero_ps();
+    sum = chain_add(sum, acc[i][r][j]);
+    chain_zero(acc[i][r][j]);
   }
   return sum;
 }
