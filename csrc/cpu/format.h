@@ -18,10 +18,6 @@
 
 namespace lk {
 
-// The packed layout family, i.e. which kernels run the tasks (kernel_table.h): bf16 blocks, one-byte
-// codes with fp32 scales (Fp8Weights), 4-bit integer codes (Int4Weights), 4-bit float codes (Fp4Weights).
-enum class Family { kBf16, kByteCodes, kInt4, kFp4 };
-
 // One repack unit (Format::repack13 / repack2): expert e's gate+up block pair lb of the node
 // slice (phase 1: packed blocks blk (gate) and blk + 1 (up)) or its down block lb (phase 2: block blk), whose
 // first output row is r0 (an I row of gate and of up, or an H row of w2).
@@ -48,13 +44,16 @@ struct TaskBlocks {
 
 struct Format {
   const char* name;  // the format's name in lk_moe ("fp8_block", ...)
-  Family family;
+  Family family;  // the packed layout family: which kernels run its tasks (kernel_table.h)
   bool int8_codes = false;  // kByteCodes: int8 codes (else fp8 e4m3fn)
   bool per_row = false;     // kByteCodes: one scale per output row (else one per block of the checkpoint)
   bool nv = false;          // kFp4: NVFP4 (fp8 e4m3fn scales per 16 inputs, fp32 global scales); else MXFP4
   // Decode chunks: the least DecodeWide policy that starts them with wide units; whether LK_INT8_ACT
   // applies (int8 activations) and is on when it says auto (int8_act_auto); whether they take 15-bit
-  // activations by default (Fp4DecodeActs).
+  // activations by default (Fp4DecodeActs). int8_act_auto: wna16_int4 only, where it paid on the
+  // 16-core AMX host (M=1 0.354 -> 0.245 ms, 2026-12-01); mxfp4/nvfp4 gained 5-6% there while their
+  // int8 error (~0.01 relative RMS vs 0.002) moved gpt-oss's greedy logprobs past the e2e bound, so
+  // they keep 15-bit activations unless LK_INT8_ACT=1.
   DecodeWide decode_wide = DecodeWide::kAll;
   bool int8_act = false, int8_act_auto = false, q15_decode = false;
   bool swigluoai = false;  // the swigluoai activation is supported

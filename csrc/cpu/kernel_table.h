@@ -24,6 +24,10 @@ constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
 enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6, kNVFP4 = 7 };
+// The packed layout family of a layer's experts, i.e. which kernels run its tasks (kernels/table.cpp):
+// bf16 blocks (kernels/bf16.cpp), one-byte codes with fp32 scales (Fp8Weights, kernels/fp8.cpp), 4-bit
+// integer codes (Int4Weights, kernels/int4.cpp), 4-bit float codes (Fp4Weights, kernels/fp4.cpp).
+enum class Family : int { kBf16 = 0, kByteCodes = 1, kInt4 = 2, kFp4 = 3 };
 // kSiLU: silu(gate) * up. kSwigluOAI (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit),
 // (u + 1) * g * sigmoid(alpha * g) (see moe_layer.h for the sources).
 enum class Activation : int { kSiLU = 0, kSwigluOAI = 1 };
@@ -110,6 +114,7 @@ struct GateUpTask {
   size_t act_ld;
   Activation act_fn;
   KernelScratch* scratch;
+  Family family = Family::kBf16;  // the weights: w13 (kBf16), or the one of fp8, q4, f4 that the family names
   Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
   Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
   Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
@@ -133,6 +138,7 @@ struct DownTask {
   float* out_acc;
   size_t out_ld;
   KernelScratch* scratch;
+  Family family = Family::kBf16;  // the weights: w2 (kBf16), or the one of fp8, q4, f4 that the family names
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
   Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
   Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)

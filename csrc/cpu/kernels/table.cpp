@@ -14,9 +14,21 @@ constexpr const char* kTierName = LK_STR(LK_TIER);
 // Quantized formats: decode on the vector tiles; prefill on dequantized panels (through AMX on the amx
 // tier, with segment scales: fp8_block and int4 groups, applied to the tiles' partial sums per segment).
 void gate_up(const GateUpTask& t) {
-  t.f4.w ? gate_up_fp4(t) : t.q4.w ? gate_up_q4(t) : t.fp8.w ? gate_up_fp8(t) : gate_up_bf16(t);
+  switch (t.family) {
+    case Family::kByteCodes: return gate_up_fp8(t);
+    case Family::kInt4: return gate_up_q4(t);
+    case Family::kFp4: return gate_up_fp4(t);
+    default: return gate_up_bf16(t);
+  }
 }
-void down(const DownTask& t) { t.f4.w ? down_fp4(t) : t.q4.w ? down_q4(t) : t.fp8.w ? down_fp8(t) : down_bf16(t); }
+void down(const DownTask& t) {
+  switch (t.family) {
+    case Family::kByteCodes: return down_fp8(t);
+    case Family::kInt4: return down_q4(t);
+    case Family::kFp4: return down_fp4(t);
+    default: return down_bf16(t);
+  }
+}
 
 // ---------------------------------------------------------------- row conversions
 void to_bf16(const void* src, DType src_type, uint16_t* dst, int n, int n_padded) {
