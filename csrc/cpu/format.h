@@ -4,9 +4,10 @@
 // the packed buffers' sizes, the repacking of checkpoint rows into packed blocks, and the weights part
 // of the kernel tasks. moe_layer.cpp schedules and never asks which format it runs.
 //
-// Adding a format: a row in a new formats/<name>.cpp (listed in kFormats, format.cpp), its kernels in
-// kernels/<family>.cpp (dispatched in kernels/table.cpp), its checkpoint adapter in
-// bindings/checkpoints.cpp, and its tests.
+// Adding a format: its row in a new formats/<name>.cpp (declared below, chosen in format_of,
+// format.cpp); a new layout family also needs its weights struct and Family value (kernel_table.h) and
+// its kernels in kernels/<family>.cpp (dispatched in kernels/table.cpp); its checkpoint adapter in
+// bindings/checkpoints.cpp (the WeightSource fields it fills) and its tests.
 #pragma once
 
 #include <cstddef>
