@@ -28,6 +28,14 @@ def _run(cmd, cwd=ROOT):
         return ""
 
 
+def cpu_tiers() -> list:
+    """The kernel tiers this source builds, lowest first: the rows of csrc/cpu/isa_tiers.h."""
+    import re
+
+    text = (ROOT / "csrc" / "cpu" / "isa_tiers.h").read_text()
+    return re.findall(r"^  X\(([a-z0-9_]+),", text, re.M)
+
+
 def write_build_info(path: Path, build_dir: Path) -> None:
     """What this build holds, readable at run time (lk_moe.build_info(), `lvllm doctor`)."""
     import json
@@ -47,7 +55,7 @@ def write_build_info(path: Path, build_dir: Path) -> None:
         "built_at": __import__("datetime").datetime.now(__import__("datetime").timezone.utc).isoformat(timespec="seconds"),
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
         "torch": torch.__version__,
-        "cpu_tiers": ["generic", "avx2", "avx512", "avx512_bf16", "amx"],
+        "cpu_tiers": cpu_tiers(),
         "cuda_toolkit": nvcc.group(1) if nvcc else None,
         "cuda_archs": [a.split("-")[0] for a in archs.group(1).split(";")] if (archs and cuda_built) else [],
     }

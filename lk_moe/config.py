@@ -2,7 +2,8 @@
 
 LK_THREADS         worker threads (default: physical cores of the CPUs this process may use)
 LK_THREAD_BINDING  CPU_CORE (default) | NUMA_NODE | NONE
-LK_ISA             generic | avx2 | avx512 | avx512_bf16 | amx (default: best the CPU has)
+LK_ISA             a kernel tier: generic | avx2 | avx512 | avx512_bf16 | amx, the rows of
+                   csrc/cpu/isa_tiers.h (ISAS) (default: best the CPU has)
 LK_SPIN_US         microseconds a worker busy-waits for the next job before parking (default 1000)
 LK_CPU_SIGNAL      how a CUDA stream hands work to the engine: auto (default: kernel for decode-sized
                    calls, hostfn for bigger ones and where the kernel cannot run) | hostfn (a
@@ -32,9 +33,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from . import _C
+
 BINDINGS = ("CPU_CORE", "NUMA_NODE", "NONE")
 SIGNALS = ("auto", "hostfn", "mailbox", "kernel")
-ISAS = ("generic", "avx2", "avx512", "avx512_bf16", "amx")
+ISAS = tuple(_C.all_isas())  # the kernel tiers, lowest first (csrc/cpu/isa_tiers.h)
 
 
 class ConfigError(ValueError):

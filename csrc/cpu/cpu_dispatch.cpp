@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "cpu/cpu_features.h"
+#include "cpu/isa_tiers.h"
 
 namespace lk {
 namespace {
@@ -15,12 +16,16 @@ struct Tier {
 };
 
 const Tier kTiers[] = {
-    {"generic", &tier_generic::kernel_table, [](const CpuFeatures&) { return true; }},
-    {"avx2", &tier_avx2::kernel_table, [](const CpuFeatures& f) { return f.avx2; }},
-    {"avx512", &tier_avx512::kernel_table, [](const CpuFeatures& f) { return f.avx512; }},
-    {"avx512_bf16", &tier_avx512_bf16::kernel_table, [](const CpuFeatures& f) { return f.avx512_bf16; }},
-    {"amx", &tier_amx::kernel_table, [](const CpuFeatures& f) { return f.amx; }},
+#define LK_TIER_ROW(name, feature, flags) {#name, &tier_##name::kernel_table, [](const CpuFeatures& f) { return f.feature; }},
+    LK_ISA_TIERS(LK_TIER_ROW)
+#undef LK_TIER_ROW
 };
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& s : names) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
 
 const KernelTable* best_table() {
   const KernelTable* best = nullptr;
@@ -37,7 +42,11 @@ std::atomic<const KernelTable*>& active() {
 }  // namespace
 
 const std::vector<std::string>& all_isas() {
-  static const std::vector<std::string> names = {"generic", "avx2", "avx512", "avx512_bf16", "amx"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const Tier& t : kTiers) v.push_back(t.name);
+    return v;
+  }();
   return names;
 }
 
@@ -53,8 +62,7 @@ std::string best_isa() { return best_table()->name; }
 const KernelTable* active_kernels() { return active().load(std::memory_order_acquire); }
 
 void set_isa(const std::string& name) {
-  std::string have;
-  for (const std::string& s : supported_isas()) have += (have.empty() ? "" : ", ") + s;
+  const std::string have = joined(supported_isas());
   for (const Tier& t : kTiers) {
     if (name != t.name) continue;
     if (!t.supported(cpu_features()))
@@ -63,7 +71,7 @@ void set_isa(const std::string& name) {
     active().store(t.table(), std::memory_order_release);
     return;
   }
-  throw std::invalid_argument("unknown ISA tier '" + name + "'; expected one of generic, avx2, avx512, avx512_bf16, amx");
+  throw std::invalid_argument("unknown ISA tier '" + name + "'; expected one of " + joined(all_isas()));
 }
 
 }  // namespace lk

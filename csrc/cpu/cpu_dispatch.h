@@ -8,7 +8,7 @@
 
 namespace lk {
 
-// Tier names, lowest first: generic, avx2, avx512, avx512_bf16, amx.
+// Tier names, lowest first (isa_tiers.h).
 const std::vector<std::string>& all_isas();
 std::vector<std::string> supported_isas();
 std::string best_isa();

@@ -1,7 +1,7 @@
 // The boundary between the ISA-independent engine and the per-tier kernels.
 //
-// moe_kernels.cpp is compiled once per tier (generic, avx2, avx512, avx512_bf16,
-// amx) into namespace lk::tier_<name>; each build exports one KernelTable. The
+// The kernel sources (csrc/cpu/kernels/) are compiled once per tier (isa_tiers.h) into namespace
+// lk::tier_<name>; each build exports one KernelTable. The
 // engine (moe_layer.cpp) only sees this table, so adding a tier or changing a
 // kernel never touches the scheduling code.
 //
@@ -16,12 +16,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/isa_tiers.h"
+
 namespace lk {
 
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
 enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6, kNVFP4 = 7 };
+// The packed layout family of a layer's experts, i.e. which kernels run its tasks (kernels/table.cpp):
+// bf16 blocks (kernels/bf16.cpp), one-byte codes with fp32 scales (Fp8Weights, kernels/fp8.cpp), 4-bit
+// integer codes (Int4Weights, kernels/int4.cpp), 4-bit float codes (Fp4Weights, kernels/fp4.cpp).
+enum class Family : int { kBf16 = 0, kByteCodes = 1, kInt4 = 2, kFp4 = 3 };
 // kSiLU: silu(gate) * up. kSwigluOAI (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit),
 // (u + 1) * g * sigmoid(alpha * g) (see moe_layer.h for the sources).
 enum class Activation : int { kSiLU = 0, kSwigluOAI = 1 };
@@ -56,7 +62,7 @@ struct Fp8Weights {
 // output rows x kp inputs in kp/8 "octets" of 64 bytes (one cache line): byte 4n + j of octet o
 // holds element (n, 8o + j) in its low nibble and element (n, 8o + 4 + j) in its high nibble, so
 // one and/shift gives a dword per output row of 4 consecutive inputs: the u8 operand of VNNI
-// vpdpbusd (see the int4 section of moe_kernels.cpp). Nibbles u are unsigned; weight =
+// vpdpbusd (see kernels/int4.cpp). Nibbles u are unsigned; weight =
 // (u - zero) * scale with one scale (and zero) per output row and `group` inputs. Half a byte per
 // weight in memory.
 struct Int4Weights {
@@ -108,6 +114,7 @@ struct GateUpTask {
   size_t act_ld;
   Activation act_fn;
   KernelScratch* scratch;
+  Family family = Family::kBf16;  // the weights: w13 (kBf16), or the one of fp8, q4, f4 that the family names
   Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
   Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
   Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
@@ -131,6 +138,7 @@ struct DownTask {
   float* out_acc;
   size_t out_ld;
   KernelScratch* scratch;
+  Family family = Family::kBf16;  // the weights: w2 (kBf16), or the one of fp8, q4, f4 that the family names
   Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
   Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
   Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)
@@ -157,14 +165,12 @@ struct KernelTable {
 };
 
 // Bytes ahead in each block stream that the quantized decode tiles prefetch into L2 (0: off; see
-// moe_kernels.cpp, kPrefetchNearBytes). Process-wide, read with a relaxed atomic load; set through
+// kernels/simd.h, kPrefetchNearBytes). Process-wide, read with a relaxed atomic load; set through
 // set_decode_prefetch (moe_layer.h), a benchmark hook: prefetching never changes a result.
 extern int g_decode_far_prefetch;
 
-namespace tier_generic { const KernelTable* kernel_table(); }
-namespace tier_avx2 { const KernelTable* kernel_table(); }
-namespace tier_avx512 { const KernelTable* kernel_table(); }
-namespace tier_avx512_bf16 { const KernelTable* kernel_table(); }
-namespace tier_amx { const KernelTable* kernel_table(); }
+#define LK_TIER_TABLE(name, feature, flags) namespace tier_##name { const KernelTable* kernel_table(); }
+LK_ISA_TIERS(LK_TIER_TABLE)
+#undef LK_TIER_TABLE
 
 }  // namespace lk

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cpu/cpu_dispatch.h"
+#include "cpu/format.h"
 
 namespace lk {
 namespace {
@@ -28,19 +29,20 @@ enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowS
 
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
 
-// LK_INT8_ACT: 4-bit decode with int8 activations. auto (default): wna16_int4 only, where it paid on
-// the 16-core AMX host (M=1 0.354 -> 0.245 ms, 2026-12-01); mxfp4/nvfp4 gained 5-6% there while
-// their int8 error (~0.01 relative RMS vs 0.002) moved gpt-oss's greedy logprobs past the e2e bound,
-// so they keep 15-bit activations (Fp4DecodeActs) unless LK_INT8_ACT=1. 0/false/no/off: none. LK_WNA16_INT8_ACT,
-// its first name (int4 only), is read when it is unset or empty. Empty (or blank) means unset, as for every LK_*
+// LK_INT8_ACT: int8 activations in the decode of the formats that have it (Format::int8_act). auto
+// (default): the formats whose row says so (Format::int8_act_auto; format.h says why); 1/true/yes/on:
+// all of them; 0/false/no/off: none. LK_WNA16_INT8_ACT, its first name (it switched the auto-on ones
+// only), is read when it is unset or empty. Empty (or blank) means unset, as for every LK_*
 // variable; lk_moe.config validates both names (ConfigError) before any layer is built, so the throw below is a
 // backstop for callers of the engine that bypass it.
 struct Int8ActVariable {
   const char* name;
-  bool covers_fp4;  // false for the first name: it only ever switched int4, and knows no "auto"
+  bool all_formats;  // false for the first name: it only ever switched int4 (auto-on formats), and knows no "auto"
 };
 
-bool int8_act_from_env(bool fp4) {
+// auto_off: the format's int8-activation decode stays off under auto (Format::int8_act_auto false: the fp4
+// formats), and the first name does not switch it.
+bool int8_act_from_env(bool auto_off) {
   for (const Int8ActVariable var : {Int8ActVariable{"LK_INT8_ACT", true}, Int8ActVariable{"LK_WNA16_INT8_ACT", false}}) {
     const char* v = std::getenv(var.name);
     if (!v) continue;
@@ -50,13 +52,13 @@ bool int8_act_from_env(bool fp4) {
     s.erase(s.begin(), std::find_if_not(s.begin(), s.end(), blank));
     if (s.empty()) continue;
     for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    if (s == "auto" && var.covers_fp4) return !fp4;
-    if (s == "1" || s == "true" || s == "yes" || s == "on") return var.covers_fp4 || !fp4;
+    if (s == "auto" && var.all_formats) return !auto_off;
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return var.all_formats || !auto_off;
     if (s == "0" || s == "false" || s == "no" || s == "off") return false;
     throw std::invalid_argument(std::string(var.name) + "=" + v + " is not a switch: use " +
-                                (var.covers_fp4 ? "auto, " : "") + "1/0, true/false, yes/no or on/off");
+                                (var.all_formats ? "auto, " : "") + "1/0, true/false, yes/no or on/off");
   }
-  return !fp4;
+  return !auto_off;
 }
 size_t elem_size(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
@@ -72,8 +74,8 @@ std::vector<int> split_blocks(int blocks, const ThreadPool& pool) {
   return bounds;
 }
 
-// Repack: checkpoint rows -> packed blocks, run by the threads of the node that
-// owns each slice so first touch places the pages there even without mbind.
+// Repack: checkpoint rows -> packed blocks (the format's repack13 / repack2 per unit), run by the
+// threads of the node that owns each slice so first touch places the pages there even without mbind.
 class RepackJob : public Job {
  public:
   RepackJob(const MoEShape& sh, std::vector<NodeSlice>& slices, const WeightSource& src, const KernelTable* kt)
@@ -81,252 +83,25 @@ class RepackJob : public Job {
     for (auto& n : next_) n.store(0);
   }
 
+  // One unit = one expert's gate+up block pair or down block.
   void run(WorkerCtx& ctx) override {
-    if (sh_.int4) return run_int4(ctx);
-    if (sh_.fp4) return run_fp4(ctx);
     NodeSlice& sl = slices_[ctx.node];
     const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
     const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
-    const size_t esz = sh_.byte_weights ? 1 : 2;
-    char* row = static_cast<char*>(ctx.buffer(kRepackRow, size_t(16) * std::max(sh_.kp1, sh_.kp2) * 2));
-    const int I = sh_.intermediate, H = sh_.hidden;
-    const char* w13 = static_cast<const char*>(src_.w13);
-    const char* w2 = static_cast<const char*>(src_.w2);
     for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
       if (u < int64_t(sh_.experts) * nbi) {
         const int e = int(u / nbi), lb = int(u % nbi);
-        const size_t blk = (size_t(e) * nbi + lb) * 2;  // index of the gate block; up follows
-        char* dst = sl.w13.as<char>() + blk * sh_.kp1 * kBlockN * esz;
-        const char* base = w13 + size_t(e) * 2 * I * H * esz;
-        const int r0 = (sl.ib0 + lb) * kBlockN;
-        pack(base, r0, I, H, sh_.kp1, row, dst);                                              // gate
-        pack(base + size_t(I) * H * esz, r0, I, H, sh_.kp1, row, dst + size_t(sh_.kp1) * kBlockN * esz);  // up
-        if (sh_.byte_weights) copy_scales13(e, blk, r0, sl);
+        sh_.format->repack13({sh_, src_, sl, kt_, ctx, kRepackRow, e, lb, (sl.ib0 + lb) * kBlockN,
+                              (size_t(e) * nbi + lb) * 2});
       } else {
         u -= int64_t(sh_.experts) * nbi;
         const int e = int(u / nbh), lb = int(u % nbh);
-        const size_t blk = size_t(e) * nbh + lb;
-        const int r0 = (sl.hb0 + lb) * kBlockN;
-        pack(w2 + size_t(e) * H * I * esz, r0, H, I, sh_.kp2, row, sl.w2.as<char>() + blk * sh_.kp2 * kBlockN * esz);
-        if (sh_.byte_weights) copy_scales2(e, blk, r0, sl);
+        sh_.format->repack2({sh_, src_, sl, kt_, ctx, kRepackRow, e, lb, (sl.hb0 + lb) * kBlockN, size_t(e) * nbh + lb});
       }
     }
   }
 
  private:
-  // int4: one unit = one expert's gate+up block pair or down block (see Int4Weights).
-  void run_int4(WorkerCtx& ctx) {
-    NodeSlice& sl = slices_[ctx.node];
-    const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
-    const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
-    const int I = sh_.intermediate, H = sh_.hidden;
-    const int nseg1 = sh_.kp1 / sh_.seg1, nseg2 = sh_.kp2 / sh_.seg2;
-    const size_t bb1 = size_t(sh_.kp1) * kBlockN / 2, bb2 = size_t(sh_.kp2) * kBlockN / 2;  // block bytes
-    const int32_t* w13 = static_cast<const int32_t*>(src_.w13);
-    const int32_t* w2 = static_cast<const int32_t*>(src_.w2);
-    const int g1 = H / src_.gs1, g2 = I / src_.gs2;                           // checkpoint groups per row
-    const int nz1 = (2 * I + 7) / 8, nz2 = (H + 7) / 8;                       // zero-point words per group row
-    for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
-      if (u < int64_t(sh_.experts) * nbi) {
-        const int e = int(u / nbi), lb = int(u % nbi);
-        const size_t blk = (size_t(e) * nbi + lb) * 2;  // gate block; up follows
-        const int r0 = (sl.ib0 + lb) * kBlockN;
-        for (int h = 0; h < 2; ++h) {
-          const int col0 = h * I + r0;
-          const size_t b = blk + h;
-          pack_int4(w13 + size_t(e) * (H / 8) * 2 * I, 2 * I, col0, I * (h + 1), H, sl.w13.as<uint8_t>() + b * bb1);
-          int4_params(src_.q13s + size_t(e) * g1 * 2 * I, src_.z13 ? src_.z13 + size_t(e) * g1 * nz1 : nullptr, 2 * I,
-                      nz1, col0, I * (h + 1), src_.gs1, sh_.seg1, nseg1, sl.s13.as<uint16_t>() + b * nseg1 * kBlockN,
-                      sh_.int4_asym ? sl.z13.as<uint8_t>() + b * nseg1 * kBlockN / 2 : nullptr);
-        }
-      } else {
-        u -= int64_t(sh_.experts) * nbi;
-        const int e = int(u / nbh), lb = int(u % nbh);
-        const size_t b = size_t(e) * nbh + lb;
-        const int r0 = (sl.hb0 + lb) * kBlockN;
-        pack_int4(w2 + size_t(e) * (I / 8) * H, H, r0, H, I, sl.w2.as<uint8_t>() + b * bb2);
-        int4_params(src_.q2s + size_t(e) * g2 * H, src_.z2 ? src_.z2 + size_t(e) * g2 * nz2 : nullptr, H, nz2, r0, H,
-                    src_.gs2, sh_.seg2, nseg2, sl.s2.as<uint16_t>() + b * nseg2 * kBlockN,
-                    sh_.int4_asym ? sl.z2.as<uint8_t>() + b * nseg2 * kBlockN / 2 : nullptr);
-      }
-    }
-  }
-
-  // mxfp4 / nvfp4: one unit = one expert's gate+up block pair or down block (see Fp4Weights).
-  void run_fp4(WorkerCtx& ctx) {
-    NodeSlice& sl = slices_[ctx.node];
-    const int nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
-    const int64_t units = int64_t(sh_.experts) * (nbi + nbh);
-    const int I = sh_.intermediate, H = sh_.hidden;
-    const int grp = sh_.nv ? 16 : 32;                  // inputs per scale
-    const uint8_t one = sh_.nv ? 0x38 : 127;            // scale 1.0 (fp8 e4m3fn / e8m0) for padding rows
-    const int ng1 = sh_.kp1 / grp, ng2 = sh_.kp2 / grp;
-    const size_t bb1 = size_t(sh_.kp1) * kBlockN / 2, bb2 = size_t(sh_.kp2) * kBlockN / 2;  // block bytes
-    const uint8_t* w13 = static_cast<const uint8_t*>(src_.w13);
-    const uint8_t* w2 = static_cast<const uint8_t*>(src_.w2);
-    const int half = src_.r13 / 2;
-    for (int64_t u; (u = next_[ctx.node].fetch_add(1)) < units;) {
-      if (u < int64_t(sh_.experts) * nbi) {
-        const int e = int(u / nbi), lb = int(u % nbi);
-        const size_t blk = (size_t(e) * nbi + lb) * 2;  // gate block; up follows
-        const int r0 = (sl.ib0 + lb) * kBlockN;
-        for (int h = 0; h < 2; ++h) {
-          int rows[kBlockN];  // checkpoint row of each block row (-1: padding)
-          for (int n = 0; n < kBlockN; ++n) {
-            const int i = r0 + n;
-            rows[n] = i >= I ? -1 : src_.interleaved ? 2 * i + h : h * half + i;
-          }
-          const size_t b = blk + h;
-          pack_fp4(w13 + size_t(e) * src_.r13 * src_.c13, src_.c13, src_.e13 + size_t(e) * src_.r13 * src_.cs13,
-                   src_.cs13, rows, H, sh_.kp1, grp, one, sl.w13.as<uint8_t>() + b * bb1,
-                   sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
-          if (sh_.bias) {
-            uint16_t* bd = sl.b13.as<uint16_t>() + b * kBlockN;
-            for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src_.b13 ? src_.b13[size_t(e) * src_.r13 + rows[n]] : 0;
-          }
-        }
-      } else {
-        u -= int64_t(sh_.experts) * nbi;
-        const int e = int(u / nbh), lb = int(u % nbh);
-        const size_t b = size_t(e) * nbh + lb;
-        const int r0 = (sl.hb0 + lb) * kBlockN;
-        int rows[kBlockN];
-        for (int n = 0; n < kBlockN; ++n) rows[n] = r0 + n < H ? r0 + n : -1;
-        pack_fp4(w2 + size_t(e) * src_.r2 * src_.c2, src_.c2, src_.e2 + size_t(e) * src_.r2 * src_.cs2, src_.cs2, rows,
-                 I, sh_.kp2, grp, one, sl.w2.as<uint8_t>() + b * bb2, sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
-        if (sh_.bias) {
-          uint16_t* bd = sl.b2.as<uint16_t>() + b * kBlockN;
-          for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src_.b2 ? src_.b2[size_t(e) * src_.r2 + rows[n]] : 0;
-        }
-      }
-    }
-  }
-
-  // 16 checkpoint rows (rows[n] < 0: padding row, weight 0) of a uint8 [rows, c] matrix of e2m1
-  // nibble pairs (element 2i low nibble of byte i) -> one Fp4Weights block of kp inputs; inputs at or
-  // past k get the code 0 (+0.0). Scales [rows, cs] (one per grp inputs: e8m0 for 32, fp8 e4m3fn for
-  // 16) -> [kp/grp][16]; groups past the checkpoint's and padding rows get `one` (1.0).
-  static void pack_fp4(const uint8_t* src, int c, const uint8_t* scale, int cs, const int* rows, int k, int kp,
-                       int grp, uint8_t one, uint8_t* dst, uint8_t* sd) {
-    for (int n = 0; n < kBlockN; ++n) {
-      const uint8_t* row = rows[n] >= 0 ? src + size_t(rows[n]) * c : nullptr;
-      for (int q = 0; q < kp / 4; ++q) {
-        uint8_t b0 = 0, b1 = 0;  // source bytes 2q (elements 4q, 4q+1) and 2q+1 (4q+2, 4q+3)
-        if (row) {
-          if (4 * q + 3 < k) {
-            b0 = row[2 * q];
-            b1 = row[2 * q + 1];
-          } else {
-            auto code = [&](int kk) { return kk < k ? (row[kk / 2] >> (4 * (kk & 1))) & 15 : 0; };
-            b0 = uint8_t(code(4 * q) | (code(4 * q + 1) << 4));
-            b1 = uint8_t(code(4 * q + 2) | (code(4 * q + 3) << 4));
-          }
-        }
-        dst[size_t(q) * 32 + 2 * n] = uint8_t((b0 & 15) | (b1 << 4));
-        dst[size_t(q) * 32 + 2 * n + 1] = uint8_t((b0 >> 4) | (b1 & 0xF0));
-      }
-      for (int g = 0; g < kp / grp; ++g) sd[g * kBlockN + n] = row && g < cs ? scale[size_t(rows[n]) * cs + g] : one;
-    }
-  }
-
-  // Columns [col0, col0+16) of a K-first packed [K/8, N] int32 matrix -> one Int4Weights block.
-  // Columns at or past col_end (padding rows of a block) get the code 8 with zero point 8: weight 0.
-  static void pack_int4(const int32_t* src, int n_cols, int col0, int col_end, int k, uint8_t* dst) {
-    for (int k8 = 0; k8 < k / 8; ++k8) {
-      const int32_t* row = src + size_t(k8) * n_cols + col0;
-      uint8_t* d = dst + size_t(k8) * 64;  // octet k8: byte 4n + j = codes 8 k8 + j (low), 8 k8 + 4 + j (high)
-      for (int n = 0; n < kBlockN; ++n) {
-        const uint32_t w = col0 + n < col_end ? uint32_t(row[n]) : 0x88888888u;
-        for (int j = 0; j < 4; ++j) d[4 * n + j] = uint8_t(((w >> (4 * j)) & 15u) | (((w >> (4 * (4 + j))) & 15u) << 4));
-      }
-    }
-  }
-
-  // Scales (and zero points) of columns [col0, col0+16) per engine segment of `seg` inputs (a
-  // divisor of the checkpoint group gs, so a segment lies in one group). Zero points: 8 bytes per
-  // segment, column n in nibble n%2 of byte n/2 (low nibble first).
-  static void int4_params(const uint16_t* scale, const int32_t* zero, int n_cols, int nz, int col0, int col_end, int gs,
-                          int seg, int nseg, uint16_t* sd, uint8_t* zd) {
-    for (int q = 0; q < nseg; ++q) {
-      const int g = q * seg / gs;
-      for (int n = 0; n < kBlockN; ++n) {
-        const int c = col0 + n;
-        const bool in = c < col_end;
-        sd[q * kBlockN + n] = in ? scale[size_t(g) * n_cols + c] : 0;
-        if (zd) {
-          const uint32_t z = in ? (uint32_t(zero[size_t(g) * nz + c / 8]) >> (4 * (c % 8))) & 15u : 8u;
-          uint8_t& byte = zd[q * (kBlockN / 2) + n / 2];
-          byte = uint8_t(n % 2 ? (byte & 0x0F) | (z << 4) : z);
-        }
-      }
-    }
-  }
-
-  // Scales of the gate and up blocks whose first row is r0 (row of the gate half of w13).
-  void copy_scales13(int e, size_t blk, int r0, NodeSlice& sl) {
-    const int I = sh_.intermediate;
-    if (sh_.per_row) {
-      float* sd = sl.s13.as<float>() + blk * kBlockN;
-      const float* ss = src_.s13 + size_t(e) * 2 * I;
-      for (int n = 0; n < kBlockN; ++n) {
-        sd[n] = r0 + n < I ? ss[r0 + n] : 0.0f;
-        sd[kBlockN + n] = r0 + n < I ? ss[I + r0 + n] : 0.0f;
-      }
-      return;
-    }
-    const int nseg = sh_.kp1 / sh_.seg, srows = (2 * I + src_.bn - 1) / src_.bn;
-    float* sd = sl.s13.as<float>() + blk * nseg;
-    const float* ss = src_.s13 + size_t(e) * srows * nseg;
-    for (int q = 0; q < nseg; ++q) {
-      sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
-      sd[nseg + q] = ss[size_t((I + r0) / src_.bn) * nseg + q];
-    }
-  }
-
-  void copy_scales2(int e, size_t blk, int r0, NodeSlice& sl) {
-    const int H = sh_.hidden;
-    if (sh_.per_row) {
-      float* sd = sl.s2.as<float>() + blk * kBlockN;
-      for (int n = 0; n < kBlockN; ++n) sd[n] = r0 + n < H ? src_.s2[size_t(e) * H + r0 + n] : 0.0f;
-      return;
-    }
-    const int nseg = sh_.kp2 / sh_.seg, srows = (H + src_.bn - 1) / src_.bn;
-    float* sd = sl.s2.as<float>() + blk * nseg;
-    const float* ss = src_.s2 + size_t(e) * srows * nseg;
-    for (int q = 0; q < nseg; ++q) sd[q] = ss[size_t(r0 / src_.bn) * nseg + q];
-  }
-
-  // 16 rows [r0, r0+16) of a [rows, k] matrix -> one block; rows past `rows` and k past `k` are
-  // zero. Element (n, k) goes to (k/2)*32 + 2n + (k&1): a 16 x kp/2 transpose of element pairs.
-  void pack(const char* src, int r0, int rows, int k, int kp, char* tmp, char* dst) {
-    const int pairs = kp / 2;
-    if (sh_.byte_weights) {
-      for (int n = 0; n < kBlockN; ++n) {
-        char* t = tmp + size_t(n) * kp;
-        if (r0 + n < rows) {
-          memcpy(t, src + size_t(r0 + n) * k, k);
-          memset(t + k, 0, kp - k);  // padding inputs: zero codes (zero weights)
-        } else {
-          memset(t, 0, kp);
-        }
-      }
-      const uint16_t* t16 = reinterpret_cast<const uint16_t*>(tmp);
-      uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
-      for (int p = 0; p < pairs; ++p)
-        for (int n = 0; n < kBlockN; ++n) d16[size_t(p) * kBlockN + n] = t16[size_t(n) * pairs + p];
-      return;
-    }
-    for (int n = 0; n < kBlockN; ++n) {
-      uint16_t* t = reinterpret_cast<uint16_t*>(tmp) + size_t(n) * kp;
-      if (r0 + n < rows) kt_->to_bf16(src + size_t(r0 + n) * k * 2, src_.type, t, k, kp);
-      else memset(t, 0, size_t(kp) * 2);
-    }
-    const uint32_t* t32 = reinterpret_cast<const uint32_t*>(tmp);
-    uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
-    for (int p = 0; p < pairs; ++p)
-      for (int n = 0; n < kBlockN; ++n) d32[size_t(p) * kBlockN + n] = t32[size_t(n) * pairs + p];
-  }
-
   const MoEShape& sh_;
   std::vector<NodeSlice>& slices_;
   WeightSource src_;
@@ -341,55 +116,8 @@ class RepackJob : public Job {
 MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, int experts, int intermediate,
                    int hidden, Activation act)
     : pool_(std::move(pool)), act_(act) {
-  shape_.int4 = src.type == DType::kINT4;
-  if (shape_.int4) {
-    // Engine segment: the largest of 256/128/64/32 dividing the group (a segment = whole quads and
-    // pair-rows, within one group); groups past 256 inputs (channel strategy) repeat their scale.
-    auto seg_of = [](int gs) {
-      for (int s = kMaxSeg; s >= kPadK; s /= 2)
-        if (gs % s == 0) return s;
-      return 0;
-    };
-    if (src.gs1 <= 0 || src.gs2 <= 0 || hidden % src.gs1 || intermediate % src.gs2 || !seg_of(src.gs1) ||
-        !seg_of(src.gs2))
-      throw std::invalid_argument("int4 group sizes " + std::to_string(src.gs1) + " (over H=" + std::to_string(hidden) +
-                                  ") and " + std::to_string(src.gs2) + " (over I=" + std::to_string(intermediate) +
-                                  ") are not supported: each must divide its dimension and be a multiple of 32");
-    shape_.int4_asym = src.z13 != nullptr;
-    shape_.int4_fp16 = src.fp16_scale;
-    shape_.seg1 = seg_of(src.gs1);
-    shape_.seg2 = seg_of(src.gs2);
-  }
-  shape_.fp4 = src.type == DType::kMXFP4 || src.type == DType::kNVFP4;
-  shape_.nv = src.type == DType::kNVFP4;
-  shape_.int8_act = (shape_.int4 || shape_.fp4) && int8_act_from_env(shape_.fp4);
-  if (shape_.fp4) {
-    shape_.bias = src.b13 || src.b2;
-    shape_.alpha = src.alpha;
-    shape_.limit = src.limit;
-  }
-  if (shape_.nv) {  // per-expert global scales: gate and up of w13 ([E][2]), w2 ([E])
-    if (!src.g13 || !src.g2) throw std::invalid_argument("nvfp4 needs the global scales of w13 and w2");
-    if (hidden % 16 || intermediate % 16)
-      throw std::invalid_argument("nvfp4 needs H and I to be multiples of 16 (one scale per 16 inputs), got H=" +
-                                  std::to_string(hidden) + ", I=" + std::to_string(intermediate));
-    gs13_.assign(src.g13, src.g13 + size_t(experts) * 2);
-    gs2_.assign(src.g2, src.g2 + size_t(experts));
-  }
-  if (act == Activation::kSwigluOAI && !shape_.fp4)
-    throw std::invalid_argument("activation swigluoai is supported for mxfp4 experts only");
-  shape_.byte_weights = src.type == DType::kFP8E4M3 || src.type == DType::kINT8;
-  shape_.int8 = src.type == DType::kINT8;
-  shape_.per_row = shape_.byte_weights && src.bn == 0 && src.bk == 0;
-  if (shape_.byte_weights && !shape_.per_row) {
-    // The segment loop needs whole scale blocks that are whole AMX/pair rows.
-    if (src.bk % kPadK || src.bk > kMaxSeg || hidden % src.bk || intermediate % src.bk || src.bn % kBlockN)
-      throw std::invalid_argument("fp8 block size " + std::to_string(src.bn) + "x" + std::to_string(src.bk) +
-                                  " does not fit H=" + std::to_string(hidden) + ", I=" + std::to_string(intermediate) +
-                                  " (need a block width that divides H and I, a multiple of 32 up to 256, "
-                                  "and a block height that is a multiple of 16)");
-    shape_.seg = src.bk;
-  }
+  const Format& fmt = format_of(src);
+  shape_.format = &fmt;
   shape_.experts = experts;
   shape_.intermediate = intermediate;
   shape_.hidden = hidden;
@@ -397,10 +125,10 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   shape_.kp2 = round_up(intermediate, kPadK);
   shape_.i_blocks = shape_.kp2 / kBlockN;
   shape_.h_blocks = (hidden + kBlockN - 1) / kBlockN;
-  if (shape_.per_row) {  // dequantization chunk: the largest power of two <= 256 dividing both
-    shape_.seg = kMaxSeg;
-    while (shape_.kp1 % shape_.seg || shape_.kp2 % shape_.seg) shape_.seg /= 2;
-  }
+  fmt.configure(src, shape_, gs13_, gs2_);
+  shape_.int8_act = fmt.int8_act && int8_act_from_env(!fmt.int8_act_auto);
+  if (act == Activation::kSwigluOAI && !fmt.swigluoai)
+    throw std::invalid_argument(std::string("activation swigluoai is not supported for ") + fmt.name + " experts");
   if (pool_->num_nodes() > 64) throw std::invalid_argument("more than 64 NUMA nodes with threads are not supported");
 
   const std::vector<int> ib = split_blocks(shape_.i_blocks, *pool_);
@@ -412,42 +140,7 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
     sl.ib1 = ib[s + 1];
     sl.hb0 = hb[s];
     sl.hb1 = hb[s + 1];
-    const int node = pool_->numa_placement() ? pool_->node_id(s) : -1;
-    if (shape_.int4) {  // H and I are multiples of 32 here, so kp1 = H and kp2 = I
-      const size_t b13 = size_t(experts) * (sl.ib1 - sl.ib0) * 2, b2 = size_t(experts) * (sl.hb1 - sl.hb0);
-      const size_t p13 = b13 * (shape_.kp1 / shape_.seg1) * kBlockN, p2 = b2 * (shape_.kp2 / shape_.seg2) * kBlockN;
-      sl.w13 = HostBuffer(b13 * shape_.kp1 * kBlockN / 2, node);
-      sl.w2 = HostBuffer(b2 * shape_.kp2 * kBlockN / 2, node);
-      sl.s13 = HostBuffer(p13 * 2, node);
-      sl.s2 = HostBuffer(p2 * 2, node);
-      if (shape_.int4_asym) {
-        sl.z13 = HostBuffer(p13 / 2, node);  // 4-bit zero points
-        sl.z2 = HostBuffer(p2 / 2, node);
-      }
-      continue;
-    }
-    if (shape_.fp4) {  // 4-bit codes, one scale byte per (row, 32 inputs: e8m0 / nv: 16 inputs, fp8), bf16 biases
-      const int grp = shape_.nv ? 16 : 32;
-      const size_t b13 = size_t(experts) * (sl.ib1 - sl.ib0) * 2, b2 = size_t(experts) * (sl.hb1 - sl.hb0);
-      sl.w13 = HostBuffer(b13 * shape_.kp1 * kBlockN / 2, node);
-      sl.w2 = HostBuffer(b2 * shape_.kp2 * kBlockN / 2, node);
-      sl.s13 = HostBuffer(b13 * (shape_.kp1 / grp) * kBlockN, node);
-      sl.s2 = HostBuffer(b2 * (shape_.kp2 / grp) * kBlockN, node);
-      if (shape_.bias) {
-        sl.b13 = HostBuffer(b13 * kBlockN * 2, node);
-        sl.b2 = HostBuffer(b2 * kBlockN * 2, node);
-      }
-      continue;
-    }
-    const size_t esz = shape_.byte_weights ? 1 : 2;
-    sl.w13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * shape_.kp1 * kBlockN * esz, node);
-    sl.w2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * shape_.kp2 * kBlockN * esz, node);
-    if (shape_.byte_weights) {
-      const int per13 = shape_.per_row ? kBlockN : shape_.kp1 / shape_.seg;
-      const int per2 = shape_.per_row ? kBlockN : shape_.kp2 / shape_.seg;
-      sl.s13 = HostBuffer(size_t(experts) * (sl.ib1 - sl.ib0) * 2 * per13 * 4, node);
-      sl.s2 = HostBuffer(size_t(experts) * (sl.hb1 - sl.hb0) * per2 * 4, node);
-    }
+    fmt.allocate(shape_, sl, pool_->numa_placement() ? pool_->node_id(s) : -1);
   }
   RepackJob repack(shape_, slices_, src, active_kernels());
   pool_->submit(&repack);
@@ -502,30 +195,6 @@ void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const K
 }
 
 namespace {
-// Default: 4-bit decode starts wide. Measured on the 16-core AMX host of the H200 machine, 2026-12-01
-// (docs/results/2026-12-01_h200_session7.log: benchmarks/moe_layer.py --shapes qwen3-30b-a3b --threads all
-// --decode-units, two runs, M=1 of the read bandwidth measured in the same run, int8_act:4 -> quantized:4):
-// nvfp4 0.74 -> 0.78 and 0.80 -> 0.83, mxfp4 0.76 -> 0.78 and 0.78 -> 0.82 (M=4: 0.84 -> 0.88, 0.81 -> 0.88);
-// the 8-bit formats did not gain (fp8_block 0.82 -> 0.82 / 0.80, fp8_channel 0.75 -> 0.73, 0.81 -> 0.79,
-// int8_channel 0.76 -> 0.77 / 0.73): a block of 8-bit weights is already a 2x longer stream. Two units
-// per thread instead of four cost the 8-bit formats 0.05-0.10. On the 2-core Zen4 VM (2 threads,
-// docs/results/2026-12-01_epyc2c_decode_units.log) wide units also lifted fp8_block (0.67 -> 0.82).
-std::atomic<int> g_decode_wide{int(DecodeWide::kFourBit)};
-std::atomic<int> g_decode_units_per_thread{4};
-// Default: guided. Measured on the 16-core AMX host of the H200 machine, 2026-12-01, tenth session
-// (docs/results/2026-12-01_h200_session10.log: benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1
-// --threads all --decode-prefetch 0,8192 --decode-schedule units,guided, 5 rounds per format, 3-5 of them
-// without CPU contention): M=1 time guided / units (far prefetch 8192) median 0.96, 0.88-1.02, 25 of 28
-// pairs faster; medians of the read-bandwidth ratio units -> guided: mxfp4 0.71 -> 0.74, nvfp4 0.73 -> 0.76,
-// wna16_int4 0.80 -> 0.81, fp8_block 0.78 -> 0.86, fp8_channel 0.83 -> 0.89, int8_channel 0.93 -> 1.00,
-// bf16 0.98 -> 1.03. On the 2-core dev VM: no change at M=1, M=4 2-4% faster.
-std::atomic<int> g_decode_schedule{int(DecodeSchedule::kGuided)};
-// Default: q15. The 16-core AMX host (tools/decode_ops_micro.cpp, 2026-12-01, eleventh session): the
-// vdpbf16ps tile costs ~15 cycles per quad of two blocks there (~11 GB/s of codes per core, L1-resident),
-// its conversion and its dot products contending for the same ports; the q15 tile's two vpdpbusd per
-// block and quad take ~6.
-std::atomic<int> g_fp4_decode_acts{int(Fp4DecodeActs::kQ15)};
-
 
 // Hands out one phase's work: (major, block range) units over majors x nb blocks (major: a phase-1
 // piece, or a phase-2 token range). Fixed units: `group` blocks per fetch. Guided self-scheduling
@@ -574,54 +243,6 @@ int64_t now_ns() {
       .count();
 }
 }  // namespace
-
-void set_decode_units(DecodeUnits u) {
-  if (int(u.wide) < 0 || int(u.wide) > int(DecodeWide::kAll) || u.units_per_thread < 1 || u.units_per_thread > 64)
-    throw std::invalid_argument("decode units: wide must be a DecodeWide and units_per_thread in 1..64");
-  g_decode_wide.store(int(u.wide), std::memory_order_relaxed);
-  g_decode_units_per_thread.store(u.units_per_thread, std::memory_order_relaxed);
-}
-
-DecodeUnits decode_units() {
-  return DecodeUnits{DecodeWide(g_decode_wide.load(std::memory_order_relaxed)),
-                     g_decode_units_per_thread.load(std::memory_order_relaxed)};
-}
-
-void set_decode_schedule(DecodeSchedule s) {
-  if (s != DecodeSchedule::kUnits && s != DecodeSchedule::kGuided)
-    throw std::invalid_argument("decode schedule: units or guided");
-  g_decode_schedule.store(int(s), std::memory_order_relaxed);
-}
-
-void set_fp4_decode_acts(Fp4DecodeActs a) {
-  if (a != Fp4DecodeActs::kQ15 && a != Fp4DecodeActs::kBf16) throw std::invalid_argument("fp4 decode acts: q15 or bf16");
-  g_fp4_decode_acts.store(int(a), std::memory_order_relaxed);
-}
-
-Fp4DecodeActs fp4_decode_acts() { return Fp4DecodeActs(g_fp4_decode_acts.load(std::memory_order_relaxed)); }
-
-DecodeSchedule decode_schedule() { return DecodeSchedule(g_decode_schedule.load(std::memory_order_relaxed)); }
-
-int g_decode_far_prefetch = kDefaultDecodePrefetch;
-
-void set_decode_prefetch(int bytes) {
-  if (bytes < 0 || bytes > 65536 || bytes % 64 != 0)
-    throw std::invalid_argument("decode prefetch: bytes must be 0 (off) or a multiple of 64 up to 65536");
-  __atomic_store_n(&g_decode_far_prefetch, bytes, __ATOMIC_RELAXED);
-}
-
-int decode_prefetch() { return __atomic_load_n(&g_decode_far_prefetch, __ATOMIC_RELAXED); }
-
-namespace {
-std::atomic<int> g_chunk_tokens{0};
-}  // namespace
-
-void set_chunk_tokens(int tokens) {
-  if (tokens < 0) throw std::invalid_argument("chunk tokens: 0 (computed from the scratch budget) or a positive cap");
-  g_chunk_tokens.store(tokens, std::memory_order_relaxed);
-}
-
-int chunk_tokens() { return g_chunk_tokens.load(std::memory_order_relaxed); }
 
 void ForwardJob::phase_out(PhaseClock& c, int64_t t) {
   store_min(c.first_out, t);
@@ -683,7 +304,8 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   slot_weight_ = static_cast<float*>(buf(kSlotWeight, S * 4));
   pieces_ = static_cast<int32_t*>(buf(kPieces, (S / kPieceRows + E + 1) * 3 * 4));
   act_ = static_cast<uint16_t*>(buf(kAct, (S + kSlack) * sh.kp2 * 2));
-  q15_ = sh.fp4 && !sh.int8_act && kt_->q15_row && tc <= kQ8MaxTokens && fp4_decode_acts() == Fp4DecodeActs::kQ15;
+  q15_ = sh.format->q15_decode && !sh.int8_act && kt_->q15_row && tc <= kQ8MaxTokens &&
+         fp4_decode_acts() == Fp4DecodeActs::kQ15;
   q8_ = (sh.int8_act && kt_->q8_row && tc <= kQ8MaxTokens) || q15_;
   if (q8_) {
     xq_ = static_cast<int8_t*>(buf(kXq8, size_t(tc) * int_row_bytes(sh.kp1)));
@@ -748,9 +370,7 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   } else {
     const DecodeUnits du = decode_units();
     // The policies nest (DecodeWide's order): the least one that covers this layer's format.
-    const DecodeWide covers = sh.int4 || sh.fp4 ? DecodeWide::kFourBit
-                              : sh.byte_weights ? DecodeWide::kQuantized
-                                                : DecodeWide::kAll;
+    const DecodeWide covers = sh.format->decode_wide;
     const bool start_wide = wide || q8_ || du.wide >= covers;
     int max_threads = 1;
     for (int s = 0; s < pool.num_nodes(); ++s) max_threads = std::max(max_threads, pool.threads_on_node(s));
@@ -795,7 +415,7 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   KernelScratch ks;
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
-  const bool quant = sh.byte_weights || sh.int4 || sh.fp4;
+  const bool quant = sh.format->family != Family::kBf16;
   // two whole blocks of bf16 (the prefill panels of the AVX-512 tiers) and their fp32 group scales, and
   // at least the two kMaxSeg segments of the other tiers' prefill
   const size_t kp = size_t(std::max({sh.kp1, sh.kp2, kMaxSeg}));
@@ -815,8 +435,6 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
   auto rows = static_cast<const uint16_t**>(ctx.buffer(kRowPtrs, kPieceRows * sizeof(void*)));
   auto rows8 = q8_ ? static_cast<const int8_t**>(ctx.buffer(kQ8RowPtrs, kPieceRows * sizeof(void*))) : nullptr;
   const size_t q8_ld1 = int_row_bytes(sh.kp1);
-  const size_t w13_block = size_t(2) * sh.kp1 * kBlockN;
-  const int nseg1 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp1 / sh.seg) : 0;
   for (int piece, lb0, lb1;
        claim_unit(next1_[ctx.node], num_pieces_, nbi, group1_, guided_, threads, &piece, &lb0, &lb1);) {
     const int32_t* pc = pieces_ + 3 * piece;
@@ -827,46 +445,19 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
     GateUpTask t;
     t.x_rows = rows;
     t.m = pc[2] - pc[1];
-    t.w13 = sl.w13.as<uint16_t>() + (size_t(e) * nbi + lb0) * w13_block;
     t.nblk = lb1 - lb0;
     t.kp = sh.kp1;
     t.act = act_ + size_t(pc[1]) * sh.kp2 + size_t(sl.ib0 + lb0) * kBlockN;
     t.act_ld = sh.kp2;
     t.act_fn = layer_->activation();
     t.scratch = &ks;
-    if (sh.byte_weights) {
-      t.w13 = nullptr;
-      t.fp8.w = sl.w13.as<uint8_t>() + (size_t(e) * nbi + lb0) * w13_block;
-      t.fp8.scale = sl.s13.as<float>() + (size_t(e) * nbi + lb0) * 2 * nseg1;
-      t.fp8.seg = sh.seg;
-      t.fp8.per_row = sh.per_row;
-      t.fp8.int8 = sh.int8;
-    }
-    if (sh.int4) {
-      const size_t b = (size_t(e) * nbi + lb0) * 2, per = size_t(sh.kp1 / sh.seg1) * kBlockN;
-      t.w13 = nullptr;
-      t.q4.w = sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
-      t.q4.scale = sl.s13.as<uint16_t>() + b * per;
-      t.q4.zero = sh.int4_asym ? sl.z13.as<uint8_t>() + b * per / 2 : nullptr;
-      t.q4.group = sh.seg1;
-      t.q4.fp16_scale = sh.int4_fp16;
-    }
+    t.family = sh.format->family;
+    sh.format->gate_up_task({sh, sl, *layer_, e, size_t(e) * nbi + lb0}, t);
     t.q8_rows = rows8;  // null unless a 4-bit decode chunk with int8 activations
     t.q15 = q15_;
-    if (sh.fp4) {
-      const size_t b = (size_t(e) * nbi + lb0) * 2;
-      t.w13 = nullptr;
-      t.f4.w = sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
-      t.f4.scale = sl.s13.as<uint8_t>() + b * (sh.kp1 / (sh.nv ? 16 : 32)) * kBlockN;
-      if (sh.nv) {
-        t.f4.nv = true;
-        t.f4.gs[0] = layer_->global_scales13()[2 * size_t(e)];
-        t.f4.gs[1] = layer_->global_scales13()[2 * size_t(e) + 1];
-      }
-      t.bias = sh.bias ? sl.b13.as<uint16_t>() + b * kBlockN : nullptr;
-      t.alpha = sh.alpha;
-      t.limit = sh.limit;
-    }
+    t.bias = sh.bias ? sl.b13.as<uint16_t>() + (size_t(e) * nbi + lb0) * 2 * kBlockN : nullptr;
+    t.alpha = sh.alpha;
+    t.limit = sh.limit;
     kt_->gate_up(t);
   }
 }
@@ -880,9 +471,7 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
   const int range = (tc + token_ranges_ - 1) / token_ranges_;
   const size_t out_ld = size_t(group2_) * kBlockN;
   KernelScratch ks = scratch(ctx, sh);
-  const int nseg2 = sh.byte_weights ? (sh.per_row ? kBlockN : sh.kp2 / sh.seg) : 0;
   float* acc = static_cast<float*>(ctx.buffer(kOutAcc, size_t(range) * out_ld * 4));
-  const size_t w2_block = size_t(sh.kp2) * kBlockN;
   const size_t osz = elem_size(a_.out_type);
   for (int rg, lb0, lb1;
        claim_unit(next2_[ctx.node], token_ranges_, nbh, group2_, guided_, threads, &rg, &lb0, &lb1);) {
@@ -901,7 +490,6 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
       t.act = act_ + s0 * sh.kp2;
       t.act_ld = sh.kp2;
       t.m = int(p1 - p0);
-      t.w2 = sl.w2.as<uint16_t>() + (size_t(active_expert_[a]) * nbh + lb0) * w2_block;
       t.nblk = lb1 - lb0;
       t.kp = sh.kp2;
       t.row_weight = slot_weight_ + s0;
@@ -909,37 +497,12 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
       t.out_acc = acc - size_t(tr0) * out_ld;  // ... so shift the accumulator's origin by tr0 rows
       t.out_ld = out_ld;
       t.scratch = &ks;
-      if (sh.byte_weights) {
-        t.w2 = nullptr;
-        t.fp8.w = sl.w2.as<uint8_t>() + (size_t(active_expert_[a]) * nbh + lb0) * w2_block;
-        t.fp8.scale = sl.s2.as<float>() + (size_t(active_expert_[a]) * nbh + lb0) * nseg2;
-        t.fp8.seg = sh.seg;
-        t.fp8.per_row = sh.per_row;
-        t.fp8.int8 = sh.int8;
-      }
-      if (sh.int4) {
-        const size_t b = size_t(active_expert_[a]) * nbh + lb0, per = size_t(sh.kp2 / sh.seg2) * kBlockN;
-        t.w2 = nullptr;
-        t.q4.w = sl.w2.as<uint8_t>() + b * sh.kp2 * kBlockN / 2;
-        t.q4.scale = sl.s2.as<uint16_t>() + b * per;
-        t.q4.zero = sh.int4_asym ? sl.z2.as<uint8_t>() + b * per / 2 : nullptr;
-        t.q4.group = sh.seg2;
-        t.q4.fp16_scale = sh.int4_fp16;
-      }
+      t.family = sh.format->family;
+      sh.format->down_task({sh, sl, *layer_, active_expert_[a], size_t(active_expert_[a]) * nbh + lb0}, t);
       if (q8_) {  // 4-bit decode chunk with int8 activations
         t.q8_ld = int_row_bytes(sh.kp2);
         t.q8_act = aq_ + s0 * t.q8_ld;
         t.q15 = q15_;
-      }
-      if (sh.fp4) {
-        const size_t b = size_t(active_expert_[a]) * nbh + lb0;
-        t.w2 = nullptr;
-        t.f4.w = sl.w2.as<uint8_t>() + b * sh.kp2 * kBlockN / 2;
-        t.f4.scale = sl.s2.as<uint8_t>() + b * (sh.kp2 / (sh.nv ? 16 : 32)) * kBlockN;
-        if (sh.nv) {
-          t.f4.nv = true;
-          t.f4.gs[0] = layer_->global_scales2()[active_expert_[a]];
-        }
       }
       kt_->down(t);
       if (sh.bias) {  // out += w * b2 (the bias is part of the expert output the router weight scales)

@@ -26,6 +26,8 @@
 
 namespace lk {
 
+struct Format;  // format.h: what the layer's expert format owns (layout, checks, repacking, task weights)
+
 struct MoEShape {
   int experts = 0;       // E
   int intermediate = 0;  // I
@@ -34,120 +36,21 @@ struct MoEShape {
   int kp2 = 0;           // I padded to kPadK (phase-2 reduction length, act row length)
   int i_blocks = 0;      // kp2 / 16: I-blocks (blocks past I hold zero weights)
   int h_blocks = 0;      // ceil(H / 16)
-  bool byte_weights = false;  // one byte per weight (fp8 or int8) + fp32 scales
-  bool int8 = false;          // byte weights are int8 (else fp8 e4m3fn)
-  bool per_row = false;       // one scale per output row (else per seg x block rows)
-  int seg = 0;           // byte weights: inputs per segment (block mode: per scale)
-  // wna16_int4 (see WeightSource): half a byte per weight, 16-bit scales per (row, seg inputs).
-  bool int4 = false;
-  bool int4_asym = false;     // zero points stored (else the symmetric zero 8)
-  bool int4_fp16 = false;     // scales are fp16 (else bf16)
-  int seg1 = 0, seg2 = 0;     // int4: inputs per scale in phase 1 (over H) and phase 2 (over I)
-  // mxfp4 (see WeightSource): half a byte per weight, one e8m0 byte per (row, 32 inputs).
-  bool fp4 = false;
-  bool int8_act = false;      // int4 / fp4 decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
-  bool nv = false;            // fp4 is NVFP4: fp8 e4m3fn scale per (row, 16 inputs) + fp32 global scales
+  const Format* format = nullptr;  // the expert format (format.h, formats/*.cpp)
+  // The format's parameters for this layer (set by its configure):
+  int seg1 = 0, seg2 = 0;     // inputs per packed scale of w13 (over H) and w2 (over I); 0: no scales. fp8_block:
+                              // the checkpoint's block width; the per-row formats: the dequantization chunk;
+                              // wna16_int4: the engine segment of its groups; mxfp4 32, nvfp4 16
+  bool zero_points = false;   // wna16_int4: zero points stored (else the symmetric zero 8)
+  bool fp16_scales = false;   // wna16_int4: 16-bit scales are fp16 (else bf16)
   bool bias = false;          // w13 / w2 biases held (bf16)
   float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
+  bool int8_act = false;      // 4-bit decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
 };
 
-// Expert weights as the checkpoint holds them (vLLM layouts).
-//
-// kINT4 (format "wna16_int4"): compressed-tensors "pack-quantized" int4 experts as vLLM 0.26.0's
-// CompressedTensorsWNA16MarlinMoEMethod / CompressedTensorsWNA16MoEMethod hold them after weight
-// loading (before process_weights_after_loading). Facts this code relies on, and where they come from:
-//  - compressed_tensors/compressors/pack_quantized/helpers.py (v0.17), pack_to_int32 (l. 20-88):
-//    signed codes q in [-8, 7] (quantization/utils/helpers.py calculate_range l. 199-212: q_min = -2^(b-1),
-//    q_max = 2^(b-1) - 1) are stored unsigned as u = q + 8 (l. 62-63: offset = 1 << (num_bits-1));
-//    8 codes per int32 along the packed dim, code i of a word in bits 4i..4i+3, LSB first
-//    (l. 82-83: bit_shifts = arange(pack_factor) * num_bits); unpack_from_int32 (l. 130-160)
-//    masks with 0xF and subtracts 8. Weights are packed along dim 1 = K of the [N, K] weight
-//    (pack_quantized/base.py l. 91, default packed_dim=1); asymmetric zero points [N, K/gs] are
-//    packed the same way along dim 0 = N (base.py l. 96, packed_dim=0), also as zp + 8.
-//  - Dequantization (quantization/lifecycle/forward_helpers.py _dequantize, l. 246-268):
-//    w = (q - zp) * scale; in stored nibbles (u - z) * scale with z = zp + 8, so a symmetric
-//    checkpoint (no zero point) has z = 8.
-//  - vLLM creates the parameters K-first (compressed_tensors_moe_wna16.py l. 70-92 and
-//    compressed_tensors_moe_wna16_marlin.py get_weight_shape l. 97-181, "Marlin" layouts):
-//    w13_weight_packed int32 [E, H/8, 2I], w2_weight_packed int32 [E, I/8, H],
-//    w13_weight_scale [E, H/gs, 2I], w2_weight_scale [E, I/gs, H] in params_dtype (bf16/fp16),
-//    zero points (asymmetric only, marlin l. 324-354) int32 [E, H/gs, 2I/8], [E, I/gs, H/8];
-//    group strategy requires gs | H and gs | I (l. 266-283); channel strategy: one group (gs = K).
-//  - The loader transposes every checkpoint tensor of these methods (fused_moe/routed_experts.py
-//    l. 623-635: is_transposed -> loaded_weight.t().contiguous()), so [N, K/8] -> [K/8, N] and zero points
-//    [N/8, K/gs] -> [K/gs, N/8]; w1 fills N columns [0, I) and w3 [I, 2I) of w13 (gate, up).
-// The engine repacks once into Int4Weights blocks (kernel_table.h): 4-bit codes (the same bytes
-// count), 16-bit scales as given, 4-bit zero points: the checkpoint's bytes, ~1.0x.
-//
-// kMXFP4 (format "mxfp4"): OCP MX FP4 experts as vLLM 0.26.0's GptOssMxfp4MoEMethod / Mxfp4MoEMethod
-// hold them after loading (before process_weights_after_loading). Facts relied on (paths under vllm/):
-//  - model_executor/layers/quantization/mxfp4.py create_weights l. 183-275: w13_weight uint8
-//    [E, 2I, H/2] (l. 203-212), w13_weight_scale uint8 [E, 2I, H/32] (l. 215-224, mxfp4_block = 32
-//    l. 195), w2_weight uint8 [E, H, I/2] (l. 229-238), w2_weight_scale uint8 [E, H, I/32] (l. 241-250),
-//    w13_bias bf16 [E, 2I] and w2_bias bf16 [E, H] when the model has biases (l. 253-274). All are
-//    torch.zeros, so padding rows/columns are zero. H and I there are the rounded-up sizes
-//    (maybe_roundup_sizes l. 166-181 -> fused_moe/oracle/mxfp4.py l. 635-673: multiples of 32, 64,
-//    128 or 256 by backend), so the engine takes the real H and I from the caller and reads only them.
-//  - Nibble order: element 2i of a row is the low nibble of byte i, element 2i + 1 the high nibble
-//    (model_executor/layers/quantization/utils/nvfp4_emulation_utils.py break_fp4_bytes l. 316-333:
-//    l. 321-324 high = (a & 0xF0) >> 4, low = a & 0x0F, stack((low, high))); e2m1 code: bit 3 sign
-//    (l. 326), bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6} (l. 20-21 kE2M1ToFloat, l. 327-331).
-//  - e8m0 scale byte s = 2^(s - 127) (model_executor/layers/quantization/utils/mxfp8_utils.py l. 222:
-//    exp2(scales - 127)); 0xFF is NaN in the OCP MX spec (the engine maps it to NaN).
-//  - gpt-oss w13 rows are interleaved: row 2j = gate_j, row 2j + 1 = up_j (models/gpt_oss.py: TP
-//    narrows w13 rows and w13_bias as [2 * tp_rank_start, 2 * tp_rank_end) l. 472 and 514; the
-//    activation reads gate = x[..., ::2], up = x[..., 1::2], model_executor/layers/activation.py l. 453).
-//  - swigluoai (activation.py SwigluOAIAndMul l. 445-464, alpha = 1.702, limit = 7.0):
-//    gate = min(gate, limit), up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate).
-//  - Biases: the fused MoE kernel adds the bias to the GEMM result, then multiplies by the router
-//    weight (fused_moe/fused_moe.py l. 559-567), so out = sum_k w_k (w2_e act + b2_e), and
-//    act = swigluoai(w13_e x + b13_e). models/gpt_oss.py l. 533-536 zeroes w2_bias on TP ranks != 0.
-// The engine repacks once into Fp4Weights blocks (kernel_table.h), de-interleaving gate/up rows and
-// dropping vLLM's padding: 4-bit codes and 1-byte scales as given, biases bf16: <= the checkpoint's bytes.
-//
-// kNVFP4 (format "nvfp4"): ModelOpt NVFP4 experts as vLLM 0.26.0's ModelOptNvFp4FusedMoE holds them after
-// weight loading, before process_weights_after_loading (model_executor/layers/quantization/modelopt.py
-// create_weights l. 1441-1555; the loader is fused_moe/routed_experts.py weight_loader). Facts relied on:
-//  - w13_weight uint8 [E, 2I, H/2] (l. 1461-1474), rows [gate (w1); up (w3)] (routed_experts.py _load_w13
-//    l. 483-489: w1 into rows [0, I), w3 into [I, 2I)); w2_weight uint8 [E, H, I/2] (l. 1476-1488).
-//    Two e2m1 codes per byte along the input dimension, element 2i in the low nibble of byte i, 2i + 1 in
-//    the high one (quantization/utils/nvfp4_emulation_utils.py break_fp4_bytes l. 316-333: l. 321-324
-//    high = (a & 0xF0) >> 4, low = a & 0x0F, stack((low, high))); code bit 3 = sign, bits 0-2 index
-//    {0, 0.5, 1, 1.5, 2, 3, 4, 6} (same file l. 20-21, 325-331).
-//  - w13_weight_scale float8_e4m3fn [E, 2I, H/16], w2_weight_scale float8_e4m3fn [E, H, I/16] (l. 1490-1516,
-//    group_size 16 = ModelOptNvFp4Config default, l. 1026 / 1089-1090): one block scale per row and 16
-//    consecutive inputs, in the same row order as the codes. 0x7F / 0xFF are NaN (e4m3fn).
-//  - w13_weight_scale_2 float32 [E, 2] (l. 1522-1526: [E, w13_num_shards], 2 for gated experts), filled
-//    per shard: [e][0] = gate_proj.weight_scale_2, [e][1] = up_proj.weight_scale_2 (routed_experts.py
-//    _load_per_tensor_weight_scale l. 290-306, reached from the ModelOpt branch l. 744-775);
-//    w2_weight_scale_2 float32 [E] (l. 1528-1532). vLLM's own GPU kernels keep only [:, 0] for w13
-//    (process_weights_after_loading l. 1557-1570, with a warning when they differ); the engine uses each
-//    shard's own scale, which is what the checkpoint says.
-//  - Dequantized weight = e2m1(code) * float(fp8 block scale) * weight_scale_2: ModelOpt stores the
-//    per-tensor global scale as amax / (6 * 448), not its reciprocal (modelopt.py l. 1253-1262, the W4A16
-//    method's note; nvfp4_emulation_utils.py dequantize_to_dtype l. 391-397: out = code * (fp8 scale *
-//    global_scale); fused_moe/experts/nvfp4_emulation_moe.py l. 98-99 the same for MoE).
-//  - w13_input_scale float32 [E', 2] and w2_input_scale float32 [E'] (l. 1541-1555; E' = E, or the global
-//    expert count on FlashInfer backends) are the activation scales of W4A4 kernels. The engine computes
-//    W4A16-style (bf16 activations, fp32 sums) like vLLM's Marlin NVFP4 MoE backend, which drops them too;
-//    they are accepted (checked for dtype and shape) and ignored.
-//  - No padding (the method keeps FusedMoEMethodBase.maybe_roundup_sizes), no biases; H and I must be
-//    multiples of 16. Non-gated experts (w13_num_shards = 1) are refused.
-// Repacked into the Fp4Weights blocks with one fp8 byte per (row, 16 inputs): the checkpoint's bytes,
-// plus 12 bytes of global scales per expert (H, I not multiples of 32 pad one zero group per row).
-// Kernels (moe_kernels.cpp, mxfp4 section, shared with mxfp4): decode (<= 4 rows per expert, AVX-512
-// tiers) converts codes to bf16 in registers through the 16-entry vpermw table, accumulates each
-// 16-input group in fp32 (vdpbf16ps, or the exact even/odd fp32 split on plain AVX-512) with 2 chains
-// per (row, block) at one row, then multiplies the group's 16 fp8 scales (converted in registers:
-// magnitude << 20 times 2^120, NaN kept) into the total; prefill and the generic/avx2 tiers dequantize
-// code x fp8 scale into bf16 per 256-input segment (exact, see fp4_dequant_seg_t) and run the bf16
-// tiles. The global scale multiplies the fp32 sums: gate/up before the activation, w2 folded into the
-// router weight. Measured (2-core Zen4 VM, avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
-// nvfp4 --shapes qwen3-30b-a3b: E=128, K=8, H=2048, I=768, 4 packed copies rotated; read bandwidth of
-// that run 41.9 GB/s): M=1 0.765 ms = 27.7 GB/s of NVFP4 bytes = 0.66 of read; M=4 2.81 ms (0.66);
-// M=16 7.14 ms (0.73); prefill M=256 59.8 ms (0.32 TFLOP/s); nbytes / checkpoint bytes 1.0000
-// (docs/results/2026-11-30_epyc2c_nvfp4_moe_layer.log). Chains at one row: 2 measured better than 4 on
-// LLC-resident experts (49 vs 34-42 GB/s, the VM is noisy); DRAM-bound runs could not tell them apart.
+// Expert weights as the checkpoint holds them (vLLM layouts), filled by the checkpoint adapters
+// (bindings/checkpoints.cpp) and read by the layer's format (formats/*.cpp, where each format's
+// layout and the vLLM sources it follows are described).
 struct WeightSource {
   DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4
   const void* w13 = nullptr;  // [E, 2I, H]
@@ -182,11 +85,9 @@ struct NodeSlice {
   int hb0 = 0, hb1 = 0;  // H-blocks owned
   HostBuffer w13;        // [E][ib1-ib0][gate block, up block]
   HostBuffer w2;         // [E][hb1-hb0][block]
-  HostBuffer s13, s2;    // fp8 scales: [E][ib1-ib0][2][kp1/seg], [E][hb1-hb0][kp2/seg]
-                         // int4: 16-bit [E][ib1-ib0][2][kp1/seg1][16], [E][hb1-hb0][kp2/seg2][16]
-  HostBuffer z13, z2;    // int4 asymmetric zero points, 4 bits each, laid out as the int4 scales
-                         // mxfp4: s13 / s2 hold e8m0 bytes [E][ib1-ib0][2][kp1/32][16], [E][hb1-hb0][kp2/32][16]
-  HostBuffer b13, b2;    // mxfp4 biases, bf16: [E][ib1-ib0][2][16], [E][hb1-hb0][16]
+  HostBuffer s13, s2;    // scales, zero points and biases, laid out by the format (formats/*.cpp)
+  HostBuffer z13, z2;
+  HostBuffer b13, b2;    // biases, bf16: [E][ib1-ib0][2][16], [E][hb1-hb0][16]
 };
 
 struct ForwardArgs {
@@ -225,7 +126,7 @@ void set_decode_schedule(DecodeSchedule s);
 DecodeSchedule decode_schedule();
 // Activations of the fp4 formats' decode chunks (<= kQ8MaxTokens tokens, AVX-512 tiers, LK_INT8_ACT
 // not set for them): q15 rows (the default; integer dot products on 15-bit activations, see
-// moe_kernels.cpp, dot_tile_fp4_int) or the bf16 rows of the vdpbf16ps tile. Process-wide, for
+// kernels/fp4.cpp, dot_tile_fp4_int) or the bf16 rows of the vdpbf16ps tile. Process-wide, for
 // benchmarks' A/Bs; the results differ by the activations' 15-bit rounding.
 enum class Fp4DecodeActs { kQ15 = 0, kBf16 = 1 };
 void set_fp4_decode_acts(Fp4DecodeActs a);
@@ -317,7 +218,7 @@ class MoELayer {
   size_t nbytes() const;
   ThreadPool& pool() const { return *pool_; }
   const std::vector<NodeSlice>& slices() const { return slices_; }
-  // nvfp4: fp32 global scales, [E][2] (gate, up) and [E]; empty otherwise.
+  // Per-expert fp32 global scales (nvfp4), [E][2] (gate, up) and [E]; empty otherwise.
   const float* global_scales13() const { return gs13_.data(); }
   const float* global_scales2() const { return gs2_.data(); }
 
@@ -337,7 +238,7 @@ class MoELayer {
   MoEShape shape_;
   Activation act_;
   std::vector<NodeSlice> slices_;
-  std::vector<float> gs13_, gs2_;  // nvfp4 global scales
+  std::vector<float> gs13_, gs2_;  // per-expert global scales (nvfp4)
   std::mutex submit_mu_;  // callers may be Python threads and CUDA's callback/poller threads
   ForwardJob job_;
   bool submitted_ = false;

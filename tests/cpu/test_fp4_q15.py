@@ -1,5 +1,5 @@
 """mxfp4 / nvfp4 decode on 15-bit integer activations (q15 rows, the default for chunks of <= 16 tokens
-on the AVX-512 tiers; moe_kernels.cpp, dot_tile_fp4_int).
+on the AVX-512 tiers; csrc/cpu/kernels/fp4.cpp, dot_tile_fp4_int).
 
 The engine rounds each 32-input group of x, and of the bf16 activation before the down projection, to
 q * 2^e with |q| <= 16256 (8128 < max|v| / 2^e <= 16256), then sums code x q in integers exactly. The

@@ -1,0 +1,97 @@
+// The activation rows of the 4-bit decode with integer activations (kernel_table.h: q8 and q15 rows),
+// quantized once per chunk by the engine; AVX-512 tiers only (the others take the exact bf16 path).
+#include "cpu/kernels/kernels.h"
+#include "cpu/kernels/simd.h"
+
+#if defined(LK_V512)
+namespace lk {
+namespace LK_CAT(tier_, LK_TIER) {
+namespace {
+
+// One group of 32 bf16 activations for the integer rows (q8_row, q15_row): as fp32, their max |x|, and
+// whether every one is finite.
+struct ActGroup32 {
+  __m512 x0, x1;
+  float amax;
+  bool finite;
+};
+inline ActGroup32 load_act_group32(const uint16_t* src) {
+  ActGroup32 g;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  g.x0 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)src));
+  g.x1 = bf16_to_f32_v(_mm256_loadu_si256((const __m256i*)(src + 16)));
+  g.amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(g.x0, absmask), _mm512_and_ps(g.x1, absmask)));
+  const bool nan = (_mm512_cmp_ps_mask(g.x0, g.x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(g.x1, g.x1, _CMP_UNORD_Q)) != 0;
+  g.finite = !nan && g.amax <= 3.4e38f;
+  return g;
+}
+
+}  // namespace
+
+// One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
+void q8_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  float* d = reinterpret_cast<float*>(dst + kp);
+  float* ds = d + nb;
+  int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
+  for (int b = 0; b < nb; ++b) {
+    const ActGroup32 x = load_act_group32(src + b * 32);
+    const float amax = x.amax;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x.x0, _mm512_set1_ps(inv)));  // round to nearest even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x.x1, _mm512_set1_ps(inv)));
+    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+    // inf/NaN input: d = NaN, so the outputs that read it are NaN as in the bf16 path
+    const float db = x.finite ? amax / 127.0f : __builtin_nanf("");
+    d[b] = db;
+    s16[2 * b] = _mm512_reduce_add_epi32(q0);
+    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+    ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
+  }
+}
+
+// One bf16 row -> q15 row (kernel_table.h): per 32 inputs a power of two d = 2^e with max|x| / d in
+// (8128, 16256], q = round(x / d) (exact for every input within 2^-6 of the group's max, the rest off
+// by at most d / 2 <= 2^-14 max|x|), stored as int8 hi = floor((q + 64) / 128) and lo = q - 128 hi in
+// [-64, 63], so q = 128 hi + lo.
+void q15_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  int8_t* lo = dst + kp;
+  float* d = reinterpret_cast<float*>(dst + 2 * kp);
+  int32_t* s16 = reinterpret_cast<int32_t*>(d + nb);
+  for (int b = 0; b < nb; ++b) {
+    const ActGroup32 x = load_act_group32(src + b * 32);
+    const float amax = x.amax;
+    const __m512 x0 = x.x0, x1 = x.x1;
+    __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
+    float db = 0.0f;  // all-zero group: q = 0
+    if (!x.finite) {
+      db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
+    } else if (amax > 0.0f) {
+      int k;
+      std::frexp(amax, &k);  // amax = f 2^k, f in [0.5, 1)
+      int e = k - 14;
+      if (std::ldexp(amax, -e) > 16256.0f) ++e;  // keep |hi| <= 127
+      // x * 2^-e is exact; two factors where 2^-e alone would overflow (groups below ~2^-113)
+      const int p1 = -e > 126 ? 126 : -e;
+      const __m512 f1 = _mm512_set1_ps(std::ldexp(1.0f, p1)), f2 = _mm512_set1_ps(std::ldexp(1.0f, -e - p1));
+      q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x0, f1), f2));  // round to nearest even
+      q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x1, f1), f2));
+      db = std::ldexp(1.0f, e);
+    }
+    const __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(q0, _mm512_set1_epi32(64)), 7);
+    const __m512i h1 = _mm512_srai_epi32(_mm512_add_epi32(q1, _mm512_set1_epi32(64)), 7);
+    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(h0));
+    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(h1));
+    _mm_storeu_si128((__m128i*)(lo + b * 32), _mm512_cvtsepi32_epi8(_mm512_sub_epi32(q0, _mm512_slli_epi32(h0, 7))));
+    _mm_storeu_si128((__m128i*)(lo + b * 32 + 16), _mm512_cvtsepi32_epi8(_mm512_sub_epi32(q1, _mm512_slli_epi32(h1, 7))));
+    d[b] = db;
+    s16[2 * b] = _mm512_reduce_add_epi32(q0);
+    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+  }
+}
+
+}  // namespace LK_CAT(tier_, LK_TIER)
+}  // namespace lk
+#endif  // LK_V512

@@ -1,0 +1,211 @@
+// One-byte codes with fp32 scales: fp8_block (fp8 e4m3fn, one scale per block of the checkpoint),
+// fp8_channel and int8_channel (one scale per output row). Layout: kernel_table.h Fp8Weights.
+#include "cpu/kernels/kernels.h"
+#include "cpu/kernels/panels.h"
+
+namespace lk {
+namespace LK_CAT(tier_, LK_TIER) {
+namespace {
+
+// n (multiple of 32) fp8 e4m3fn values -> bf16.
+inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
+  int i = 0;
+#if defined(LK_V512)
+  for (; i + 32 <= n; i += 32) {
+    _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
+    _mm512_storeu_si512((void*)(dst + i), fp8x32_to_bf16(_mm256_loadu_si256((const __m256i*)(src + i))));
+  }
+#elif defined(__AVX2__)
+  // pshufb table: low bytes of the subnormal bf16 values in 0..7, high bytes in 8..15.
+  const __m256i lut = _mm256_setr_epi8(0x00, 0x00, int8_t(0x80), int8_t(0xC0), 0x00, 0x20, 0x40, 0x60,
+                                       0x00, 0x3B, 0x3B, 0x3B, 0x3C, 0x3C, 0x3C, 0x3C,
+                                       0x00, 0x00, int8_t(0x80), int8_t(0xC0), 0x00, 0x20, 0x40, 0x60,
+                                       0x00, 0x3B, 0x3B, 0x3B, 0x3C, 0x3C, 0x3C, 0x3C);
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(src + i)));
+    const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7F));
+    __m256i r = _mm256_add_epi16(_mm256_slli_epi16(mag, 4), _mm256_set1_epi16(0x3C00));
+    const __m256i idx = _mm256_or_si256(_mm256_and_si256(mag, _mm256_set1_epi16(0x0F)),
+                                        _mm256_slli_epi16(_mm256_add_epi16(_mm256_and_si256(mag, _mm256_set1_epi16(0x07)),
+                                                                           _mm256_set1_epi16(8)), 8));
+    const __m256i sub = _mm256_shuffle_epi8(lut, idx);
+    r = _mm256_blendv_epi8(r, sub, _mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi16(0x7FC0), _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F)));
+    r = _mm256_or_si256(r, _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    _mm256_storeu_si256((__m256i*)(dst + i), r);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = fp8_to_bf16_1(src[i]);
+}
+
+// n int8 values -> bf16 (exact: |v| <= 128 has at most 8 significant bits).
+inline void int8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
+  int i = 0;
+#if defined(LK_V512)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + i))));
+    _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_bf16(float(int8_t(src[i])));
+}
+
+inline void dequant_bf16(const Fp8Weights& q, const uint8_t* src, uint16_t* dst, int n) {
+  if (q.int8) int8_to_bf16(src, dst, n);
+  else fp8_to_bf16(src, dst, n);
+}
+
+#if defined(LK_V512)
+// FP8 blocks converted in registers, whole block with its segment scales (decode: few rows).
+// The byte formats (fp8_block; fp8_channel / int8_channel with one scale per row) stream one byte
+// per weight and widen it to bf16 in registers, exact, with bf16 activations (no activation
+// rounding beyond the bf16 input). H200 host (16-core Xeon, AMX tier, 16 threads, 2026-12-01,
+// benchmarks/moe_layer.py --shapes qwen3-30b-a3b --tokens 1,4, docs/results/2026-12-01_h200_session6.log),
+// fraction of the read bandwidth measured in the same run, M=1 / M=4: fp8_block 0.76 / 0.84,
+// fp8_channel 0.72 / 0.83, int8_channel 0.73 / 0.92 (bf16: 1.04 / 1.17; M=1 0.46-0.56 ms against
+// bf16's 0.70 for half the bytes, so per-forward costs weigh more there than the conversion does).
+constexpr int kFusedFp8Rows = 4;
+template <int NB, int CODES>
+void dot_rows_codes(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
+                    const float* const* scale) {
+  switch (mr) {
+    case 1: dot_tile<1, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    case 2: dot_tile<2, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    case 3: dot_tile<3, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    default: dot_tile<4, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+  }
+}
+template <int NB>
+void dot_rows_fp8(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
+                  const float* const* scale, bool int8_codes) {
+  if (int8_codes) dot_rows_codes<NB, kCodesInt8>(mr, a, b, kp, c, seg, scale);
+  else dot_rows_codes<NB, kCodesFp8>(mr, a, b, kp, c, seg, scale);
+}
+#else
+constexpr int kFusedFp8Rows = 0;
+template <int NB>
+void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, int, const float* const*, bool) {}
+#endif
+
+}  // namespace
+
+// FP8 block weights: per `seg` inputs, dequantize the segment of the block (pair) exactly into
+// L1, run the bf16 dot tile on it, and add scale x partial into fp32 sums. Same arithmetic as
+// the bf16 path (the scales are applied in fp32), at ~3% extra per segment.
+void gate_up_fp8(const GateUpTask& t) {
+  const Fp8Weights& q = t.fp8;
+  const int seg = q.seg, nseg = t.kp / seg;
+  const int per = q.per_row ? kBlockN : nseg;  // scales per block
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  float* c = t.scratch->c;
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* bu = bg + block_bytes;
+    const float* sg = q.scale + size_t(j) * 2 * per;
+    const float* su = sg + per;
+    if (t.m <= kFusedFp8Rows) {  // few rows: codes converted in registers, block scales in the tile
+      const void* b[2] = {bg, bu};
+      const float* sc[2] = {sg, su};
+      dot_rows_fp8<2>(t.m, t.x_rows, b, t.kp, c, seg, q.per_row ? nullptr : sc, q.int8);
+      for (int r = 0; r < t.m; ++r) {
+        if (q.per_row) {
+          mul_16(c + r * 32, sg);
+          mul_16(c + r * 32 + 16, su);
+        }
+        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      }
+      continue;
+    }
+#if defined(LK_V512)
+    dequant_bf16(q, bg, panel_of(*t.scratch, t.kp, 0), t.kp * kBlockN);
+    dequant_bf16(q, bu, panel_of(*t.scratch, t.kp, 1), t.kp * kBlockN);
+    uint16_t* act = t.act + j * kBlockN;
+    const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
+    if (q.per_row)
+      gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
+        mul_16(g, sg);
+        mul_16(g + 16, su);
+        silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld);
+      });
+    else
+      gate_up_panel<kSegScalar>(t, j, seg, sg, su, next, 2 * block_bytes,
+                                [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+    continue;
+#endif
+    float* tot = t.scratch->acc;
+    uint16_t* dg = t.scratch->deq;
+    uint16_t* du = dg + seg * kBlockN;
+    memset(tot, 0, size_t(t.m) * 32 * 4);
+    for (int s = 0; s < nseg; ++s) {  // many rows: dequantize each segment once, reuse it per row tile
+      const size_t off = size_t(s) * seg * kBlockN;
+      dequant_bf16(q, bg + off, dg, seg * kBlockN);
+      dequant_bf16(q, bu + off, du, seg * kBlockN);
+      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
+        float* o = tot + size_t(r) * 32;
+        if (q.per_row) {
+          axpy_vec_16(1.0f, cr, sg, o);
+          axpy_vec_16(1.0f, cr + 16, su, o + 16);
+        } else {
+          axpy_16(sg[s], cr, o);
+          axpy_16(su[s], cr + 16, o + 16);
+        }
+      });
+    }
+    for (int r = 0; r < t.m; ++r)
+      silu_mul_16(tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+  }
+}
+
+void down_fp8(const DownTask& t) {
+  const Fp8Weights& q = t.fp8;
+  const int seg = q.seg, nseg = t.kp / seg;
+  const int per = q.per_row ? kBlockN : nseg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  uint16_t* d = t.scratch->deq;
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+#if defined(LK_V512)
+  if (t.m > kFusedFp8Rows) {
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      const float* sc[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+      for (int h = 0; h < nb; ++h)
+        dequant_bf16(q, q.w + size_t(j + h) * block_bytes, panel_of(*t.scratch, t.kp, h), t.kp * kBlockN);
+      const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
+      const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block_bytes;
+      if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes);
+      else down_panel<kSegScalar>(t, j, nb, seg, sc, nullptr, 1.0f, next, next_bytes);
+    }
+    return;
+  }
+#endif
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* src = q.w + size_t(j) * block_bytes;
+    const float* sc = q.scale + size_t(j) * per;
+    if (t.m <= kFusedFp8Rows) {
+      const void* b[2] = {src, src};
+      const float* scs[2] = {sc, sc};
+      for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
+      dot_rows_fp8<1>(t.m, rows, b, t.kp, c, seg, q.per_row ? nullptr : scs, q.int8);
+      for (int r = 0; r < t.m; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+        if (q.per_row) axpy_vec_16(t.row_weight[r], c + r * 32, sc, o);
+        else axpy_16(t.row_weight[r], c + r * 32, o);
+      }
+      continue;
+    }
+    for (int s = 0; s < nseg; ++s) {
+      const void* b[2] = {d, d};
+      dequant_bf16(q, src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
+      down_segment(t, b, 1, s * seg, seg, [&](const float* cr, int r) {
+        float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+        if (q.per_row) axpy_vec_16(t.row_weight[r], cr, sc, o);
+        else axpy_16(t.row_weight[r] * sc[s], cr, o);
+      });
+    }
+  }
+}
+
+}  // namespace LK_CAT(tier_, LK_TIER)
+}  // namespace lk

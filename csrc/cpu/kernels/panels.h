@@ -1,0 +1,264 @@
+// The quantized formats' prefill panels (AVX-512 tiers) and the AMX tiles: the row tiles over a
+// block (pair) dequantized whole into bf16, with its segment scales (see simd.h for the tiers).
+#pragma once
+
+#include "cpu/kernels/simd.h"
+
+namespace lk {
+namespace LK_CAT(tier_, LK_TIER) {
+namespace {
+
+#if defined(LK_V512)
+
+// Prefill of the quantized formats (rows beyond the fused decode tiles): each block (pair) is
+// dequantized whole, once per task, into a bf16 panel in the bf16 format's block layout (exact: the
+// codes, or code x scale where that product is exact), and every row tile then runs the bf16 tile
+// over all of K, the remaining scales applied in fp32: per segment in registers (fp8_block, int4
+// groups) or once per result (per-row scales). One pass per row tile and no partial sums through
+// memory, where the earlier per-segment loop paid a tile start, a store and an add per segment
+// (int4 group 32: one per 32 inputs). Tiles with segment scales hold two accumulator sets: 6 rows.
+constexpr int kSegTileRows = 6;
+template <int NB, int SEG>
+void dot_rows_seg(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
+                  const float* const* scale, Prefetch pf) {
+  switch (mr) {
+    case 1: dot_tile<1, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 2: dot_tile<2, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 3: dot_tile<3, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 4: dot_tile<4, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    case 5: dot_tile<5, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+    default: dot_tile<6, NB, kCodesBf16, SEG>(a, b, kp, c, pf, seg, scale); break;
+  }
+}
+
+// The two bf16 panels of a task's scratch (2 x 16 x kp each way) and the fp32 segment scales after them.
+inline uint16_t* panel_of(const KernelScratch& s, int kp, int h) { return s.deq + size_t(h) * kBlockN * kp; }
+inline float* panel_scales(const KernelScratch& s, int kp) {
+  return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
+}
+
+#if defined(LK_AMX)
+// AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
+constexpr int kAmxMinRows = 16;
+constexpr int kAmxPrefetchK = 64;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+inline void amx_configure() {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = 16;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Accumulator tiles 0-3 += A (32 rows, stride lda elements) x [B0 | B1] over inputs [k0, k1).
+inline void amx_accumulate(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int k0, int k1) {
+  const size_t stride = lda * 2;
+  for (int k = k0; k < k1; k += 32) {
+    // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
+    const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
+    const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
+    for (int l = 0; l < 16; ++l) {
+      _mm_prefetch((const char*)(p0 + l * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(p1 + l * 32), _MM_HINT_T0);
+    }
+    _tile_loadd(4, a + k, stride);
+    _tile_loadd(5, a + 16 * lda + k, stride);
+    _tile_loadd(6, b0 + size_t(k) * 16, 64);
+    _tile_loadd(7, b1 + size_t(k) * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+inline void amx_zero() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// The accumulator tiles to C (32 x 32 fp32, ld 32).
+inline void amx_store(float* c) {
+  _tile_stored(0, c, 128);
+  _tile_stored(1, c + 16, 128);
+  _tile_stored(2, c + 16 * 32, 128);
+  _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+// C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
+inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
+  amx_zero();
+  amx_accumulate(a, lda, b0, b1, 0, kp);
+  amx_store(c);
+}
+
+// amx_tile_32x32 with segment scales (SEG as dot_tile's): each `seg` inputs (a multiple of 32) the four
+// accumulator tiles go to `tmp` (32 x 32 fp32) and are added into C scaled, in fp32.
+template <int SEG>
+inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp,
+                               int seg, const float* const* scale, float* c, float* tmp) {
+  for (int r = 0; r < 32; ++r) {
+    _mm512_storeu_ps(c + r * 32, _mm512_setzero_ps());
+    _mm512_storeu_ps(c + r * 32 + 16, _mm512_setzero_ps());
+  }
+  for (int k0 = 0, sidx = 0; k0 < kp; k0 += seg, ++sidx) {
+    amx_zero();
+    amx_accumulate(a, lda, b0, b1, k0, k0 + seg);
+    amx_store(tmp);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 sv = SEG == kSegVector ? _mm512_loadu_ps(scale[h] + 16 * sidx) : _mm512_set1_ps(scale[h][sidx]);
+      for (int r = 0; r < 32; ++r) {
+        float* o = c + r * 32 + h * 16;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(tmp + r * 32 + h * 16), sv, _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
+
+// One 32-row tile over a block pair's panels, scaled per segment as SEG says (tmp: 32 x 32 fp32).
+template <int SEG>
+inline void amx_panel_tile(const uint16_t* a, size_t lda, const void* const* b, int kp, int seg,
+                           const float* const* scale, float* c, float* tmp) {
+  const auto* b0 = static_cast<const uint16_t*>(b[0]);
+  const auto* b1 = static_cast<const uint16_t*>(b[1]);
+  if constexpr (SEG == kSegNone) amx_tile_32x32(a, lda, b0, b1, kp, c);
+  else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp);
+}
+
+// The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
+inline void amx_gather_rows(const GateUpTask& t) {
+  const int mt = (t.m + 31) / 32 * 32;
+  for (int r = 0; r < mt; ++r) {
+    if (r < t.m) memcpy(t.scratch->panel + size_t(r) * t.kp, t.x_rows[r], size_t(t.kp) * 2);
+    else memset(t.scratch->panel + size_t(r) * t.kp, 0, size_t(t.kp) * 2);
+  }
+}
+
+// The 32-row tiles of m rows (a: tile-strided, lda elements) over a block pair's panels, scaled per
+// segment as SEG says; fin(c, r) takes row r's 32 results.
+template <int SEG, typename Fin>
+inline void amx_panel_rows(const uint16_t* a, size_t lda, int m, const void* const* b, int kp, int seg,
+                           const float* const* scale, const KernelScratch& s, Fin&& fin) {
+  amx_configure();
+  for (int r0 = 0; r0 < m; r0 += 32) {
+    amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc);
+    for (int r = 0; r < tmin(32, m - r0); ++r) fin(s.c + r * 32, r0 + r);
+  }
+  _tile_release();
+}
+#endif  // LK_AMX
+
+// Row tiles of a gate/up task over the panels of block pair j; fin(c, r) takes row r's 32 results.
+// Meanwhile the tiles trickle the next block pair's codes (`next`, `next_bytes`) into L2, so that its
+// dequantization does not wait on DRAM (the bf16 path does the same for its weights). On the amx tier
+// the task's rows are gathered into the tile panel with its first block pair (j == 0).
+template <int SEG, typename Fin>
+void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const float* su, const void* next,
+                   size_t next_bytes, Fin&& fin) {
+  float* c = t.scratch->c;
+  const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, 1)};
+  const float* sc[2] = {sg, su};
+  constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
+#if defined(LK_AMX)
+  if (t.m >= kAmxMinRows) {
+    if (j == 0) amx_gather_rows(t);
+    return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, fin);
+  }
+#endif
+  const int tiles = (t.m + R - 1) / R;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
+    const int mr = tmin(R, t.m - r0);
+    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+    if constexpr (SEG == kSegNone) dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c, pf);
+    else dot_rows_seg<2, SEG>(mr, t.x_rows + r0, b, t.kp, c, seg, sc, pf);
+    for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
+  }
+}
+
+// Row tiles of a down task over the panels of blocks j and j + nb - 1: row r's results times its
+// router weight x gs (and x row_scale[h][n], per-row formats) are added to its out_acc row; the
+// tiles trickle the next blocks' codes into L2 as gate_up_panel does.
+template <int SEG>
+void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* seg_scale,
+                const float* const* row_scale, float gs, const void* next, size_t next_bytes) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
+  constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
+  // row r's results c (16 per block) into its out_acc row
+  auto add = [&](const float* c, int r) {
+    float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
+    const float w = t.row_weight[r] * gs;
+    for (int h = 0; h < nb; ++h) {
+      if (row_scale) axpy_vec_16(w, c + h * 16, row_scale[h], o + h * 16);
+      else axpy_16(w, c + h * 16, o + h * 16);
+    }
+  };
+#if defined(LK_AMX)
+  if (t.m >= kAmxMinRows)  // act rows past m are readable slack, as in down_bf16()
+    return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, add);
+#endif
+  const int tiles = (t.m + R - 1) / R;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
+    const int mr = tmin(R, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
+    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+    if constexpr (SEG == kSegNone) {
+      if (nb == 2) dot_rows<2>(mr, rows, b, t.kp, c, pf);
+      else dot_rows<1>(mr, rows, b, t.kp, c, pf);
+    } else {
+      if (nb == 2) dot_rows_seg<2, SEG>(mr, rows, b, t.kp, c, seg, seg_scale, pf);
+      else dot_rows_seg<1, SEG>(mr, rows, b, t.kp, c, seg, seg_scale, pf);
+    }
+    for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
+  }
+}
+#endif  // LK_V512
+
+// Prefill of the quantized formats on the tiers without the panels (generic, avx2; the AVX-512 tiers
+// never get here): one segment of `len` inputs from input k0, which the caller dequantized into L1 (a
+// block pair dg, du; or blocks b[0], b[nb - 1]), run over every row tile of the task with the bf16
+// tile; add(c, r) takes row r's partial sums (32: gate and up; 16 per block: down).
+template <typename Add>
+void gate_up_segment(const GateUpTask& t, const uint16_t* dg, const uint16_t* du, int k0, int len, Add&& add) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  const void* b[2] = {dg, du};
+  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const int mr = tmin(kMaxRows, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.x_rows[r0 + r] + k0;
+    dot_rows<2>(mr, rows, b, len, c);
+    for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
+  }
+}
+
+template <typename Add>
+void down_segment(const DownTask& t, const void* const* b, int nb, int k0, int len, Add&& add) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[kMaxRows];
+  for (int r0 = 0; r0 < t.m; r0 += kMaxRows) {
+    const int mr = tmin(kMaxRows, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld + k0;
+    if (nb == 2) dot_rows<2>(mr, rows, b, len, c);
+    else dot_rows<1>(mr, rows, b, len, c);
+    for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
+  }
+}
+
+}  // namespace
+
+}  // namespace LK_CAT(tier_, LK_TIER)
+}  // namespace lk
