@@ -2,9 +2,12 @@
 # On the GPU machine (see ../shared/device/README.md): install the carried vLLM payload once per
 # machine, build lk_moe there, then run what follows as a command, logging into $OUT.
 #   bash tools/device_session.sh python3 -m pytest -s tests/e2e -k qwen3
-# A session that fits the 10-minute runs and the 30-minute budget (learned 2026-11-30): the payload
-# costs ~80 s held, install + build ~110 s of the first run; the machine is given back after 30 s
-# idle, so have every command ready before the first part goes. Keep results coming back with
+# A session that fits the 10-minute runs and the 30-minute budget: the vLLM 0.33.0 payload is 45 parts
+# of ~4 s each (~220 s held, 2026-12-02); carry .payload/{SHA256,install.sh,VERSION,meta} with the FIRST
+# part (carried paths stay on the machine), so a machine lost before the last part costs no extra run
+# shape; install + wheel build take ~4 minutes of the first real run (pin1: 479 s with doctor, tests/gpu
+# and the serve test). The machine is given back after 30 s idle, so have every command ready before
+# the first part goes. Keep results coming back with
 # inner `timeout`s shorter than the run's limit (a run killed by the limit loses the tail of its script).
 #   1. ... timeout 480 python3 benchmarks/e2e_decode.py --modes hybrid --results $OUT/bench.json --log-dir $OUT --timeout 470
 #      (then --modes offload; stock: the reference numbers exist)
