@@ -102,12 +102,33 @@ def lend_nvfp4_backend():
     modelopt.select_nvfp4_moe_backend = lambda *a, **k: (NvFp4MoeBackend.MARLIN, None)
 
 
+def lend_mxfp4_backend():
+    """vLLM 0.33's MXFP4 oracle (select_mxfp4_moe_backend) finds no backend on the CPU platform, so
+    the gpt-oss method's constructor raises. Answer as a CUDA machine would (Triton); the method, its
+    create_weights and gpt-oss's own loader stay vLLM's."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+    from vllm.model_executor.layers.quantization import mxfp4
+    mxfp4.select_mxfp4_moe_backend = lambda *a, **k: (Mxfp4MoeBackend.TRITON, None)
+
+
+def lend_int8_backend():
+    """The same for compressed-tensors W8A8 INT8 (select_int8_moe_backend: no CPU-platform backend
+    without vLLM's compiled CPU ops)."""
+    from vllm.model_executor.layers.fused_moe.oracle.int8 import Int8MoeBackend
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w8a8_int8 as int8)
+    int8.select_int8_moe_backend = lambda *a, **k: (Int8MoeBackend.TRITON, None)
+
+
+LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
+
+
 def main():
     model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    if quant == "w4a16":
-        lend_marlin_backend()
-    if quant == "nvfp4":
-        lend_nvfp4_backend()
+    if quant in LENDERS:
+        LENDERS[quant]()
+    if arch == "gpt_oss":
+        lend_mxfp4_backend()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
                     load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))
