@@ -1,7 +1,19 @@
 """lk_moe: the open CPU engine for the routed experts of Mixture-of-Experts layers."""
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C  # noqa: F401
+try:
+    from . import _C  # noqa: F401
+except ImportError as _e:  # a source checkout whose extension was never built, or one built for another torch
+    import glob as _glob
+    import os as _os
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _why = (f"it was never built here ({_here} holds no _C*.so)" if not _glob.glob(_os.path.join(_here, "_C*.so"))
+            else f"loading it failed: {_e}")
+    raise ImportError(
+        f"lk_moe's compiled engine (lk_moe._C) cannot be loaded: {_why}. In a source checkout, build it "
+        "first (`source tools/setup_env.sh`, or `pip install --no-build-isolation -e .`); an installed lvllm "
+        "wheel must match the installed torch (lvllm doctor shows both); to use an installed wheel, run from "
+        "outside the source tree (the checkout's lk_moe shadows it).") from None
 from .config import ConfigError, EngineConfig
 from .engine import default_pool, isa, make_pool, set_isa, supported_isas
 from .layer import ForwardHandle, MoELayer
