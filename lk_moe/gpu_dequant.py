@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import gpu_native
+from . import formats, gpu_native
 from .gpu_layout import rows_w13, rows_w2
 
 CODES = {"fp8_e4m3": 0, "int8": 1}
@@ -32,12 +32,12 @@ CODES = {"fp8_e4m3": 0, "int8": 1}
 # module's kernel; 4-bit formats: `dequant4_blocks`), then the bf16 GEMM. mxfp4/nvfp4 have no native
 # path: FP4 MMA needs sm_100+, and vLLM's FP4 MoE kernels want their own swizzled scale layouts, which
 # lk_moe does not build. LK_FORCE_GPU_FALLBACK=1 (or force_fallback=True) forces the fallback.
-BYTE_FORMATS = ("fp8_block", "fp8_channel", "int8_channel")
-FOUR_BIT_FORMATS = ("wna16_int4", "mxfp4", "nvfp4")
+BYTE_FORMATS = formats.BYTE
+FOUR_BIT_FORMATS = formats.FOUR_BIT
 HARDWARE_NATIVE = {"fp8_block": (8, 9), "fp8_channel": (8, 9), "int8_channel": (7, 5),
                    "wna16_int4": (8, 0), "mxfp4": (10, 0), "nvfp4": (10, 0)}  # the MMA the hardware has
 NATIVE_KERNELS = gpu_native.KERNELS  # format -> (first capability, vLLM kernel that computes it)
-GPU_FORMATS = ("bf16",) + BYTE_FORMATS + FOUR_BIT_FORMATS  # formats with a GPU path (streamed or resident)
+GPU_FORMATS = formats.GPU  # formats with a GPU path (streamed or resident)
 
 
 def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
+from . import _C, formats
 from .config import int8_act_from_env
 from .engine import default_pool
 
@@ -72,39 +72,16 @@ class MoELayer:
         self.activation = activation
         self._source_bytes = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
 
-    FORMATS = {
-        # format id -> vLLM parameter names it needs (as the MoE method holds them after loading)
-        "bf16": ("w13_weight", "w2_weight"),
-        "fp8_block": ("w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"),
-        "fp8_channel": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
-        "int8_channel": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
-        # compressed-tensors WNA16 int4 (CompressedTensorsWNA16[Marlin]MoEMethod after loading, K-first):
-        # packed int32 [E, H/8, 2I] / [E, I/8, H], bf16/fp16 scales [E, H/gs, 2I] / [E, I/gs, H]; optional
-        # w13_weight_zero_point / w2_weight_zero_point (asymmetric) and g_idx (identity only).
-        "wna16_int4": ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"),
-        # OCP MX FP4 (vLLM GptOssMxfp4MoEMethod / Mxfp4MoEMethod after loading): uint8 e2m1 pairs
-        # [E, 2I, H/2] / [E, H, I/2] (element 2i in the low nibble), uint8 e8m0 scales [E, 2I, H/32] /
-        # [E, H, I/32]; optional bf16 w13_bias [E, 2I] / w2_bias [E, H] (gpt-oss). H, I may be padded.
-        "mxfp4": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
-        # ModelOpt NVFP4 (vLLM ModelOptNvFp4FusedMoE after loading, before process_weights_after_loading):
-        # uint8 e2m1 pairs [E, 2I, H/2] / [E, H, I/2] (element 2i in the low nibble), float8_e4m3fn block
-        # scales [E, 2I, H/16] / [E, H, I/16], fp32 global scales (weight_scale_2) [E, 2] (gate, up) / [E];
-        # weight = e2m1 * block scale * global scale. Optional fp32 activation scales w13_input_scale
-        # [E', 2] / w2_input_scale [E'] are checked and ignored (the engine computes W4A16-style).
-        "nvfp4": ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
-                  "w2_weight_scale_2"),
-    }
-    _OPTIONAL = {"wna16_int4": ("w13_weight_zero_point", "w2_weight_zero_point"),
-                 "mxfp4": ("w13_bias", "w2_bias"),
-                 "nvfp4": ("w13_input_scale", "w2_input_scale")}
+    # format id -> vLLM parameter names it needs; the optional ones (lk_moe.formats has the layouts)
+    FORMATS = {f.name: f.tensors for f in formats.TABLE}
+    _OPTIONAL = {f.name: f.optional for f in formats.TABLE if f.optional}
 
     @classmethod
     def tensor_names(cls, format: str) -> tuple:
         """(required, optional) vLLM parameter names `from_checkpoint` reads for `format`; the
         optional ones are passed only when the method created them (e.g. zero points)."""
-        if format not in cls.FORMATS:
-            raise ValueError(f"unsupported expert format {format!r}; supported: {', '.join(cls.FORMATS)}")
-        return cls.FORMATS[format], cls._OPTIONAL.get(format, ())
+        f = formats.get(format)
+        return f.tensors, f.optional
 
     @classmethod
     def _optional_tensors(cls, format: str, tensors: dict) -> list:
@@ -132,11 +109,10 @@ class MoELayer:
         (default: the tensors' sizes; the padding is dropped, x and the output are [M, hidden_size]);
         interleaved: w13 rows are gate_0, up_0, gate_1, up_1, ... (gpt-oss; default for swigluoai)
         rather than all gate rows then all up rows (default for silu, e.g. DeepSeek-V4-style experts)."""
+        row = formats.get(format)
         if activation is None:
-            activation = "swigluoai" if format == "mxfp4" else "silu"
-        if format not in cls.FORMATS:
-            raise ValueError(f"unsupported expert format {format!r}; supported: {', '.join(cls.FORMATS)}")
-        names = cls.FORMATS[format]
+            activation = row.activations[0]
+        names = row.tensors
         missing = [n for n in names if n not in tensors]
         if missing:
             raise ValueError(f"format {format!r} needs tensor(s) {', '.join(missing)}")

@@ -109,12 +109,12 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
     """H1, once vLLM has imported its RoutedExperts module in this process."""
     _check(where, _routed_experts_surface(module))
     RoutedExperts = module.RoutedExperts
-    from .hybrid_method import make_hybrid
-    from .policy import plan_for
-
     original_get_quant_method = RoutedExperts._get_quant_method
 
     def _get_quant_method(self, prefix, quant_config, moe_config):
+        # lk_moe (the policy reads its format table) loads with the first MoE layer a process builds.
+        from .hybrid_method import make_hybrid
+        from .policy import plan_for
         method = original_get_quant_method(self, prefix, quant_config, moe_config)
         plan = plan_for(prefix, method, self, moe_config, cfg)
         if plan.kind == "hybrid":

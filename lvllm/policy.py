@@ -6,14 +6,16 @@ every other layer becomes hybrid (routed experts in host RAM on the lk_moe engin
 whose method or features the engine cannot run stops startup with the reason; it is never
 quietly left to stock vLLM, which would put its experts on the GPU and likely run out of memory.
 
-Pure Python over duck-typed vLLM objects (class names, attributes), so it is unit-tested
-without vLLM.
+Pure Python over duck-typed vLLM objects (class names, attributes) and lk_moe's format table, so
+it is unit-tested without vLLM.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Optional
+
+from lk_moe import formats
 
 from .config import LvllmConfig
 
@@ -98,9 +100,6 @@ def engine_format(method) -> tuple:
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 
 
-# What each engine format computes beyond SwiGLU without biases.
-_ACTIVATIONS = {"mxfp4": ("silu", "swigluoai")}
-_BIASES = ("mxfp4",)
 
 # What the hybrid layer does not do yet: (object, attribute, refused when, what to say).
 _REFUSALS = (
@@ -120,11 +119,11 @@ def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
     """Refuse what the engine or the hybrid method does not do, with the way out."""
     objs = {"config": moe_config, "layer": layer, "parallel": getattr(moe_config, "moe_parallel_config", None)}
     problems = []
+    row = formats.get(fmt)
     activation = enum_value(getattr(moe_config, "activation", "silu"))
-    allowed = _ACTIVATIONS.get(fmt, ("silu",))
-    if activation not in allowed:
-        problems.append(f"activation {activation!r} with {fmt} experts (the engine runs {', '.join(allowed)})")
-    if getattr(moe_config, "has_bias", False) and fmt not in _BIASES:
+    if activation not in row.activations:
+        problems.append(f"activation {activation!r} with {fmt} experts (the engine runs {', '.join(row.activations)})")
+    if getattr(moe_config, "has_bias", False) and not row.biases:
         problems.append(f"expert biases with {fmt} experts")
     if activation == "silu" and getattr(layer, "swiglu_limit", None) is not None:
         problems.append("a clamped SwiGLU (swiglu_limit) with silu")
@@ -148,12 +147,10 @@ def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig) -> LayerP
     return LayerPlan(prefix, idx, "hybrid", fmt, block)
 
 
-# Engine formats whose routed experts can be streamed to the GPU for prefill (lk_moe's
-# gpu_dequant.GPU_FORMATS, kept here as a literal: this module must not import torch). The byte
-# formats travel as one-byte codes + fp32 scales, the 4-bit formats as the engine's 4-bit blocks
-# (+ scales, zero points, biases); both are dequantized to bf16 on the GPU. Every engine format has
-# a GPU path today.
-GPU_PREFILL_FORMATS = ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4", "mxfp4", "nvfp4")
+# Engine formats whose routed experts can be streamed to the GPU for prefill (every engine format
+# today: the byte formats travel as one-byte codes + fp32 scales, the 4-bit formats as the engine's
+# 4-bit blocks, both dequantized to bf16 on the GPU).
+GPU_PREFILL_FORMATS = formats.GPU
 
 
 def gpu_prefill_min_batch(fmt: Optional[str], cfg: LvllmConfig) -> int:

@@ -6,6 +6,7 @@
 #include "bindings/common.h"
 #include "cpu/cpu_dispatch.h"
 #include "cpu/cpu_features.h"
+#include "cpu/format.h"
 #include "cpu/cuda_host_call.h"
 #include "cpu/host_memory.h"
 #include "cpu/numa_topology.h"
@@ -38,6 +39,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &lk::best_isa);
   m.def("supported_isas", &lk::supported_isas);
   m.def("all_isas", &lk::all_isas);
+  m.def("formats", [] {  // (name, supports swigluoai) per row of the engine's format table
+    std::vector<std::pair<std::string, bool>> out;
+    for (const lk::Format* f : lk::all_formats()) out.emplace_back(f->name, f->swigluoai);
+    return out;
+  });
   m.def("set_isa", [](const std::string& name) {
     try {
       lk::set_isa(name);

@@ -21,6 +21,13 @@ const Format& format_of(const WeightSource& src) {
   throw std::invalid_argument("no expert format holds weights of dtype " + std::to_string(int(src.type)));
 }
 
+const std::vector<const Format*>& all_formats() {
+  static const std::vector<const Format*> rows = {&kBf16Format,       &kFp8BlockFormat, &kFp8ChannelFormat,
+                                                  &kInt8ChannelFormat, &kWna16Int4Format, &kMxfp4Format,
+                                                  &kNvfp4Format};
+  return rows;
+}
+
 // Element (n, k) goes to (k/2)*32 + 2n + (k&1): a 16 x kp/2 transpose of element pairs.
 void pack_block(const char* src, int r0, int rows, int k, int kp, size_t esz, DType type, const KernelTable* kt,
                 char* tmp, char* dst) {

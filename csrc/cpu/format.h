@@ -78,6 +78,9 @@ const Format& format_of(const WeightSource& src);
 extern const Format kBf16Format, kFp8BlockFormat, kFp8ChannelFormat, kInt8ChannelFormat, kWna16Int4Format,
     kMxfp4Format, kNvfp4Format;
 
+// Every row, in lk_moe.formats' order (its tests compare the two tables).
+const std::vector<const Format*>& all_formats();
+
 // Shared by the formats' repacking (format.cpp): 16 rows [r0, r0+16) of a row-major [rows, k] matrix of
 // `esz`-byte elements (1: codes, copied; 2: bf16 or fp16, converted to bf16 by kt) -> one packed block
 // of kp inputs (the bf16 block layout, kernel_table.h; byte codes in the same element order); rows past
