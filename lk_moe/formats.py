@@ -1,8 +1,9 @@
 """The engine's expert formats, one row each: the id, the vLLM parameter names the engine reads (as
 vLLM 0.33's MoE method holds them after loading, except where lvllm's hand-over says otherwise), and
 what the format can do. `MoELayer`, the GPU paths, the plugin's layer policy and the tests read this
-table; pure Python (no torch), so it can be read before anything is built. The C++ side of each row
-is csrc/cpu/formats/<family>.cpp.
+table. The module itself is plain Python (importing it still loads the lk_moe package, torch and
+the engine); the C++ side of each row is csrc/cpu/formats/<family>.cpp, and `_C.formats()` lists
+its rows.
 """
 from __future__ import annotations
 

@@ -72,9 +72,8 @@ class MoELayer:
         self.activation = activation
         self._source_bytes = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
 
-    # format id -> vLLM parameter names it needs; the optional ones (lk_moe.formats has the layouts)
+    # format id -> vLLM parameter names it needs (lk_moe.formats has the rows: layouts, optional tensors)
     FORMATS = {f.name: f.tensors for f in formats.TABLE}
-    _OPTIONAL = {f.name: f.optional for f in formats.TABLE if f.optional}
 
     @classmethod
     def tensor_names(cls, format: str) -> tuple:
@@ -83,11 +82,11 @@ class MoELayer:
         f = formats.get(format)
         return f.tensors, f.optional
 
-    @classmethod
-    def _optional_tensors(cls, format: str, tensors: dict) -> list:
+    @staticmethod
+    def _optional_tensors(row: formats.Format, tensors: dict) -> list:
         """The format's optional tensors in binding order (None where absent), type-checked."""
-        opt = [tensors.get(n) for n in cls._OPTIONAL[format]]
-        for n, t in zip(cls._OPTIONAL[format], opt):
+        opt = [tensors.get(n) for n in row.optional]
+        for n, t in zip(row.optional, opt):
             if t is not None and not isinstance(t, torch.Tensor):
                 raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
         return opt
@@ -124,8 +123,10 @@ class MoELayer:
         self = cls.__new__(cls)
         int8_act_from_env()  # as in __init__: a ConfigError for every format, before the engine reads it
         self._pool = pool if pool is not None else default_pool()
+        if format == "wna16_int4":
+            _check_g_idx(tensors)
+        opt = cls._optional_tensors(row, tensors)
         if format == "mxfp4":
-            opt = cls._optional_tensors(format, tensors)
             if interleaved is None:
                 interleaved = activation == "swigluoai"
             self._impl = _C.Layer.mxfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
@@ -133,16 +134,10 @@ class MoELayer:
                                         intermediate_size=int(intermediate_size or 0),
                                         interleaved=bool(interleaved), swiglu_alpha=float(swiglu_alpha),
                                         swiglu_limit=float(swiglu_limit))
-            names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "nvfp4":
-            opt = cls._optional_tensors(format, tensors)
             self._impl = _C.Layer.nvfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
-            names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "wna16_int4":
-            _check_g_idx(tensors)
-            opt = cls._optional_tensors(format, tensors)
             self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
-            names = names + tuple(n for n, t in zip(cls._OPTIONAL[format], opt) if t is not None)
         elif format == "fp8_block":
             bn, bk = block_size if block_size is not None else (0, 0)
             self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
@@ -151,7 +146,8 @@ class MoELayer:
             self._impl = _C.Layer.per_channel(self._pool, *(tensors[n] for n in names), activation=activation,
                                               format=format)
         self.activation = activation
-        self._source_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in names)
+        present = names + tuple(n for n, t in zip(row.optional, opt) if t is not None)
+        self._source_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in present)
         return self
 
     @property

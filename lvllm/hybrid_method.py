@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from lk_moe import formats
+
 from .padding import current_padding_rows, drop_padding
 from .policy import LayerPlan, enum_value
 
@@ -155,13 +157,16 @@ _MEMBERS = {k: v for k, v in vars(HybridMoEMixin).items() if not (k.startswith("
 # [E, 2I, H/8] / [E, H, I/8], scales [E, 2I, H/gs], zero points [E, 2I/8, H/gs]); the engine's
 # wna16_int4 input is K-first. Every int32 word packs 8 values along one axis that a transpose of
 # the last two dims keeps whole, so the transpose is exact.
-_N_FIRST = {"wna16_int4": ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale",
-                           "w13_weight_zero_point", "w2_weight_zero_point")}
+_N_FIRST_FORMATS = ("wna16_int4",)
 
 
 def _engine_layout(fmt: str, tensors: dict) -> dict:
-    """The tensors as the engine format reads them (a transposed host copy where the layouts differ)."""
-    names = _N_FIRST.get(fmt, ())
+    """The tensors as the engine format reads them (a transposed host copy of every tensor of a
+    format vLLM holds N-first)."""
+    if fmt not in _N_FIRST_FORMATS:
+        return tensors
+    row = formats.get(fmt)
+    names = row.tensors + row.optional
     return {n: (t.transpose(1, 2).contiguous() if n in names else t) for n, t in tensors.items()}
 
 

@@ -23,11 +23,11 @@ import logging
 import os
 
 from .config import FALSE_VALUES, LvllmConfig, LvllmConfigError, from_env
+from .pins import VLLM as SUPPORTED_VLLM
 from .post_import import when_imported
 
 logger = logging.getLogger("vllm.lvllm")
 
-from .pins import VLLM as SUPPORTED_VLLM
 _installed = False
 
 
@@ -57,11 +57,9 @@ def _check_version() -> str:
     if version != SUPPORTED_VLLM:
         raise PluginError(f"lvllm supports vLLM {SUPPORTED_VLLM} only; this is vLLM {version}. "
                           f"Install vllm=={SUPPORTED_VLLM} or set LVLLM_MOE_NUMA_ENABLED=0")
-    roots = list(getattr(vllm, "__path__", []))
-    for module in (ROUTED_EXPERTS,):
-        rel = os.path.join(*module.split(".")[1:]) + ".py"
-        if not any(os.path.exists(os.path.join(root, rel)) for root in roots):
-            raise PluginError(f"vLLM {version} has no module {module}; lvllm cannot install its hooks")
+    rel = os.path.join(*ROUTED_EXPERTS.split(".")[1:]) + ".py"
+    if not any(os.path.exists(os.path.join(root, rel)) for root in getattr(vllm, "__path__", [])):
+        raise PluginError(f"vLLM {version} has no module {ROUTED_EXPERTS}; lvllm cannot install its hooks")
     return version
 
 

@@ -100,7 +100,6 @@ def engine_format(method) -> tuple:
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 
 
-
 # What the hybrid layer does not do yet: (object, attribute, refused when, what to say).
 _REFUSALS = (
     ("config", "is_act_and_mul", lambda v: not v, "non-gated experts"),
