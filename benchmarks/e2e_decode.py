@@ -6,13 +6,16 @@ Modes (each its own vLLM process, as a user would run it):
            --gpu-prefill tokens, CPU call captured in vLLM's CUDA graphs (default modes)
   hybrid-mailbox   the same with LK_CPU_SIGNAL=mailbox
   hybrid-eager     the same with --enforce-eager (no CUDA graphs: the MoE op runs eagerly)
+  hybrid-v1        the same under vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0; V2 is 0.33's default)
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
 Reports per mode: decode tokens/s at 1 and 4 concurrent requests (128 generated tokens after the
-first, median of --reps), TTFT of 1K and 8K-token prompts (fresh prompts: no prefix-cache hits).
-In the same run: the host read bandwidth (lk_moe's probe, one thread per physical core) and the bound it sets on
-hybrid decode = bandwidth / routed-expert bytes per token; the hybrid's fraction of that bound.
+first, median of --reps), TTFT of 1K and 8K-token prompts (fresh prompts: no prefix-cache hits), the GPU
+memory vLLM reports for the weights, the KV-cache size, startup. In the same run, around each mode's
+process: the host read bandwidth (lk_moe's probe, one thread per physical core, just before and just after
+the mode; the host's bandwidth drifts by 10-20% between minutes), the bound it sets on hybrid decode =
+bandwidth / routed-expert bytes per token, and each hybrid mode's fraction of its own bound.
 
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -82,7 +86,23 @@ def _read_bandwidth() -> float:
     plan = plan_threads(0, 1, None)
     # Every physical core reads (not just the engine's threads): the bound is the machine's.
     pool = lk_moe.make_pool(threads=plan.physical_cores, allowed=list(plan.cpus))
-    return statistics.median(pool.measure_read_bandwidth(4 << 30, 7))
+    bw = statistics.median(pool.measure_read_bandwidth(4 << 30, 7))
+    del pool  # its workers must not share the cores with the next mode's engine
+    return bw
+
+
+def _log_figures(log_path: str) -> dict:
+    """What vLLM itself reports at startup: GPU memory of the weights, KV-cache tokens."""
+    out = {}
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    m = re.findall(r"Model loading took ([\d.]+) GiB", text)
+    if m:
+        out["weights_gib"] = float(m[-1])
+    m = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
+    if m:
+        out["kv_tokens"] = int(m[-1].replace(",", ""))
+    return out
 
 
 def main() -> int:
@@ -115,10 +135,7 @@ def main() -> int:
         cfg = json.load(f)
     H, I, K, L = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
     bytes_per_token = L * K * 3 * H * I * 2
-    bw = _read_bandwidth()
-    bound = bw * 1e9 / bytes_per_token
-    print(f"host read bandwidth {bw:.1f} GB/s; routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB "
-          f"-> hybrid decode bound {bound:.1f} tok/s", flush=True)
+    print(f"routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB", flush=True)
     results = {}
     if a.results and os.path.exists(a.results):
         with open(a.results) as f:
@@ -131,10 +148,13 @@ def main() -> int:
             env.setdefault("LVLLM_STATS_INTERVAL", "15")  # the engine's own per-step numbers in the log
         if mode == "hybrid-mailbox":
             env["LK_CPU_SIGNAL"] = "mailbox"
+        if mode == "hybrid-v1":
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--gpu-util", str(a.gpu_util)]
+        bw_before = _read_bandwidth()
         t = time.time()
         log_path = os.path.join(a.log_dir or tempfile.gettempdir(), f"e2e_decode-{mode}.log")
         if a.log_dir:
@@ -158,24 +178,38 @@ def main() -> int:
         if rc != 0 or not lines:
             print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
             continue
+        bw_after = _read_bandwidth()
+        bw = (bw_before + bw_after) / 2
         r = json.loads(lines[-1][7:])
-        r.update(read_bw_gbs=bw, bound_tok_s=bound)
+        r.update(_log_figures(log_path), read_bw_gbs=round(bw, 1), read_bw_before_after=[round(bw_before, 1), round(bw_after, 1)],
+                 bound_tok_s=round(bw * 1e9 / bytes_per_token, 2))
         results[mode] = r
         print(f"[{mode}] " + json.dumps(r), flush=True)
         if a.results:
             with open(a.results, "w") as f:
                 json.dump(results, f, indent=1)
-    print(f"\n{'mode':>8} {'tok/s@1':>8} {'tok/s@4':>8} {'TTFT 1K':>8} {'TTFT 8K':>8}")
+    print(f"\n{'mode':>12} {'tok/s@1':>8} {'tok/s@4':>8} {'TTFT 1K':>8} {'TTFT 8K':>8} {'weights':>8} {'KV tokens':>10} "
+          f"{'startup':>8} {'read BW':>8}")
     for m, r in results.items():
-        print(f"{m:>8} {r['decode_tok_s_1']:8.2f} {r['decode_tok_s_4']:8.2f} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f}")
+        w = f"{r['weights_gib']:.2f}G" if "weights_gib" in r else "?"
+        kv = f"{r['kv_tokens']:,}" if "kv_tokens" in r else "?"
+        print(f"{m:>12} {r['decode_tok_s_1']:8.2f} {r['decode_tok_s_4']:8.2f} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f} "
+              f"{w:>8} {kv:>10} {r['startup_s']:7.1f}s {r['read_bw_gbs']:6.1f}GB/s")
     for m in [m for m in results if m.startswith("hybrid")]:
-        print(f"{m} decode @1 = {results[m]['decode_tok_s_1'] / bound:.2f} of the bandwidth bound ({bound:.1f} tok/s)")
+        r = results[m]
+        print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
+              f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})")
     if "hybrid" in results:
         h = results["hybrid"]
         if "offload" in results:
             o = results["offload"]
             print(f"hybrid vs offload: decode @1 {h['decode_tok_s_1'] / o['decode_tok_s_1']:.1f}x, "
                   f"TTFT 8K {o['ttft_8192_s'] / h['ttft_8192_s']:.1f}x better")
+        if "stock" in results and "weights_gib" in h and "weights_gib" in results["stock"]:
+            saved = results["stock"]["weights_gib"] - h["weights_gib"]
+            experts_gib = bytes_per_token / K * cfg["num_experts"] / 2**30
+            print(f"GPU weight memory: hybrid {h['weights_gib']:.2f} GiB vs stock {results['stock']['weights_gib']:.2f} GiB: "
+                  f"{saved:.2f} GiB less; the routed experts are {experts_gib:.2f} GiB")
     return 0
 
 

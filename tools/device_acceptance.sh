@@ -27,9 +27,11 @@
 #   bash tools/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
 # The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see ../shared/device/README.md):
 #   bash tools/device_acceptance.sh pin1      # install, wheel, versions, doctor, tests/gpu, vllm serve e2e
-#   bash tools/device_acceptance.sh hybrid1   # e2e_decode hybrid (decode vs the bandwidth bound, TTFT, startup)
+#   bash tools/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
+#                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash tools/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
+#   bash tools/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -125,8 +127,8 @@ OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log" ;;
   hybrid1)
-    body="timeout $left python3 benchmarks/e2e_decode.py --modes hybrid --results \$OUT/bench.json --log-dir \$OUT \
---timeout 480 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -14" ;;
+    body="timeout $left python3 benchmarks/e2e_decode.py --modes \${HYBRID_MODES:-hybrid,hybrid-v1} --results \$OUT/bench.json \
+--log-dir \$OUT --timeout 300 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -16" ;;
   base1)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock --reps 2 --decode-tokens 64 \
@@ -182,6 +184,10 @@ timeout $left bash -c 'for r in 1 2; do for f in mxfp4 wna16_int4; do python3 be
 --format \$f --shapes qwen3-30b-a3b --tokens 1 --threads 1 --reps 30 --max-experts 8 --max-copies 1 \
 --rotate-bytes 0; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h '^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
+  amx1)  # every format's engine tests on every tier of the AMX host, from the wheel (after pin1)
+    body="$verdict; $cpu_tests tests/cpu/test_fp8_block.py tests/cpu/test_channel_formats.py tests/cpu/test_wna16.py \
+tests/cpu/test_mxfp4.py tests/cpu/test_nvfp4.py tests/cpu/test_fp4_q15.py tests/cpu/test_moe_layer.py \
+tests/cpu/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;
