@@ -77,10 +77,7 @@ Layer Layer::fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w
   src.type = lk::DType::kFP8E4M3;
   src.w13 = w13.data_ptr();
   src.w2 = w2.data_ptr();
-  src.s13 = s13.data_ptr<float>();
-  src.s2 = s2.data_ptr<float>();
-  src.bn = int(bn);
-  src.bk = int(bk);
+  src.rest = lk::ByteScales{s13.data_ptr<float>(), s2.data_ptr<float>(), int(bn), int(bk)};
   return build(std::move(pool), src, E, I, H);
 }
 
@@ -105,13 +102,12 @@ Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor&
   src.type = int8 ? lk::DType::kINT8 : lk::DType::kFP8E4M3;
   src.w13 = w13.data_ptr();
   src.w2 = w2.data_ptr();
-  src.s13 = s13.data_ptr<float>();
-  src.s2 = s2.data_ptr<float>();
+  src.rest = lk::ByteScales{s13.data_ptr<float>(), s2.data_ptr<float>()};  // 0 x 0 blocks: one scale per row
   return build(std::move(pool), src, E, I, H);
 }
 
 // wna16_int4: compressed-tensors WNA16 int4 experts as vLLM holds them after loading (K-first,
-// see lk::WeightSource): w13_weight_packed int32 [E, H/8, 2I], w2_weight_packed int32 [E, I/8, H],
+// see lk::Int4Groups): w13_weight_packed int32 [E, H/8, 2I], w2_weight_packed int32 [E, I/8, H],
 // w13_weight_scale [E, H/gs, 2I], w2_weight_scale [E, I/gs, H] (bf16/fp16), optional zero points
 // int32 [E, H/gs, ceil(2I/8)] and [E, I/gs, ceil(H/8)] (None, None: symmetric).
 Layer Layer::wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
@@ -160,18 +156,19 @@ Layer Layer::wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& 
   lk::WeightSource src = contiguous_source(lk::DType::kINT4, w13, w2,
                                           {{&w13, "w13_weight_packed"}, {&w2, "w2_weight_packed"},
                                            {&s13, "w13_weight_scale"}, {&s2, "w2_weight_scale"}});
-  src.q13s = static_cast<const uint16_t*>(s13.data_ptr());
-  src.q2s = static_cast<const uint16_t*>(s2.data_ptr());
-  src.z13 = z13 ? z13->data_ptr<int32_t>() : nullptr;
-  src.z2 = z2 ? z2->data_ptr<int32_t>() : nullptr;
-  src.gs1 = int(H / G1);
-  src.gs2 = int(I / G2);
-  src.fp16_scale = st == DType::kFP16;
+  lk::Int4Groups& g = src.rest.emplace<lk::Int4Groups>();
+  g.s13 = static_cast<const uint16_t*>(s13.data_ptr());
+  g.s2 = static_cast<const uint16_t*>(s2.data_ptr());
+  g.z13 = z13 ? z13->data_ptr<int32_t>() : nullptr;
+  g.z2 = z2 ? z2->data_ptr<int32_t>() : nullptr;
+  g.gs1 = int(H / G1);
+  g.gs2 = int(I / G2);
+  g.fp16_scale = st == DType::kFP16;
   return build(std::move(pool), src, E, I, H);
 }
 
 // mxfp4: OCP MX FP4 experts as vLLM's GptOssMxfp4MoEMethod / Mxfp4MoEMethod hold them after loading
-// (see lk::WeightSource): w13_weight uint8 [E, 2I', H'/2], w13_weight_scale uint8 [E, 2I', H'/32],
+// (see lk::Fp4Blocks): w13_weight uint8 [E, 2I', H'/2], w13_weight_scale uint8 [E, 2I', H'/32],
 // w2_weight uint8 [E, H', I'/2], w2_weight_scale uint8 [E, H', I'/32], optional w13_bias bf16 [E, 2I']
 // and w2_bias bf16 [E, H']. H' >= H and I' >= I may be padded (vLLM rounds them up for its kernels);
 // hidden_size / intermediate_size (<= 0: H', I') give the real sizes, and only those are read.
@@ -238,24 +235,25 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                                           {{&w13, "w13_weight"}, {&w2, "w2_weight"}, {&s13, "w13_weight_scale"},
                                            {&s2, "w2_weight_scale"}});
   if (!(alpha == alpha) || !(limit > 0)) throw py::value_error("swiglu_alpha must be a number and swiglu_limit > 0");
-  src.e13 = s13.data_ptr<uint8_t>();
-  src.e2 = s2.data_ptr<uint8_t>();
-  src.b13 = b13 ? static_cast<const uint16_t*>(b13->data_ptr()) : nullptr;
-  src.b2 = b2 ? static_cast<const uint16_t*>(b2->data_ptr()) : nullptr;
-  src.r13 = int(R13);
-  src.c13 = int(C13);
-  src.cs13 = int(G13);
-  src.r2 = int(R2);
-  src.c2 = int(C2);
-  src.cs2 = int(G2);
-  src.interleaved = interleaved;
-  src.alpha = float(alpha);
-  src.limit = float(limit);
+  lk::Fp4Blocks& f = src.rest.emplace<lk::Fp4Blocks>();
+  f.s13 = s13.data_ptr<uint8_t>();
+  f.s2 = s2.data_ptr<uint8_t>();
+  f.b13 = b13 ? static_cast<const uint16_t*>(b13->data_ptr()) : nullptr;
+  f.b2 = b2 ? static_cast<const uint16_t*>(b2->data_ptr()) : nullptr;
+  f.r13 = int(R13);
+  f.c13 = int(C13);
+  f.cs13 = int(G13);
+  f.r2 = int(R2);
+  f.c2 = int(C2);
+  f.cs2 = int(G2);
+  f.interleaved = interleaved;
+  f.alpha = float(alpha);
+  f.limit = float(limit);
   return build(std::move(pool), src, E, I, H, act);
 }
 
 // nvfp4: ModelOpt NVFP4 experts as vLLM's ModelOptNvFp4FusedMoE holds them after loading (see
-// lk::WeightSource): w13_weight uint8 [E, 2I, H/2], w2_weight uint8 [E, H, I/2], w13_weight_scale /
+// lk::Fp4Blocks): w13_weight uint8 [E, 2I, H/2], w2_weight uint8 [E, H, I/2], w13_weight_scale /
 // w2_weight_scale float8_e4m3fn [E, 2I, H/16] / [E, H, I/16], w13_weight_scale_2 float32 [E, 2] (gate, up),
 // w2_weight_scale_2 float32 [E]; optional w13_input_scale float32 [E', 2] / w2_input_scale [E'] (E' >= E),
 // checked and ignored (W4A16 compute). Every problem is a ValueError naming the tensor.
@@ -311,17 +309,18 @@ Layer Layer::nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                                           {{&w13, "w13_weight"}, {&w2, "w2_weight"}, {&s13, "w13_weight_scale"},
                                            {&s2, "w2_weight_scale"}, {&g13, "w13_weight_scale_2"},
                                            {&g2, "w2_weight_scale_2"}});
-  src.e13 = static_cast<const uint8_t*>(s13.data_ptr());
-  src.e2 = static_cast<const uint8_t*>(s2.data_ptr());
-  src.r13 = int(2 * I);
-  src.c13 = int(H / 2);
-  src.cs13 = int(H / 16);
-  src.r2 = int(H);
-  src.c2 = int(I / 2);
-  src.cs2 = int(I / 16);
-  src.interleaved = false;
-  src.g13 = g13.data_ptr<float>();
-  src.g2 = g2.data_ptr<float>();
+  lk::Fp4Blocks& f = src.rest.emplace<lk::Fp4Blocks>();
+  f.s13 = static_cast<const uint8_t*>(s13.data_ptr());
+  f.s2 = static_cast<const uint8_t*>(s2.data_ptr());
+  f.r13 = int(2 * I);
+  f.c13 = int(H / 2);
+  f.cs13 = int(H / 16);
+  f.r2 = int(H);
+  f.c2 = int(I / 2);
+  f.cs2 = int(I / 16);
+  f.interleaved = false;
+  f.g13 = g13.data_ptr<float>();
+  f.g2 = g2.data_ptr<float>();
   return build(std::move(pool), src, E, I, H);
 }
 

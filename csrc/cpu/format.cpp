@@ -7,11 +7,13 @@
 namespace lk {
 
 const Format& format_of(const WeightSource& src) {
-  const bool per_row = src.bn == 0 && src.bk == 0;
   switch (src.type) {
     case DType::kBF16:
     case DType::kFP16: return kBf16Format;
-    case DType::kFP8E4M3: return per_row ? kFp8ChannelFormat : kFp8BlockFormat;
+    case DType::kFP8E4M3: {
+      const ByteScales& sc = src.as<ByteScales>();
+      return sc.bn == 0 && sc.bk == 0 ? kFp8ChannelFormat : kFp8BlockFormat;  // 0 x 0: one scale per row
+    }
     case DType::kINT8: return kInt8ChannelFormat;
     case DType::kINT4: return kWna16Int4Format;
     case DType::kMXFP4: return kMxfp4Format;

@@ -5,9 +5,10 @@
 // of the kernel tasks. moe_layer.cpp schedules and never asks which format it runs.
 //
 // Adding a format: its row in a new formats/<name>.cpp (declared below, chosen in format_of and
-// listed in all_formats, format.cpp) and its row in lk_moe/formats.py; a new layout family also needs its weights struct and Family value (kernel_table.h) and
-// its kernels in kernels/<family>.cpp (dispatched in kernels/table.cpp); its checkpoint adapter in
-// bindings/checkpoints.cpp (the WeightSource fields it fills) and its tests.
+// listed in all_formats, format.cpp) and its row in lk_moe/formats.py; its checkpoint adapter in
+// bindings/checkpoints.cpp and its tests. A new layout family also needs its checkpoint struct
+// (WeightSource::rest, moe_layer.h), its task weights struct (QuantWeights, kernel_table.h), a Family
+// value, and its kernels in kernels/<family>.cpp (dispatched in kernels/table.cpp).
 #pragma once
 
 #include <cstddef>

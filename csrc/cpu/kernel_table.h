@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <variant>
 
 #include "cpu/isa_tiers.h"
 
@@ -24,9 +25,10 @@ constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
 enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6, kNVFP4 = 7 };
-// The packed layout family of a layer's experts, i.e. which kernels run its tasks (kernels/table.cpp):
+// The packed layout family of a layer's experts (a Format row's), i.e. which kernels run its tasks:
 // bf16 blocks (kernels/bf16.cpp), one-byte codes with fp32 scales (Fp8Weights, kernels/fp8.cpp), 4-bit
-// integer codes (Int4Weights, kernels/int4.cpp), 4-bit float codes (Fp4Weights, kernels/fp4.cpp).
+// integer codes (Int4Weights, kernels/int4.cpp), 4-bit float codes (Fp4Weights, kernels/fp4.cpp). A
+// task carries its family as the QuantWeights alternative it holds.
 enum class Family : int { kBf16 = 0, kByteCodes = 1, kInt4 = 2, kFp4 = 3 };
 // kSiLU: silu(gate) * up. kSwigluOAI (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit),
 // (u + 1) * g * sigmoid(alpha * g) (see moe_layer.h for the sources).
@@ -66,7 +68,7 @@ struct Fp8Weights {
 // (u - zero) * scale with one scale (and zero) per output row and `group` inputs. Half a byte per
 // weight in memory.
 struct Int4Weights {
-  const uint8_t* w = nullptr;       // null: not int4
+  const uint8_t* w = nullptr;
   const uint16_t* scale = nullptr;  // per block: [kp/group][16] bf16 or fp16 bits
   const uint8_t* zero = nullptr;    // per block: [kp/group][8] bytes, zero point of row n in nibble n%2 of
                                     // byte n/2 (low first); null: symmetric (8)
@@ -84,11 +86,15 @@ struct Int4Weights {
 // inputs ([kp/16][16] per block), and one fp32 global scale per expert projection (gate, up, down),
 // applied in fp32 to the block's dot products: weight = e2m1(code) * fp8(scale) * gs.
 struct Fp4Weights {
-  const uint8_t* w = nullptr;      // null: not fp4
+  const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;  // per block: [kp/32][16] e8m0 bytes (nv: [kp/16][16] fp8 e4m3fn bytes)
   bool nv = false;                 // NVFP4: fp8 scales per 16 inputs and global scales
   float gs[2] = {1.0f, 1.0f};      // nv: global scale of the gate and up blocks (gate_up) / of w2 (down: gs[0])
 };
+
+// The quantized weights of a task (Format::gate_up_task / down_task fill them): the alternative held
+// says which kernels run the task (kernels/table.cpp); none (monostate): bf16 blocks at w13 / w2.
+using QuantWeights = std::variant<std::monostate, Fp8Weights, Int4Weights, Fp4Weights>;
 
 // Decode input of the 4-bit kernels with int8 activations (wna16_int4, mxfp4, nvfp4;
 // KernelTable::q8_row): one activation row of kp inputs quantized per 32 inputs, symmetric int8: kp
@@ -114,10 +120,10 @@ struct GateUpTask {
   size_t act_ld;
   Activation act_fn;
   KernelScratch* scratch;
-  Family family = Family::kBf16;  // the weights: w13 (kBf16), or the one of fp8, q4, f4 that the family names
-  Fp8Weights fp8;  // layout [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg] (per_row: [nblk][2][16])
-  Int4Weights q4;  // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16], zeros [..][8]
-  Fp4Weights f4;   // layout [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16)
+  // Quantized weights instead of w13. Fp8Weights: [nblk][gate, up][kp*16 bytes], scales [nblk][2][kp/seg]
+  // (per_row: [nblk][2][16]); Int4Weights: [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/group][16],
+  // zeros [..][8]; Fp4Weights: [nblk][gate, up][kp*8 bytes], scales [nblk][gate, up][kp/G][16] (G = 32, nv: 16).
+  QuantWeights quant;
   const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
   const int8_t* const* q8_rows = nullptr;  // int4 / fp4 decode: the m rows as q8 rows (q8_row_bytes(kp)), or null
   bool q15 = false;                        // fp4 decode: q8_rows are q15 rows (q15_row_bytes(kp))
@@ -138,10 +144,10 @@ struct DownTask {
   float* out_acc;
   size_t out_ld;
   KernelScratch* scratch;
-  Family family = Family::kBf16;  // the weights: w2 (kBf16), or the one of fp8, q4, f4 that the family names
-  Fp8Weights fp8;  // layout [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row: [nblk][16])
-  Int4Weights q4;  // layout [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8]
-  Fp4Weights f4;   // layout [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine)
+  // Quantized weights instead of w2. Fp8Weights: [nblk][kp*16 bytes], scales [nblk][kp/seg] (per_row:
+  // [nblk][16]); Int4Weights: [nblk][kp*8 bytes], scales [nblk][kp/group][16], zeros [nblk][kp/group][8];
+  // Fp4Weights: [nblk][kp*8 bytes], scales [nblk][kp/G][16] (the w2 bias is added by the engine).
+  QuantWeights quant;
   const int8_t* q8_act = nullptr;  // int4 / fp4 decode: the m act rows as q8 rows (ld q8_ld bytes), or null
   size_t q8_ld = 0;
   bool q15 = false;  // fp4 decode: q8_act holds q15 rows

@@ -451,7 +451,6 @@ void ForwardJob::phase_gate_up(WorkerCtx& ctx) {
     t.act_ld = sh.kp2;
     t.act_fn = layer_->activation();
     t.scratch = &ks;
-    t.family = sh.format->family;
     sh.format->gate_up_task({sh, sl, *layer_, e, size_t(e) * nbi + lb0}, t);
     t.q8_rows = rows8;  // null unless a 4-bit decode chunk with int8 activations
     t.q15 = q15_;
@@ -497,7 +496,6 @@ void ForwardJob::phase_down(WorkerCtx& ctx, int64_t t0, int tc) {
       t.out_acc = acc - size_t(tr0) * out_ld;  // ... so shift the accumulator's origin by tr0 rows
       t.out_ld = out_ld;
       t.scratch = &ks;
-      t.family = sh.format->family;
       sh.format->down_task({sh, sl, *layer_, active_expert_[a], size_t(active_expert_[a]) * nbh + lb0}, t);
       if (q8_) {  // 4-bit decode chunk with int8 activations
         t.q8_ld = int_row_bytes(sh.kp2);

@@ -18,6 +18,8 @@
 #include <mutex>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <variant>
 #include <vector>
 
 #include "cpu/host_memory.h"
@@ -48,36 +50,53 @@ struct MoEShape {
   bool int8_act = false;      // 4-bit decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
 };
 
-// Expert weights as the checkpoint holds them (vLLM layouts), filled by the checkpoint adapters
-// (bindings/checkpoints.cpp) and read by the layer's format (formats/*.cpp, where each format's
-// layout and the vLLM sources it follows are described).
-struct WeightSource {
-  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4
-  const void* w13 = nullptr;  // [E, 2I, H]
-  const void* w2 = nullptr;   // [E, H, I]
-  const float* s13 = nullptr; // block: [E, ceil(2I/bn), H/bk] (w13_weight_scale_inv); per row: [E, 2I]
-  const float* s2 = nullptr;  // block: [E, ceil(H/bn), I/bk]; per row: [E, H]
-  int bn = 0, bk = 0;         // block: scale block rows x cols; 0 x 0: one scale per row
-  // kINT4: w13 int32 [E, H/8, 2I], w2 int32 [E, I/8, H] (K-first, see above), and:
-  const uint16_t* q13s = nullptr;  // w13_weight_scale [E, H/gs1, 2I] (bf16 or fp16 bits)
-  const uint16_t* q2s = nullptr;   // w2_weight_scale [E, I/gs2, H]
-  const int32_t* z13 = nullptr;    // w13_weight_zero_point [E, H/gs1, ceil(2I/8)] or null (symmetric)
-  const int32_t* z2 = nullptr;     // w2_weight_zero_point [E, I/gs2, ceil(H/8)]
-  int gs1 = 0, gs2 = 0;            // group sizes along H (w13) and I (w2)
+// The checkpoint's tensors besides the codes, one struct per format family (vLLM layouts; each
+// format's file in formats/ describes its layout and the vLLM sources it follows).
+// One-byte codes (fp8_block, fp8_channel, int8_channel): fp32 scales.
+struct ByteScales {
+  const float* s13 = nullptr;  // block: [E, ceil(2I/bn), H/bk] (w13_weight_scale_inv); per row: [E, 2I]
+  const float* s2 = nullptr;   // block: [E, ceil(H/bn), I/bk]; per row: [E, H]
+  int bn = 0, bk = 0;          // block: scale block rows x cols; 0 x 0: one scale per row
+};
+// wna16_int4 (codes: w13 int32 [E, H/8, 2I], w2 int32 [E, I/8, H], K-first): group scales and zero points.
+struct Int4Groups {
+  const uint16_t* s13 = nullptr;  // w13_weight_scale [E, H/gs1, 2I] (bf16 or fp16 bits)
+  const uint16_t* s2 = nullptr;   // w2_weight_scale [E, I/gs2, H]
+  const int32_t* z13 = nullptr;   // w13_weight_zero_point [E, H/gs1, ceil(2I/8)] or null (symmetric)
+  const int32_t* z2 = nullptr;    // w2_weight_zero_point [E, I/gs2, ceil(H/8)]
+  int gs1 = 0, gs2 = 0;           // group sizes along H (w13) and I (w2)
   bool fp16_scale = false;
-  // kMXFP4: w13 uint8 [E, r13, c13] (r13 = 2 * I_pad >= 2I, c13 * 2 >= H), w2 uint8 [E, r2, c2]
-  // (r2 >= H, c2 * 2 >= I); scales uint8 [E, r13, cs13] and [E, r2, cs2] (cs13 * 32 >= H, cs2 * 32 >= I).
-  const uint8_t* e13 = nullptr;
-  const uint8_t* e2 = nullptr;
+};
+// mxfp4 (codes: w13 uint8 [E, r13, c13] with r13 = 2 * I_pad >= 2I, c13 * 2 >= H; w2 uint8 [E, r2, c2] with
+// r2 >= H, c2 * 2 >= I): e8m0 scales [E, r13, cs13] and [E, r2, cs2] (cs13 * 32 >= H, cs2 * 32 >= I).
+// nvfp4: the same with fp8 e4m3fn scales, cs13 = H/16, cs2 = I/16, no padding, no biases, [gate; up]
+// rows, and the fp32 global scales (weight_scale_2).
+struct Fp4Blocks {
+  const uint8_t* s13 = nullptr;
+  const uint8_t* s2 = nullptr;
   const uint16_t* b13 = nullptr;  // w13_bias bf16 [E, r13] or null
   const uint16_t* b2 = nullptr;   // w2_bias bf16 [E, r2] or null
   int r13 = 0, c13 = 0, cs13 = 0, r2 = 0, c2 = 0, cs2 = 0;
   bool interleaved = false;       // w13 row 2j = gate_j, 2j + 1 = up_j (else gate rows [0, r13/2), up after)
-  float alpha = 1.702f, limit = 7.0f;
-  // kNVFP4: the kMXFP4 fields with scales fp8 e4m3fn bytes, cs13 = H/16, cs2 = I/16, no padding, no
-  // biases, [gate; up] rows; plus the fp32 global scales (weight_scale_2):
-  const float* g13 = nullptr;     // w13_weight_scale_2 [E, 2]: gate (w1) and up (w3) of each expert
-  const float* g2 = nullptr;      // w2_weight_scale_2 [E]
+  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
+  const float* g13 = nullptr;     // nvfp4: w13_weight_scale_2 [E, 2]: gate (w1) and up (w3) of each expert
+  const float* g2 = nullptr;      // nvfp4: w2_weight_scale_2 [E]
+};
+
+// Expert weights as the checkpoint holds them, filled by the checkpoint adapters
+// (bindings/checkpoints.cpp) and read by the layer's format (formats/*.cpp).
+struct WeightSource {
+  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4
+  const void* w13 = nullptr;  // the codes: [E, 2I, H] (bf16, fp16, one-byte codes; the 4-bit ones above)
+  const void* w2 = nullptr;   // [E, H, I]
+  std::variant<std::monostate, ByteScales, Int4Groups, Fp4Blocks> rest;  // none for bf16 / fp16
+  // The rest as the format expects it; std::invalid_argument when the adapter filled another kind.
+  template <class T>
+  const T& as() const {
+    if (const T* p = std::get_if<T>(&rest)) return *p;
+    throw std::invalid_argument("expert weights of dtype " + std::to_string(int(type)) +
+                                " came without the tensors their format needs");
+  }
 };
 
 struct NodeSlice {

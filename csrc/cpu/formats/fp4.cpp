@@ -81,18 +81,19 @@ namespace {
 int group_of(const MoEShape& sh) { return sh.format->nv ? 16 : 32; }  // inputs per scale
 
 void configure(const WeightSource& src, MoEShape& sh, std::vector<float>& gs13, std::vector<float>& gs2) {
+  const Fp4Blocks& f = src.as<Fp4Blocks>();
   sh.seg1 = sh.seg2 = group_of(sh);
-  sh.bias = src.b13 || src.b2;
-  sh.alpha = src.alpha;
-  sh.limit = src.limit;
+  sh.bias = f.b13 || f.b2;
+  sh.alpha = f.alpha;
+  sh.limit = f.limit;
   if (!sh.format->nv) return;
   // per-expert global scales: gate and up of w13 ([E][2]), w2 ([E])
-  if (!src.g13 || !src.g2) throw std::invalid_argument("nvfp4 needs the global scales of w13 and w2");
+  if (!f.g13 || !f.g2) throw std::invalid_argument("nvfp4 needs the global scales of w13 and w2");
   if (sh.hidden % 16 || sh.intermediate % 16)
     throw std::invalid_argument("nvfp4 needs H and I to be multiples of 16 (one scale per 16 inputs), got H=" +
                                 std::to_string(sh.hidden) + ", I=" + std::to_string(sh.intermediate));
-  gs13.assign(src.g13, src.g13 + size_t(sh.experts) * 2);
-  gs2.assign(src.g2, src.g2 + size_t(sh.experts));
+  gs13.assign(f.g13, f.g13 + size_t(sh.experts) * 2);
+  gs2.assign(f.g2, f.g2 + size_t(sh.experts));
 }
 
 // 4-bit codes, one scale byte per (row, 32 inputs: e8m0 / nvfp4: 16 inputs, fp8), bf16 biases.
@@ -141,23 +142,24 @@ uint8_t scale_one(const MoEShape& sh) { return sh.format->nv ? 0x38 : 127; }  //
 void repack13(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
   const WeightSource& src = u.src;
+  const Fp4Blocks& f = src.as<Fp4Blocks>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e, grp = group_of(sh);
   const int ng1 = sh.kp1 / grp;
   const size_t bb1 = size_t(sh.kp1) * kBlockN / 2;  // block bytes
   const uint8_t* w13 = static_cast<const uint8_t*>(src.w13);
-  const int half = src.r13 / 2;
+  const int half = f.r13 / 2;
   for (int h = 0; h < 2; ++h) {
     int rows[kBlockN];  // checkpoint row of each block row (-1: padding)
     for (int n = 0; n < kBlockN; ++n) {
       const int i = u.r0 + n;
-      rows[n] = i >= I ? -1 : src.interleaved ? 2 * i + h : h * half + i;
+      rows[n] = i >= I ? -1 : f.interleaved ? 2 * i + h : h * half + i;
     }
     const size_t b = u.blk + h;
-    pack_fp4(w13 + size_t(e) * src.r13 * src.c13, src.c13, src.e13 + size_t(e) * src.r13 * src.cs13, src.cs13, rows, H,
+    pack_fp4(w13 + size_t(e) * f.r13 * f.c13, f.c13, f.s13 + size_t(e) * f.r13 * f.cs13, f.cs13, rows, H,
              sh.kp1, grp, scale_one(sh), u.sl.w13.as<uint8_t>() + b * bb1, u.sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
     if (sh.bias) {
       uint16_t* bd = u.sl.b13.as<uint16_t>() + b * kBlockN;
-      for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src.b13 ? src.b13[size_t(e) * src.r13 + rows[n]] : 0;
+      for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && f.b13 ? f.b13[size_t(e) * f.r13 + rows[n]] : 0;
     }
   }
 }
@@ -165,6 +167,7 @@ void repack13(const RepackUnit& u) {
 void repack2(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
   const WeightSource& src = u.src;
+  const Fp4Blocks& f = src.as<Fp4Blocks>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e, grp = group_of(sh);
   const int ng2 = sh.kp2 / grp;
   const size_t bb2 = size_t(sh.kp2) * kBlockN / 2;
@@ -172,11 +175,11 @@ void repack2(const RepackUnit& u) {
   const size_t b = u.blk;
   int rows[kBlockN];
   for (int n = 0; n < kBlockN; ++n) rows[n] = u.r0 + n < H ? u.r0 + n : -1;
-  pack_fp4(w2 + size_t(e) * src.r2 * src.c2, src.c2, src.e2 + size_t(e) * src.r2 * src.cs2, src.cs2, rows, I, sh.kp2,
+  pack_fp4(w2 + size_t(e) * f.r2 * f.c2, f.c2, f.s2 + size_t(e) * f.r2 * f.cs2, f.cs2, rows, I, sh.kp2,
            grp, scale_one(sh), u.sl.w2.as<uint8_t>() + b * bb2, u.sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
   if (sh.bias) {
     uint16_t* bd = u.sl.b2.as<uint16_t>() + b * kBlockN;
-    for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && src.b2 ? src.b2[size_t(e) * src.r2 + rows[n]] : 0;
+    for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && f.b2 ? f.b2[size_t(e) * f.r2 + rows[n]] : 0;
   }
 }
 
@@ -184,23 +187,25 @@ void gate_up_task(const TaskBlocks& w, GateUpTask& t) {
   const MoEShape& sh = w.sh;
   const size_t b = w.b * 2;
   t.w13 = nullptr;
-  t.f4.w = w.sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
-  t.f4.scale = w.sl.s13.as<uint8_t>() + b * (sh.kp1 / group_of(sh)) * kBlockN;
+  Fp4Weights& q = t.quant.emplace<Fp4Weights>();
+  q.w = w.sl.w13.as<uint8_t>() + b * sh.kp1 * kBlockN / 2;
+  q.scale = w.sl.s13.as<uint8_t>() + b * (sh.kp1 / group_of(sh)) * kBlockN;
   if (sh.format->nv) {
-    t.f4.nv = true;
-    t.f4.gs[0] = w.layer.global_scales13()[2 * size_t(w.e)];
-    t.f4.gs[1] = w.layer.global_scales13()[2 * size_t(w.e) + 1];
+    q.nv = true;
+    q.gs[0] = w.layer.global_scales13()[2 * size_t(w.e)];
+    q.gs[1] = w.layer.global_scales13()[2 * size_t(w.e) + 1];
   }
 }
 
 void down_task(const TaskBlocks& w, DownTask& t) {
   const MoEShape& sh = w.sh;
   t.w2 = nullptr;
-  t.f4.w = w.sl.w2.as<uint8_t>() + w.b * sh.kp2 * kBlockN / 2;
-  t.f4.scale = w.sl.s2.as<uint8_t>() + w.b * (sh.kp2 / group_of(sh)) * kBlockN;
+  Fp4Weights& q = t.quant.emplace<Fp4Weights>();
+  q.w = w.sl.w2.as<uint8_t>() + w.b * sh.kp2 * kBlockN / 2;
+  q.scale = w.sl.s2.as<uint8_t>() + w.b * (sh.kp2 / group_of(sh)) * kBlockN;
   if (sh.format->nv) {
-    t.f4.nv = true;
-    t.f4.gs[0] = w.layer.global_scales2()[w.e];
+    q.nv = true;
+    q.gs[0] = w.layer.global_scales2()[w.e];
   }
 }
 

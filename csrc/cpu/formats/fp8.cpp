@@ -21,15 +21,17 @@ int scales_per_block(const MoEShape& sh, int kp, int seg) { return sh.format->pe
 void configure_block(const WeightSource& src, MoEShape& sh, std::vector<float>&, std::vector<float>&) {
   // The segment loop needs whole scale blocks that are whole AMX/pair rows.
   const int hidden = sh.hidden, intermediate = sh.intermediate;
-  if (src.bk % kPadK || src.bk > kMaxSeg || hidden % src.bk || intermediate % src.bk || src.bn % kBlockN)
-    throw std::invalid_argument("fp8 block size " + std::to_string(src.bn) + "x" + std::to_string(src.bk) +
+  const ByteScales& sc = src.as<ByteScales>();
+  if (sc.bk % kPadK || sc.bk > kMaxSeg || hidden % sc.bk || intermediate % sc.bk || sc.bn % kBlockN)
+    throw std::invalid_argument("fp8 block size " + std::to_string(sc.bn) + "x" + std::to_string(sc.bk) +
                                 " does not fit H=" + std::to_string(hidden) + ", I=" + std::to_string(intermediate) +
                                 " (need a block width that divides H and I, a multiple of 32 up to 256, "
                                 "and a block height that is a multiple of 16)");
-  sh.seg1 = sh.seg2 = src.bk;
+  sh.seg1 = sh.seg2 = sc.bk;
 }
 
-void configure_channel(const WeightSource&, MoEShape& sh, std::vector<float>&, std::vector<float>&) {
+void configure_channel(const WeightSource& src, MoEShape& sh, std::vector<float>&, std::vector<float>&) {
+  src.as<ByteScales>();  // the per-row scales are there
   int seg = kMaxSeg;  // dequantization chunk: the largest power of two <= 256 dividing both
   while (sh.kp1 % seg || sh.kp2 % seg) seg /= 2;
   sh.seg1 = sh.seg2 = seg;
@@ -50,6 +52,7 @@ char* row_buffer(const RepackUnit& u) {
 void repack13(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
   const WeightSource& src = u.src;
+  const ByteScales& sc = src.as<ByteScales>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e, r0 = u.r0;
   char* row = row_buffer(u);
   char* dst = u.sl.w13.as<char>() + u.blk * sh.kp1 * kBlockN;
@@ -59,57 +62,62 @@ void repack13(const RepackUnit& u) {
   // The scales of the gate and up blocks whose first row is r0 (row of the gate half of w13).
   if (sh.format->per_row) {
     float* sd = u.sl.s13.as<float>() + u.blk * kBlockN;
-    const float* ss = src.s13 + size_t(e) * 2 * I;
+    const float* ss = sc.s13 + size_t(e) * 2 * I;
     for (int n = 0; n < kBlockN; ++n) {
       sd[n] = r0 + n < I ? ss[r0 + n] : 0.0f;
       sd[kBlockN + n] = r0 + n < I ? ss[I + r0 + n] : 0.0f;
     }
     return;
   }
-  const int nseg = sh.kp1 / sh.seg1, srows = (2 * I + src.bn - 1) / src.bn;
+  const int nseg = sh.kp1 / sh.seg1, srows = (2 * I + sc.bn - 1) / sc.bn;
   float* sd = u.sl.s13.as<float>() + u.blk * nseg;
-  const float* ss = src.s13 + size_t(e) * srows * nseg;
+  const float* ss = sc.s13 + size_t(e) * srows * nseg;
   for (int q = 0; q < nseg; ++q) {
-    sd[q] = ss[size_t(r0 / src.bn) * nseg + q];
-    sd[nseg + q] = ss[size_t((I + r0) / src.bn) * nseg + q];
+    sd[q] = ss[size_t(r0 / sc.bn) * nseg + q];
+    sd[nseg + q] = ss[size_t((I + r0) / sc.bn) * nseg + q];
   }
 }
 
 void repack2(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
   const WeightSource& src = u.src;
+  const ByteScales& sc = src.as<ByteScales>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e, r0 = u.r0;
   pack_block(static_cast<const char*>(src.w2) + size_t(e) * H * I, r0, H, I, sh.kp2, 1, src.type, u.kt, row_buffer(u),
              u.sl.w2.as<char>() + u.blk * sh.kp2 * kBlockN);
   if (sh.format->per_row) {
     float* sd = u.sl.s2.as<float>() + u.blk * kBlockN;
-    for (int n = 0; n < kBlockN; ++n) sd[n] = r0 + n < H ? src.s2[size_t(e) * H + r0 + n] : 0.0f;
+    for (int n = 0; n < kBlockN; ++n) sd[n] = r0 + n < H ? sc.s2[size_t(e) * H + r0 + n] : 0.0f;
     return;
   }
-  const int nseg = sh.kp2 / sh.seg2, srows = (H + src.bn - 1) / src.bn;
+  const int nseg = sh.kp2 / sh.seg2, srows = (H + sc.bn - 1) / sc.bn;
   float* sd = u.sl.s2.as<float>() + u.blk * nseg;
-  const float* ss = src.s2 + size_t(e) * srows * nseg;
-  for (int q = 0; q < nseg; ++q) sd[q] = ss[size_t(r0 / src.bn) * nseg + q];
+  const float* ss = sc.s2 + size_t(e) * srows * nseg;
+  for (int q = 0; q < nseg; ++q) sd[q] = ss[size_t(r0 / sc.bn) * nseg + q];
+}
+
+Fp8Weights weights(const MoEShape& sh, const uint8_t* codes, const float* scales, int seg) {
+  Fp8Weights q;
+  q.w = codes;
+  q.scale = scales;
+  q.seg = seg;
+  q.per_row = sh.format->per_row;
+  q.int8 = sh.format->int8_codes;
+  return q;
 }
 
 void gate_up_task(const TaskBlocks& w, GateUpTask& t) {
   const MoEShape& sh = w.sh;
   t.w13 = nullptr;
-  t.fp8.w = w.sl.w13.as<uint8_t>() + w.b * 2 * sh.kp1 * kBlockN;
-  t.fp8.scale = w.sl.s13.as<float>() + w.b * 2 * scales_per_block(sh, sh.kp1, sh.seg1);
-  t.fp8.seg = sh.seg1;
-  t.fp8.per_row = sh.format->per_row;
-  t.fp8.int8 = sh.format->int8_codes;
+  t.quant = weights(sh, w.sl.w13.as<uint8_t>() + w.b * 2 * sh.kp1 * kBlockN,
+                    w.sl.s13.as<float>() + w.b * 2 * scales_per_block(sh, sh.kp1, sh.seg1), sh.seg1);
 }
 
 void down_task(const TaskBlocks& w, DownTask& t) {
   const MoEShape& sh = w.sh;
   t.w2 = nullptr;
-  t.fp8.w = w.sl.w2.as<uint8_t>() + w.b * sh.kp2 * kBlockN;
-  t.fp8.scale = w.sl.s2.as<float>() + w.b * scales_per_block(sh, sh.kp2, sh.seg2);
-  t.fp8.seg = sh.seg2;
-  t.fp8.per_row = sh.format->per_row;
-  t.fp8.int8 = sh.format->int8_codes;
+  t.quant = weights(sh, w.sl.w2.as<uint8_t>() + w.b * sh.kp2 * kBlockN,
+                    w.sl.s2.as<float>() + w.b * scales_per_block(sh, sh.kp2, sh.seg2), sh.seg2);
 }
 
 }  // namespace

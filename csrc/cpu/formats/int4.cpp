@@ -43,15 +43,16 @@ int seg_of(int gs) {
 
 void configure(const WeightSource& src, MoEShape& sh, std::vector<float>&, std::vector<float>&) {
   const int hidden = sh.hidden, intermediate = sh.intermediate;
-  if (src.gs1 <= 0 || src.gs2 <= 0 || hidden % src.gs1 || intermediate % src.gs2 || !seg_of(src.gs1) ||
-      !seg_of(src.gs2))
-    throw std::invalid_argument("int4 group sizes " + std::to_string(src.gs1) + " (over H=" + std::to_string(hidden) +
-                                ") and " + std::to_string(src.gs2) + " (over I=" + std::to_string(intermediate) +
+  const Int4Groups& g = src.as<Int4Groups>();
+  if (g.gs1 <= 0 || g.gs2 <= 0 || hidden % g.gs1 || intermediate % g.gs2 || !seg_of(g.gs1) ||
+      !seg_of(g.gs2))
+    throw std::invalid_argument("int4 group sizes " + std::to_string(g.gs1) + " (over H=" + std::to_string(hidden) +
+                                ") and " + std::to_string(g.gs2) + " (over I=" + std::to_string(intermediate) +
                                 ") are not supported: each must divide its dimension and be a multiple of 32");
-  sh.zero_points = src.z13 != nullptr;
-  sh.fp16_scales = src.fp16_scale;
-  sh.seg1 = seg_of(src.gs1);
-  sh.seg2 = seg_of(src.gs2);
+  sh.zero_points = g.z13 != nullptr;
+  sh.fp16_scales = g.fp16_scale;
+  sh.seg1 = seg_of(g.gs1);
+  sh.seg2 = seg_of(g.gs2);
 }
 
 // H and I are multiples of 32 here, so kp1 = H and kp2 = I.
@@ -104,18 +105,19 @@ void int4_params(const uint16_t* scale, const int32_t* zero, int n_cols, int nz,
 void repack13(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
   const WeightSource& src = u.src;
+  const Int4Groups& g = src.as<Int4Groups>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e;
   const int nseg1 = sh.kp1 / sh.seg1;
   const size_t bb1 = size_t(sh.kp1) * kBlockN / 2;  // block bytes
   const int32_t* w13 = static_cast<const int32_t*>(src.w13);
-  const int g1 = H / src.gs1;    // checkpoint groups per row
+  const int g1 = H / g.gs1;    // checkpoint groups per row
   const int nz1 = (2 * I + 7) / 8;  // zero-point words per group row
   for (int h = 0; h < 2; ++h) {
     const int col0 = h * I + u.r0;
     const size_t b = u.blk + h;
     pack_int4(w13 + size_t(e) * (H / 8) * 2 * I, 2 * I, col0, I * (h + 1), H, u.sl.w13.as<uint8_t>() + b * bb1);
-    int4_params(src.q13s + size_t(e) * g1 * 2 * I, src.z13 ? src.z13 + size_t(e) * g1 * nz1 : nullptr, 2 * I, nz1,
-                col0, I * (h + 1), src.gs1, sh.seg1, nseg1, u.sl.s13.as<uint16_t>() + b * nseg1 * kBlockN,
+    int4_params(g.s13 + size_t(e) * g1 * 2 * I, g.z13 ? g.z13 + size_t(e) * g1 * nz1 : nullptr, 2 * I, nz1,
+                col0, I * (h + 1), g.gs1, sh.seg1, nseg1, u.sl.s13.as<uint16_t>() + b * nseg1 * kBlockN,
                 sh.zero_points ? u.sl.z13.as<uint8_t>() + b * nseg1 * kBlockN / 2 : nullptr);
   }
 }
@@ -123,15 +125,16 @@ void repack13(const RepackUnit& u) {
 void repack2(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
   const WeightSource& src = u.src;
+  const Int4Groups& g = src.as<Int4Groups>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e;
   const int nseg2 = sh.kp2 / sh.seg2;
   const size_t bb2 = size_t(sh.kp2) * kBlockN / 2;
   const int32_t* w2 = static_cast<const int32_t*>(src.w2);
-  const int g2 = I / src.gs2, nz2 = (H + 7) / 8;
+  const int g2 = I / g.gs2, nz2 = (H + 7) / 8;
   const size_t b = u.blk;
   pack_int4(w2 + size_t(e) * (I / 8) * H, H, u.r0, H, I, u.sl.w2.as<uint8_t>() + b * bb2);
-  int4_params(src.q2s + size_t(e) * g2 * H, src.z2 ? src.z2 + size_t(e) * g2 * nz2 : nullptr, H, nz2, u.r0, H,
-              src.gs2, sh.seg2, nseg2, u.sl.s2.as<uint16_t>() + b * nseg2 * kBlockN,
+  int4_params(g.s2 + size_t(e) * g2 * H, g.z2 ? g.z2 + size_t(e) * g2 * nz2 : nullptr, H, nz2, u.r0, H,
+              g.gs2, sh.seg2, nseg2, u.sl.s2.as<uint16_t>() + b * nseg2 * kBlockN,
               sh.zero_points ? u.sl.z2.as<uint8_t>() + b * nseg2 * kBlockN / 2 : nullptr);
 }
 
@@ -150,12 +153,12 @@ Int4Weights weights(const MoEShape& sh, const HostBuffer& w, const HostBuffer& s
 
 void gate_up_task(const TaskBlocks& w, GateUpTask& t) {
   t.w13 = nullptr;
-  t.q4 = weights(w.sh, w.sl.w13, w.sl.s13, w.sl.z13, w.b * 2, w.sh.kp1, w.sh.seg1);
+  t.quant = weights(w.sh, w.sl.w13, w.sl.s13, w.sl.z13, w.b * 2, w.sh.kp1, w.sh.seg1);
 }
 
 void down_task(const TaskBlocks& w, DownTask& t) {
   t.w2 = nullptr;
-  t.q4 = weights(w.sh, w.sl.w2, w.sl.s2, w.sl.z2, w.b, w.sh.kp2, w.sh.seg2);
+  t.quant = weights(w.sh, w.sl.w2, w.sl.s2, w.sl.z2, w.b, w.sh.kp2, w.sh.seg2);
 }
 
 }  // namespace

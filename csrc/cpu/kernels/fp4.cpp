@@ -548,7 +548,7 @@ inline void fp4_panel_block(const Fp4Weights& q, const uint8_t* src, const uint8
 }  // namespace
 
 void gate_up_fp4(const GateUpTask& t) {
-  const Fp4Weights& q = t.f4;
+  const Fp4Weights& q = *std::get_if<Fp4Weights>(&t.quant);
   const int grp = q.nv ? 16 : 32;  // inputs per scale
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / grp) * kBlockN;  // scale bytes per block
@@ -610,7 +610,7 @@ void gate_up_fp4(const GateUpTask& t) {
 }
 
 void down_fp4(const DownTask& t) {
-  const Fp4Weights& q = t.f4;
+  const Fp4Weights& q = *std::get_if<Fp4Weights>(&t.quant);
   const int grp = q.nv ? 16 : 32;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / grp) * kBlockN;

@@ -94,7 +94,7 @@ void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, 
 // L1, run the bf16 dot tile on it, and add scale x partial into fp32 sums. Same arithmetic as
 // the bf16 path (the scales are applied in fp32), at ~3% extra per segment.
 void gate_up_fp8(const GateUpTask& t) {
-  const Fp8Weights& q = t.fp8;
+  const Fp8Weights& q = *std::get_if<Fp8Weights>(&t.quant);
   const int seg = q.seg, nseg = t.kp / seg;
   const int per = q.per_row ? kBlockN : nseg;  // scales per block
   const size_t block_bytes = size_t(t.kp) * kBlockN;
@@ -158,7 +158,7 @@ void gate_up_fp8(const GateUpTask& t) {
 }
 
 void down_fp8(const DownTask& t) {
-  const Fp8Weights& q = t.fp8;
+  const Fp8Weights& q = *std::get_if<Fp8Weights>(&t.quant);
   const int seg = q.seg, nseg = t.kp / seg;
   const int per = q.per_row ? kBlockN : nseg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;

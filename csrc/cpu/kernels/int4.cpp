@@ -354,7 +354,7 @@ void dot_rows_q4q8(int mr, const int8_t* const* a, const uint8_t* const* b, int 
 }
 
 void gate_up_q4q8(const GateUpTask& t) {
-  const Int4Weights& q = t.q4;
+  const Int4Weights& q = *std::get_if<Int4Weights>(&t.quant);
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / q.group) * kBlockN;
   float* c = t.scratch->c;
@@ -375,7 +375,7 @@ void gate_up_q4q8(const GateUpTask& t) {
 }
 
 void down_q4q8(const DownTask& t) {
-  const Int4Weights& q = t.q4;
+  const Int4Weights& q = *std::get_if<Int4Weights>(&t.quant);
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / q.group) * kBlockN;
   float* c = t.scratch->c;
@@ -430,7 +430,7 @@ inline bool q4_fused(int m, int kp, int group) {
 
 void gate_up_q4(const GateUpTask& t) {
   if (kHaveQ8 && t.q8_rows) return gate_up_q4q8(t);  // decode with int8 activations
-  const Int4Weights& q = t.q4;
+  const Int4Weights& q = *std::get_if<Int4Weights>(&t.quant);
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(nseg) * kBlockN;  // scales (and zeros) per block
@@ -489,7 +489,7 @@ void gate_up_q4(const GateUpTask& t) {
 
 void down_q4(const DownTask& t) {
   if (kHaveQ8 && t.q8_act) return down_q4q8(t);
-  const Int4Weights& q = t.q4;
+  const Int4Weights& q = *std::get_if<Int4Weights>(&t.quant);
   const int seg = q.group, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(nseg) * kBlockN;

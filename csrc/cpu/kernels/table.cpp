@@ -14,20 +14,16 @@ constexpr const char* kTierName = LK_STR(LK_TIER);
 // Quantized formats: decode on the vector tiles; prefill on dequantized panels (through AMX on the amx
 // tier, with segment scales: fp8_block and int4 groups, applied to the tiles' partial sums per segment).
 void gate_up(const GateUpTask& t) {
-  switch (t.family) {
-    case Family::kByteCodes: return gate_up_fp8(t);
-    case Family::kInt4: return gate_up_q4(t);
-    case Family::kFp4: return gate_up_fp4(t);
-    default: return gate_up_bf16(t);
-  }
+  if (std::holds_alternative<Fp8Weights>(t.quant)) return gate_up_fp8(t);
+  if (std::holds_alternative<Int4Weights>(t.quant)) return gate_up_q4(t);
+  if (std::holds_alternative<Fp4Weights>(t.quant)) return gate_up_fp4(t);
+  gate_up_bf16(t);
 }
 void down(const DownTask& t) {
-  switch (t.family) {
-    case Family::kByteCodes: return down_fp8(t);
-    case Family::kInt4: return down_q4(t);
-    case Family::kFp4: return down_fp4(t);
-    default: return down_bf16(t);
-  }
+  if (std::holds_alternative<Fp8Weights>(t.quant)) return down_fp8(t);
+  if (std::holds_alternative<Int4Weights>(t.quant)) return down_q4(t);
+  if (std::holds_alternative<Fp4Weights>(t.quant)) return down_fp4(t);
+  down_bf16(t);
 }
 
 // ---------------------------------------------------------------- row conversions
