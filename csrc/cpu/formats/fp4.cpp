@@ -141,12 +141,11 @@ uint8_t scale_one(const MoEShape& sh) { return sh.format->nv ? 0x38 : 127; }  //
 
 void repack13(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
-  const WeightSource& src = u.src;
-  const Fp4Blocks& f = src.as<Fp4Blocks>();
+  const Fp4Blocks& f = u.src.as<Fp4Blocks>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e, grp = group_of(sh);
   const int ng1 = sh.kp1 / grp;
   const size_t bb1 = size_t(sh.kp1) * kBlockN / 2;  // block bytes
-  const uint8_t* w13 = static_cast<const uint8_t*>(src.w13);
+  const uint8_t* w13 = static_cast<const uint8_t*>(u.src.w13);
   const int half = f.r13 / 2;
   for (int h = 0; h < 2; ++h) {
     int rows[kBlockN];  // checkpoint row of each block row (-1: padding)
@@ -166,12 +165,11 @@ void repack13(const RepackUnit& u) {
 
 void repack2(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
-  const WeightSource& src = u.src;
-  const Fp4Blocks& f = src.as<Fp4Blocks>();
+  const Fp4Blocks& f = u.src.as<Fp4Blocks>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e, grp = group_of(sh);
   const int ng2 = sh.kp2 / grp;
   const size_t bb2 = size_t(sh.kp2) * kBlockN / 2;
-  const uint8_t* w2 = static_cast<const uint8_t*>(src.w2);
+  const uint8_t* w2 = static_cast<const uint8_t*>(u.src.w2);
   const size_t b = u.blk;
   int rows[kBlockN];
   for (int n = 0; n < kBlockN; ++n) rows[n] = u.r0 + n < H ? u.r0 + n : -1;

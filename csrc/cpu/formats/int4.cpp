@@ -104,12 +104,11 @@ void int4_params(const uint16_t* scale, const int32_t* zero, int n_cols, int nz,
 
 void repack13(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
-  const WeightSource& src = u.src;
-  const Int4Groups& g = src.as<Int4Groups>();
+  const Int4Groups& g = u.src.as<Int4Groups>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e;
   const int nseg1 = sh.kp1 / sh.seg1;
   const size_t bb1 = size_t(sh.kp1) * kBlockN / 2;  // block bytes
-  const int32_t* w13 = static_cast<const int32_t*>(src.w13);
+  const int32_t* w13 = static_cast<const int32_t*>(u.src.w13);
   const int g1 = H / g.gs1;    // checkpoint groups per row
   const int nz1 = (2 * I + 7) / 8;  // zero-point words per group row
   for (int h = 0; h < 2; ++h) {
@@ -124,12 +123,11 @@ void repack13(const RepackUnit& u) {
 
 void repack2(const RepackUnit& u) {
   const MoEShape& sh = u.sh;
-  const WeightSource& src = u.src;
-  const Int4Groups& g = src.as<Int4Groups>();
+  const Int4Groups& g = u.src.as<Int4Groups>();
   const int I = sh.intermediate, H = sh.hidden, e = u.e;
   const int nseg2 = sh.kp2 / sh.seg2;
   const size_t bb2 = size_t(sh.kp2) * kBlockN / 2;
-  const int32_t* w2 = static_cast<const int32_t*>(src.w2);
+  const int32_t* w2 = static_cast<const int32_t*>(u.src.w2);
   const int g2 = I / g.gs2, nz2 = (H + 7) / 8;
   const size_t b = u.blk;
   pack_int4(w2 + size_t(e) * (I / 8) * H, H, u.r0, H, I, u.sl.w2.as<uint8_t>() + b * bb2);
