@@ -3,25 +3,12 @@
 # Assumes: 1 GPU with >= 48 GB (other weights ~22 GB + KV cache), >= 32 CPU cores, >= 768 GB RAM
 # (58 MoE layers x 11.3 GB = ~654 GB of FP8 experts). 80 GB GPU: LVLLM_GPU_RESIDENT_MOE_LAYERS=3-5
 # keeps three layers (11.3 GB each) on the GPU with vLLM's FP8 kernel.
-# FP8 experts run on the CPU for prefill too (GPU prefill of quantized experts is not in this release).
+# Prefill runs on the CPU here (--prefill 0 below). GPU prefill streams FP8 experts too (vLLM's FP8
+# kernel from sm_89, else dequantized to bf16 on the GPU): put e.g. 1024 there for long prompts.
 # Two sockets: one engine spans both NUMA nodes (each node holds a slice of every expert).
 #
 # Usage: bash commands/deepseek_v3_fp8_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1
 set -euo pipefail
-MODEL="${1:?usage: bash $0 /path/to/checkpoint [extra vllm serve arguments]}"
-shift
-export LVLLM_MOE_NUMA_ENABLED=1
-export LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0
-ARGS=(
-  --served-model-name deepseek-v3
-  --max-model-len 32768
-  --max-num-seqs 4
-  --gpu-memory-utilization 0.92
-)
-if [ "${LVLLM_DRY_RUN:-0}" = "1" ]; then  # print the command instead (tests/cpu/test_commands.py)
-  env | grep -E '^(LVLLM|LK)_' | sort
-  printf 'vllm serve %s' "$MODEL"; printf ' %q' "${ARGS[@]}" "$@"; echo
-  exit 0
-fi
-exec vllm serve "$MODEL" "${ARGS[@]}" "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/serve.sh"
+lvllm_serve --tp 1 --name deepseek-v3 --max-num-seqs 4 --gpu-memory-utilization 0.92 --prefill 0 -- "$@"

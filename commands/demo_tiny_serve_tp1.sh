@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in demo (README "main job").
+# The built-in demo (README quick start, "the main job").
 # Assumes: any x86-64 CPU; for serving, one NVIDIA GPU (a few GB are enough) and vLLM 0.33.0.
 # - With a GPU: writes a tiny Qwen3-MoE checkpoint of random weights (~/.cache/lvllm), runs
 #   `vllm serve` on it with lk_moe switched on, sends one chat request and prints the answer

@@ -9,21 +9,5 @@
 # Usage: bash commands/kimi_k2_int4_serve_tp2.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 2
 set -euo pipefail
-MODEL="${1:?usage: bash $0 /path/to/checkpoint [extra vllm serve arguments]}"
-shift
-export LVLLM_MOE_NUMA_ENABLED=1
-export LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0
-ARGS=(
-  --tensor-parallel-size 2
-  --trust-remote-code
-  --served-model-name kimi-k2
-  --max-model-len 32768
-  --max-num-seqs 4
-  --gpu-memory-utilization 0.92
-)
-if [ "${LVLLM_DRY_RUN:-0}" = "1" ]; then  # print the command instead (tests/cpu/test_commands.py)
-  env | grep -E '^(LVLLM|LK)_' | sort
-  printf 'vllm serve %s' "$MODEL"; printf ' %q' "${ARGS[@]}" "$@"; echo
-  exit 0
-fi
-exec vllm serve "$MODEL" "${ARGS[@]}" "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/serve.sh"
+lvllm_serve --tp 2 --flag --trust-remote-code --name kimi-k2 --max-num-seqs 4 --gpu-memory-utilization 0.92 --prefill 0 -- "$@"

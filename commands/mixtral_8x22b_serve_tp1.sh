@@ -7,19 +7,5 @@
 # Usage: bash commands/mixtral_8x22b_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1
 set -euo pipefail
-MODEL="${1:?usage: bash $0 /path/to/checkpoint [extra vllm serve arguments]}"
-shift
-export LVLLM_MOE_NUMA_ENABLED=1
-export LVLLM_GPU_PREFILL_MIN_BATCH_SIZE="${LVLLM_GPU_PREFILL_MIN_BATCH_SIZE:-2048}"
-ARGS=(
-  --served-model-name mixtral-8x22b
-  --max-model-len 32768
-  --max-num-seqs 4
-  --gpu-memory-utilization 0.92
-)
-if [ "${LVLLM_DRY_RUN:-0}" = "1" ]; then  # print the command instead (tests/cpu/test_commands.py)
-  env | grep -E '^(LVLLM|LK)_' | sort
-  printf 'vllm serve %s' "$MODEL"; printf ' %q' "${ARGS[@]}" "$@"; echo
-  exit 0
-fi
-exec vllm serve "$MODEL" "${ARGS[@]}" "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/serve.sh"
+lvllm_serve --tp 1 --name mixtral-8x22b --max-num-seqs 4 --gpu-memory-utilization 0.92 --prefill-default 2048 -- "$@"

@@ -4,7 +4,7 @@
 # - Python venv kept OUTSIDE the clone as a cache: $LVLLM_VENV, default
 #   ~/.cache/lvllm/venv-py<major.minor>; (re)installed when requirements/*.txt change.
 # - LVLLM_USE_SYSTEM_PYTHON=1 skips the venv and uses python3 as it is (e.g. the GPU machine,
-#   whose own torch is 2.11: run it on the carried payload, see tools/device_session.sh).
+#   whose own torch is 2.11: run it on the carried payload, see dev/device_session.sh).
 # - Builds lk_moe._C in place (build/ and lk_moe/_C*.so are git-ignored).
 set -euo pipefail
 _lk_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -2,12 +2,13 @@
 // dependency: the CUDA runtime that torch already loaded is looked up at first use, so the
 // engine still loads on machines without CUDA.
 //
-// Three ways for the stream to hand the call to the engine (LK_CPU_SIGNAL):
-// - hostfn (default): a host-function node (cudaLaunchHostFunc). It needs no spinning CPU core and
+// Three ways for the stream to hand the call to the engine (LK_CPU_SIGNAL; the default, auto,
+// takes the kernel below for decode-sized calls and hostfn for bigger ones, see lk_moe/config.py):
+// - hostfn: a host-function node (cudaLaunchHostFunc). It needs no spinning CPU core and
 //   no SM while waiting, runs identically eager and inside captured graphs (FULL, PIECEWISE), and
 //   cannot hang the GPU if the engine fails. The caller's stream copies the inputs/output.
 // - mailbox: stream memory operations on a mapped pinned page served by a polling thread (saves
-//   the callback-thread wake-up; shared/design/vllm-0.26-integration.md, section 3.4).
+//   the callback-thread wake-up).
 // - kernel: ONE CUDA kernel per call (csrc/cuda/cpu_signal.cu, launched from Python through
 //   lk_moe/_lk_cuda.so) copies the inputs into the mapped pinned buffers, writes a request word,
 //   spins until this file's poller thread answers, copies the output back: one graph node instead

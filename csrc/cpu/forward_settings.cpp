@@ -26,7 +26,7 @@ std::atomic<int> g_decode_units_per_thread{4};
 // wna16_int4 0.80 -> 0.81, fp8_block 0.78 -> 0.86, fp8_channel 0.83 -> 0.89, int8_channel 0.93 -> 1.00,
 // bf16 0.98 -> 1.03. On the 2-core dev VM: no change at M=1, M=4 2-4% faster.
 std::atomic<int> g_decode_schedule{int(DecodeSchedule::kGuided)};
-// Default: q15. The 16-core AMX host (tools/decode_ops_micro.cpp, 2026-12-01, eleventh session): the
+// Default: q15. The 16-core AMX host (dev/decode_ops_micro.cpp, 2026-12-01, eleventh session): the
 // vdpbf16ps tile costs ~15 cycles per quad of two blocks there (~11 GB/s of codes per core, L1-resident),
 // its conversion and its dot products contending for the same ports; the q15 tile's two vpdpbusd per
 // block and quad take ~6.

@@ -20,7 +20,7 @@ namespace {
 // output's relative RMS error against the fp32 reference is the bf16 tile's (gpt-oss shape, M = 1-16,
 // Zen4: 0.0023-0.0024 both), and tests/cpu/test_fp4_q15.py checks it against a reference that emulates
 // the rounding, within the output's own bf16 rounding. Why: on the 16-core AMX host (Xeon, 2026-12-01, eleventh session,
-// tools/decode_ops_micro.cpp on L1-resident codes, three runs) the vdpbf16ps tile below takes
+// dev/decode_ops_micro.cpp on L1-resident codes, three runs) the vdpbf16ps tile below takes
 // ~11 GB/s of codes per core, its vpermw conversion (~23 GB/s alone) and vdpbf16ps (~20 GB/s alone)
 // adding up on the same ports, against ~32 GB/s for int8 activations and ~20 for int16 ones with
 // vpdpwssd: a 16-thread decode streaming ~6 GB/s per core spent half its time in the tile, and the

@@ -3,7 +3,7 @@
 # exit-time finalizers, as in a plain LLM() script) of one tiny checkpoint at once, switch on (and M
 # with it off), each must exit 0. A run that aborts after its results (as the gpt-oss front
 # ends did on 2026-12-01 before the plugin deferred its hooks) shows here with its faulthandler dump.
-#   bash tools/exit_check.sh gpt_oss 6 2        # arch, runs with the switch on, runs with it off
+#   bash dev/exit_check.sh gpt_oss 6 2        # arch, runs with the switch on, runs with it off
 set -uo pipefail
 arch="${1:-gpt_oss}" on="${2:-6}" off="${3:-2}"
 out="${OUT:-/tmp/lvllm-out}/exit_check"; mkdir -p "$out"

@@ -2,12 +2,12 @@
 # On the GPU machine, without vLLM (tests/gpu need only torch): build lk_moe, run tests/gpu in
 # groups; a group still running after its limit gets every thread's native backtrace (cuda-gdb)
 # written to $OUT/<group>.bt before it is killed.
-#   bash tools/device_gpu_tests.sh          (in groups)
-#   bash tools/device_gpu_tests.sh all 90   (one process, 90 s limit)
+#   bash dev/device_gpu_tests.sh          (in groups)
+#   bash dev/device_gpu_tests.sh all 90   (one process, 90 s limit)
 set -uo pipefail
 out="${OUT:-/tmp/lvllm-out}"; mkdir -p "$out"
 export LVLLM_USE_SYSTEM_PYTHON=1 PYTHONUNBUFFERED=1
-# An lk_moe already importable (the wheel of tools/device_session.sh) is used as it is.
+# An lk_moe already importable (the wheel of dev/device_session.sh) is used as it is.
 if ! python3 -c "import lk_moe._C" 2>/dev/null; then
   source tools/setup_env.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi

@@ -3,41 +3,41 @@
 # 10-minute device run (the plan that fitted the 30-minute budget on 2026-11-30, fourth session:
 # payload ~70 s, then these back to back). Each part splits the machine into two 16-core halves
 # (GPU0 + cores 0-15, GPU1 + cores 16-31; a half is the single-H200 machine) so two jobs run at once.
-#   bash tools/device_acceptance.sh decode    # hybrid decode benchmark + tests/gpu + serve | bf16 e2e suite
-#   bash tools/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
-#   bash tools/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
-#   bash tools/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
-#   bash tools/device_acceptance.sh e2e2      # bf16 e2e suite + serve | quantized e2e suite (every e2e test but TP=2)
-#   bash tools/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu as final1
+#   bash dev/device_acceptance.sh decode    # hybrid decode benchmark + tests/gpu + serve | bf16 e2e suite
+#   bash dev/device_acceptance.sh baseline  # offload + stock benchmarks | quantized e2e
+#   bash dev/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
+#   bash dev/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
+#   bash dev/device_acceptance.sh e2e2      # bf16 e2e suite + serve | quantized e2e suite (every e2e test but TP=2)
+#   bash dev/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu as final1
 #   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
-#   bash tools/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
-#   bash tools/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 5 rounds, schedule
+#   bash dev/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
+#   bash dev/device_acceptance.sh gpu1      # tests/gpu, per-format decode (every format, 5 rounds, schedule
 #                                             # units/guided A/B), serve, doctor, demo
-#   bash tools/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
-#   bash tools/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
-#   bash tools/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
-#   bash tools/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
-#   bash tools/device_acceptance.sh decode1   # fp4 CPU tests, then per-format M=1 decode (all cores and serve's
+#   bash dev/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
+#   bash dev/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
+#   bash dev/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
+#   bash dev/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
+#   bash dev/device_acceptance.sh decode1   # fp4 CPU tests, then per-format M=1 decode (all cores and serve's
 #                                             # threads; fp4: q15 / bf16 activations A/B)
-#   bash tools/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
+#   bash dev/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
 #                                             # copy: the kernels' ceiling) at 1 and 16 threads, cold thread scan
-#   bash tools/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (tools/decode_ops_micro.cpp)
-#   bash tools/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
-#   bash tools/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
-# The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see ../shared/device/README.md):
-#   bash tools/device_acceptance.sh pin1      # install, wheel, versions, doctor, tests/gpu, vllm serve e2e
-#   bash tools/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
+#   bash dev/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (dev/decode_ops_micro.cpp)
+#   bash dev/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
+#   bash dev/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
+# The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see dev/README.md):
+#   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, tests/gpu, vllm serve e2e
+#   bash dev/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
-#   bash tools/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
+#   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
-#   bash tools/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
+#   bash dev/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
 #   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
 #   and the loading file alone 630 s on 2026-12-01, ninth session)
-# Runs through tools/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
+# Runs through dev/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
 # hybrid-vs-offload ratios printed in one table.
 set -uo pipefail
@@ -58,7 +58,7 @@ case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
 --modes hybrid --results \$OUT/bench.json --log-dir \$OUT --timeout 330 > \$OUT/bench_hybrid.log 2>&1
-OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 240
+OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash dev/device_gpu_tests.sh all 240
 CUDA_VISIBLE_DEVICES=0 $half0 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1) &
 CUDA_VISIBLE_DEVICES=1 $half1 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel and not kv_cache' > \$OUT/e2e_bf16.log 2>&1
@@ -73,7 +73,7 @@ tests/e2e -k 'quantized or gpt_oss' > \$OUT/e2e_quant.log 2>&1
 wait; $e2e_lines \$OUT/e2e_quant.log
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -14" ;;
   formats)
-    body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash tools/device_gpu_tests.sh all 240
+    body="(OUT=\$OUT/gpu LK_THREADS=14 CUDA_VISIBLE_DEVICES=0 $half0 bash dev/device_gpu_tests.sh all 240
 timeout 120 bash -c 'for f in bf16 fp8_block wna16_int4 nvfp4 mxfp4; do $half0 python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all; done; for f in wna16_int4 nvfp4 mxfp4; do \
 echo \"## LK_INT8_ACT=0\"; LK_INT8_ACT=0 $half0 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b \
@@ -107,7 +107,7 @@ wait; $e2e_lines \$OUT/e2e_bf16.log \$OUT/e2e_serve.log \$OUT/e2e_quant.log" ;;
   final)
     body="$verdict; timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 $e2e_lines \$OUT/e2e_tp2.log
-(CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
+(CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
 $half1 $cpu_tests tests/cpu --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; verdict \$OUT/cpu_amx.log" ;;
@@ -123,7 +123,7 @@ verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   pin1)
     body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin1] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin1] hooks:\", p.check_hook_targets())'
 timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
-OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
+OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200
 timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log" ;;
   hybrid1)
@@ -135,7 +135,7 @@ timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock --reps 2 --
 --results \$OUT/bench.json --log-dir \$OUT --timeout 400 > \$OUT/bench_baseline.log 2>&1
 grep -v '^ *\$' \$OUT/bench_baseline.log | tail -16" ;;
   gpu1)
-    body="OUT=\$OUT/gpu LK_THREADS=15 bash tools/device_gpu_tests.sh all 200
+    body="OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200
 timeout 200 bash -c 'for f in bf16 fp8_block fp8_channel int8_channel wna16_int4 nvfp4 mxfp4; do \
 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1,4 --threads all --reps 15 --rounds 5 \
 --decode-schedule units,guided; done' > \$OUT/moe_layer.log 2>&1
@@ -178,7 +178,7 @@ for f in mxfp4 bf16 int8_channel; do python3 benchmarks/moe_layer.py --format \$
 grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log" ;;
   probe2)  # the 4-bit decode tile's building blocks in core cycles (L1-resident), three times, then hot layers
     export LVLLM_DEVICE_NO_VLLM=1
-    body="g++ -O2 -march=native -o /tmp/decode_ops_micro tools/decode_ops_micro.cpp && for i in 1 2 3; do \
+    body="g++ -O2 -march=native -o /tmp/decode_ops_micro dev/decode_ops_micro.cpp && for i in 1 2 3; do \
 /tmp/decode_ops_micro; done
 timeout $left bash -c 'for r in 1 2; do for f in mxfp4 wna16_int4; do python3 benchmarks/moe_layer.py \
 --format \$f --shapes qwen3-30b-a3b --tokens 1 --threads 1 --reps 30 --max-experts 8 --max-copies 1 \
@@ -195,7 +195,7 @@ tests/cpu/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.lo
     body="timeout 400 $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
 $e2e_lines \$OUT/e2e_bf16.log
-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash tools/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
+timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
 grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   *)
     sed -n "2,/^set /{/^#/p}" "${BASH_SOURCE[0]}"; exit 2 ;;

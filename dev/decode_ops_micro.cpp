@@ -1,6 +1,6 @@
 // What the building blocks of the 4-bit decode tile (csrc/cpu/kernels/fp4.cpp, dot_tile_fp4) cost on
 // this CPU, in core cycles, on L1-resident data (a diagnostic, not a test; needs AVX512-BF16):
-//   g++ -O2 -march=native -o /tmp/decode_ops_micro tools/decode_ops_micro.cpp && /tmp/decode_ops_micro
+//   g++ -O2 -march=native -o /tmp/decode_ops_micro dev/decode_ops_micro.cpp && /tmp/decode_ops_micro
 // Every variant runs the M = 1, two-block quad loop of the tile over the same 16 KiB of codes; the
 // variants take turns for several rounds (a shared machine drifts) and the medians are printed.
 // Cycles come from a calibration loop of dependent scalar adds (1 cycle each).

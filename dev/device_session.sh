@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine (see ../shared/device/README.md): install the carried vLLM payload once per
+# On the GPU machine (see dev/README.md): install the carried vLLM payload once per
 # machine, build lk_moe there, then run what follows as a command, logging into $OUT.
-#   bash tools/device_session.sh python3 -m pytest -s tests/e2e -k qwen3
+#   bash dev/device_session.sh python3 -m pytest -s tests/e2e -k qwen3
 # A session that fits the 10-minute runs and the 30-minute budget: the vLLM 0.33.0 payload is 45 parts
-# of ~4 s each (~220 s held, 2026-12-02); carry .payload/{SHA256,install.sh,VERSION,meta} with the FIRST
+# of ~4 s each (~220 s held, session 13) to 17-20 s each (910 s, session 14; dev/README.md); carry .payload/{SHA256,install.sh,VERSION,meta} with the FIRST
 # part (carried paths stay on the machine), so a machine lost before the last part costs no extra run
 # shape; install + wheel build take ~4 minutes of the first real run (pin1: 479 s with doctor, tests/gpu
 # and the serve test). The machine is given back after 30 s idle, so have every command ready before
@@ -15,8 +15,8 @@
 #      its own --basetemp=/root/e2e-tmp/<suite>, `taskset` half of the cores and a `timeout`;
 #      then `-k tensor_parallel` (both GPUs). The 2026-11-30 fourth-session runs are quoted with their
 #      commands in docs/results/2026-11-30_h200x2_session4.log (7 runs + payload in 27 minutes).
-#   3. bash tools/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
-# tools/device_acceptance.sh {decode,baseline,rest} runs that plan in three parts through this script.
+#   3. bash dev/device_gpu_tests.sh all 60   (tests/gpu alone; no vLLM needed: can run before the payload)
+# dev/device_acceptance.sh {decode,baseline,rest} runs that plan in three parts through this script.
 set -uo pipefail
 # Commands can size their inner `timeout`s from the run's end: $((LVLLM_DEVICE_DEADLINE - $(date +%s)))
 export LVLLM_DEVICE_DEADLINE=$(( $(date +%s) + ${LVLLM_DEVICE_LIMIT:-570} ))
@@ -46,7 +46,7 @@ if [ "${LVLLM_DEVICE_WHEEL:-0}" = "1" ]; then
     fi
   fi
   if [ -d /root/lvllm-wheel/lvllm ]; then
-    rm -rf /root/wheel-run && mkdir -p /root/wheel-run && cp -r tests benchmarks commands tools /root/wheel-run/
+    rm -rf /root/wheel-run && mkdir -p /root/wheel-run && cp -r tests benchmarks commands tools dev /root/wheel-run/
     cd /root/wheel-run || exit 1
     export PYTHONPATH=/root/lvllm-wheel:/root/site
     python3 -c "import lk_moe, lvllm; print('[device] from the wheel:', lk_moe.__file__, lvllm.__version__)"
