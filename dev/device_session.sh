@@ -26,7 +26,9 @@ out="${OUT:-/tmp/lvllm-out}"; mkdir -p "$out"
 # LVLLM_DEVICE_NO_VLLM=1: engine-only runs (benchmarks/moe_layer.py) skip the payload: the machine's own
 # torch builds and runs lk_moe, and the run needs no 9 payload parts first.
 if [ "${LVLLM_DEVICE_NO_VLLM:-0}" != "1" ] && [ ! -d /root/site/vllm ]; then
+  t_install=$(date +%s)
   bash .payload/install.sh > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
+  echo "[device] payload installed in $(( $(date +%s) - t_install )) s"
   tail -1 "$out/install.log"
 fi
 # LVLLM_DEVICE_WHEEL=1: build the release wheel here (Python 3.12), install it outside the source
@@ -37,9 +39,10 @@ in_place=1
 if [ "${LVLLM_DEVICE_WHEEL:-0}" = "1" ]; then
   if [ ! -d /root/lvllm-wheel/lvllm ]; then
     mkdir -p "$out/wheel"
+    t_wheel=$(date +%s)
     if PYTHONPATH=/root/site python3 -m pip wheel . --no-build-isolation --no-deps -w "$out/wheel" > "$out/wheel.log" 2>&1 \
         && python3 -m pip install -q --no-deps --target /root/lvllm-wheel "$out"/wheel/lvllm-*.whl >> "$out/wheel.log" 2>&1; then
-      echo "[device] built and installed $(basename "$out"/wheel/lvllm-*.whl) ($(du -h "$out"/wheel/lvllm-*.whl | cut -f1))"
+      echo "[device] built and installed $(basename "$out"/wheel/lvllm-*.whl) ($(du -h "$out"/wheel/lvllm-*.whl | cut -f1)) in $(( $(date +%s) - t_wheel )) s"
     else
       tail -20 "$out/wheel.log"; echo "[device] wheel build failed: falling back to the in-place build"
       rm -rf /root/lvllm-wheel
