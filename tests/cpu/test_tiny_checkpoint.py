@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from lvllm.tiny_checkpoint import (ARCHS, decode_mxfp4, decode_nvfp4, make_checkpoint, quantize_mxfp4,
+from lvllm.testing.tiny_checkpoint import (ARCHS, decode_mxfp4, decode_nvfp4, make_checkpoint, quantize_mxfp4,
                                    quantize_nvfp4_tensor)
 
 from .conftest import vllm_dequantize_nvfp4
@@ -98,7 +98,7 @@ def test_w8a8_channel_encoder_round_trip(quant):
     """Codes and bf16 per-row scales decode to the weights within one rounding of the code: int8 half a
     step (scale / 2); e4m3 (3 mantissa bits) 2^-4 relative, 2^-10 of the scale at the subnormals. The
     decoder agrees exactly with compressed-tensors' own dequantize for the scheme the config declares."""
-    from lvllm.tiny_checkpoint import _w8a8_channel_config, decode_w8a8_channel, quantize_w8a8_channel_tensor
+    from lvllm.testing.tiny_checkpoint import _w8a8_channel_config, decode_w8a8_channel, quantize_w8a8_channel_tensor
     w = torch.randn(16, 256) * torch.logspace(-3, 1, 16)[:, None]  # rows of very different ranges
     q, scale = quantize_w8a8_channel_tensor(w, quant)
     want_dtype = torch.float8_e4m3fn if quant == "fp8_channel" else torch.int8
@@ -160,7 +160,7 @@ def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
     import torch
     from safetensors.torch import load_file
 
-    from lvllm.tiny_checkpoint import decode_projection, make_checkpoint, write_dequantized_twin
+    from lvllm.testing.tiny_checkpoint import decode_projection, make_checkpoint, write_dequantized_twin
     src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant=quant, experts_only=True)
     twin = write_dequantized_twin(src, str(tmp_path / "twin"))
     q, t = load_file(f"{src}/model.safetensors"), load_file(f"{twin}/model.safetensors")
@@ -175,7 +175,7 @@ def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
 
 
 def test_twin_refuses_quantized_non_expert_projections(tmp_path):
-    from lvllm.tiny_checkpoint import make_checkpoint, write_dequantized_twin
+    from lvllm.testing.tiny_checkpoint import make_checkpoint, write_dequantized_twin
     src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant="fp8")  # attention FP8 too
     with pytest.raises(ValueError, match="outside the routed experts"):
         write_dequantized_twin(src, str(tmp_path / "twin"))

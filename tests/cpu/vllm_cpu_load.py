@@ -40,7 +40,7 @@ from vllm.model_executor.model_loader import get_model  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
-from lvllm.tiny_checkpoint import decode_mxfp4, decode_projection  # noqa: E402
+from lvllm.testing.tiny_checkpoint import decode_mxfp4, decode_projection  # noqa: E402
 
 
 def expert_weight(t, base, quant):

@@ -99,7 +99,7 @@ def _gpu_env(arch):
 def _checkpoint(workdir, arch, quant="bf16"):
     """quant: bf16, a format (routed experts quantized, the rest bf16), or "<format>-twin": the
     bf16 twin of that checkpoint (its experts decoded), the reference for the format."""
-    from lvllm.tiny_checkpoint import make_checkpoint, write_dequantized_twin
+    from lvllm.testing.tiny_checkpoint import make_checkpoint, write_dequantized_twin
     path = str(workdir / (arch if quant == "bf16" else f"{arch}-{quant}"))
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         if quant.endswith("-twin"):
