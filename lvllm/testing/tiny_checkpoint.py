@@ -25,6 +25,9 @@ from typing import Dict
 
 import torch
 
+from .checkpoint_quant import QUANTS, quantize_checkpoint
+from .quantizers import quantize_mxfp4
+
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -105,34 +108,6 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                                          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                                                     "model.embed_tokens", "lm_head"]})
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
-
-
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def quantize_mxfp4(w: torch.Tensor):
-    """fp32 [..., N, K] -> (blocks uint8 [..., N, K/32, 16], scales uint8 [..., N, K/32]): per 32 inputs
-    an e8m0 scale 2^(s-127) and e2m1 codes (sign bit 3, magnitude index bits 0-2), two per byte,
-    element 2i in the low nibble (the OCP MX layout of gpt-oss checkpoints)."""
-    *lead, N, K = w.shape
-    g = w.reshape(*lead, N, K // 32, 32)
-    amax = g.abs().amax(dim=-1).clamp(min=2.0 ** -100)
-    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
-    x = g / torch.exp2(e)[..., None]
-    idx = (x.abs()[..., None] - _E2M1).abs().argmin(dim=-1)
-    codes = (idx | ((x < 0) & (idx > 0)).to(torch.int64) << 3).to(torch.uint8)
-    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return packed.contiguous(), (e + 127).to(torch.uint8).contiguous()
-
-
-def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The inverse of quantize_mxfp4: blocks [..., N, K/32, 16] + scales [..., N, K/32] -> fp32
-    [..., N, K] (exact). Written from the same convention; the tests check it against
-    transformers' own MXFP4 dequantization."""
-    codes = torch.stack([blocks & 15, blocks >> 4], dim=-1).long()
-    mags = _E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
-    vals = mags.reshape(*blocks.shape[:-1], 32) * torch.exp2(scales.float() - 127)[..., None]
-    return vals.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32)
 
 
 def _gpt_oss_weights(s: dict, vocab: int, w) -> None:
@@ -253,290 +228,6 @@ def write_tokenizer(out: str, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
-QUANTS = ("bf16", "fp8", "w4a16", "nvfp4", "fp8_channel", "int8_channel")
-
-
-def _is_router(name: str) -> bool:
-    return name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight"))
-
-
-def _quantized_projection(name: str, w: torch.Tensor, experts_only: bool) -> bool:
-    """Whether a quantized checkpoint holds this tensor quantized: projection weights, never the
-    router, embeddings or lm_head (and with experts_only the routed experts alone)."""
-    if not name.endswith(".weight") or w.dim() != 2 or _is_router(name) or name.startswith(("lm_head", "model.embed")):
-        return False
-    return not experts_only or ".experts." in name
-
-
-def quantize_fp8_block(tensors: Dict[str, torch.Tensor], block: int = 128,
-                       experts_only: bool = False) -> Dict[str, torch.Tensor]:
-    """The layout of DeepSeek-V3 / Qwen3-FP8 checkpoints: every projection weight as float8_e4m3fn
-    with `weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)] (dequantized = code * scale); router,
-    embeddings, norms, biases and lm_head stay as they are."""
-    out = {}
-    for name, w in tensors.items():
-        if not _quantized_projection(name, w, experts_only):
-            out[name] = w
-            continue
-        N, K = w.shape
-        nb, kb = -(-N // block), -(-K // block)
-        padded = torch.zeros(nb * block, kb * block)
-        padded[:N, :K] = w.float()
-        tiles = padded.reshape(nb, block, kb, block)
-        scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-        q = (tiles / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-        out[name] = q.reshape(nb * block, kb * block)[:N, :K].contiguous()
-        out[name[:-len("weight")] + "weight_scale_inv"] = scale.float().contiguous()
-    return out
-
-
-def _fp8_config(tensors: Dict[str, torch.Tensor]) -> dict:
-    # Everything left in bf16 (router, lm_head, and with experts_only every other projection).
-    keep = sorted(n[:-len(".weight")] for n, t in tensors.items()
-                  if n.endswith(".weight") and t.dim() == 2 and t.dtype != torch.float8_e4m3fn
-                  and not n.startswith("model.embed"))
-    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128], "modules_to_not_convert": keep}
-
-
-def _pack_int4_along_k(u: torch.Tensor) -> torch.Tensor:
-    """Unsigned 4-bit codes [N, K] -> int32 [N, K/8]: input 8w+i in bits 4i..4i+3 of word w
-    (compressed-tensors pack-quantized)."""
-    u = u.to(torch.int64)
-    words = torch.zeros(u.shape[0], u.shape[1] // 8, dtype=torch.int64)
-    for i in range(8):
-        words |= u[:, i::8] << (4 * i)
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
-
-
-def quantize_w4a16(tensors: Dict[str, torch.Tensor], group: int = 32) -> Dict[str, torch.Tensor]:
-    """Routed experts as compressed-tensors W4A16 (Kimi-K2-Thinking's layout): per expert projection
-    `weight_packed` int32 [N, K/8] (codes q+8), `weight_scale` bf16 [N, K/group], `weight_shape`
-    [2]; symmetric, dequantized = q * scale. Everything else stays bf16."""
-    out = {}
-    for name, w in tensors.items():
-        if ".experts." not in name or not name.endswith(".weight") or w.dim() != 2:
-            out[name] = w
-            continue
-        N, K = w.shape
-        g = w.float().reshape(N, K // group, group)
-        scale = (g.abs().amax(dim=2) / 7.0).clamp(min=1e-8).to(torch.bfloat16)
-        q = torch.round(g / scale.float()[..., None]).clamp(-8, 7).reshape(N, K)
-        base = name[:-len("weight")]
-        out[base + "weight_packed"] = _pack_int4_along_k((q + 8).to(torch.int64))
-        out[base + "weight_scale"] = scale.contiguous()
-        out[base + "weight_shape"] = torch.tensor([N, K], dtype=torch.int64)
-    return out
-
-
-def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
-    # Every Linear but the routed experts stays bf16: list those modules by name.
-    ignore = sorted({n[:-len(".weight")] for n, t in tensors.items()
-                     if n.endswith(".weight") and t.dim() == 2 and ".experts." not in n
-                     and not n.startswith("model.embed")})
-    scheme = {"targets": ["Linear"], "input_activations": None, "output_activations": None,
-              "format": "pack-quantized",
-              "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                          "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"}}
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-            "config_groups": {"group_0": scheme}, "ignore": ignore, "kv_cache_scheme": None}
-
-
-# ModelOpt NVFP4 (what `modelopt.torch.export` writes, e.g. nvidia/Qwen3-30B-A3B-FP4), per quantized
-# Linear `name`: name.weight uint8 [N, K/2] (two e2m1 codes per byte, element 2i in the low nibble),
-# name.weight_scale float8_e4m3fn [N, K/16] (per 16 inputs), name.weight_scale_2 fp32 scalar (the
-# per-tensor global scale amax / (6 * 448), not its reciprocal), name.input_scale fp32 scalar (the
-# activation scale W4A4 kernels use). weight = e2m1(code) * weight_scale * weight_scale_2. vLLM 0.33
-# reads them under these names (ModelOptNvFp4LinearMethod / ModelOptNvFp4FusedMoE, modelopt.py).
-NVFP4_GROUP = 16
-_E2M1_MAX, _E4M3_MAX = 6.0, 448.0
-
-
-def quantize_nvfp4_tensor(w: torch.Tensor):
-    """fp32 [N, K] -> (uint8 codes [N, K/2], float8_e4m3fn block scales [N, K/16], fp32 global scale []),
-    ModelOpt's recipe: global = amax / (6 * 448), block scale = fp8(block amax / 6 / global), code =
-    nearest e2m1 of w / (block scale * global)."""
-    N, K = w.shape
-    w = w.float()
-    gs = (w.abs().amax() / (_E2M1_MAX * _E4M3_MAX)).clamp(min=2.0 ** -100)
-    g = w.reshape(N, K // NVFP4_GROUP, NVFP4_GROUP)
-    sf = (g.abs().amax(dim=-1) / _E2M1_MAX / gs).clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn)
-    denom = (sf.float() * gs).clamp(min=2.0 ** -126)[..., None]
-    x = g / denom
-    idx = (x.abs()[..., None] - _E2M1).abs().argmin(dim=-1)
-    codes = (idx | ((x < 0) & (idx > 0)).to(torch.int64) << 3).to(torch.uint8).reshape(N, K)
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), sf.contiguous(), gs.reshape(()).float()
-
-
-def decode_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2) -> torch.Tensor:
-    """The checkpoint's tensors of one Linear -> fp32 [N, K]: the exact product code * block scale *
-    global scale rounded to fp32 once (written from the convention above, independently of lk_moe)."""
-    codes = torch.stack([weight & 15, weight >> 4], dim=-1).long().reshape(weight.shape[0], -1)
-    mags = _E2M1.double()[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double()
-    s = weight_scale.double().repeat_interleave(NVFP4_GROUP, dim=1)
-    return (mags * s * torch.as_tensor(weight_scale_2).double()).float()
-
-
-def quantize_nvfp4(tensors: Dict[str, torch.Tensor], experts_only: bool = False,
-                   seed: int = 0) -> Dict[str, torch.Tensor]:
-    """Every projection (experts_only: routed experts only) as ModelOpt NVFP4; router, embeddings,
-    norms, biases and lm_head stay as they are (ModelOpt excludes them)."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, w in tensors.items():
-        if not _quantized_projection(name, w, experts_only):
-            out[name] = w
-            continue
-        base = name[:-len("weight")]
-        q, sf, gs = quantize_nvfp4_tensor(w)
-        out[name] = q
-        out[base + "weight_scale"] = sf
-        out[base + "weight_scale_2"] = gs
-        out[base + "input_scale"] = (torch.rand((), generator=g) * 2e-3 + 1e-3).float()  # ~amax(x) / 2688
-    return out
-
-
-def _nvfp4_config(tensors: Dict[str, torch.Tensor]) -> dict:
-    # config.json's quantization_config as ModelOpt exports it (vLLM reads quant_algo, group_size, ignore).
-    ignore = sorted(n[:-len(".weight")] for n, t in tensors.items()
-                    if n.endswith(".weight") and t.dim() == 2 and t.dtype != torch.uint8 and not n.startswith("model.embed"))
-    group = {"num_bits": 4, "type": "float", "group_size": NVFP4_GROUP, "dynamic": False}
-    return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": NVFP4_GROUP, "kv_cache_scheme": None,
-            "ignore": ignore, "producer": {"name": "modelopt", "version": "0.37.0"},
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(group),
-                                          "input_activations": dict(group)}}}
-
-
-def _nvfp4_hf_quant_config(qc: dict) -> dict:
-    # The older file ModelOpt writes next to it (hf_quant_config.json), the same facts.
-    return {"producer": qc["producer"], "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
-                                                         "group_size": qc["group_size"], "exclude_modules": qc["ignore"]}}
-
-
-# compressed-tensors W8A8 per channel (what llm-compressor's FP8_DYNAMIC and INT8 W8A8 presets write,
-# e.g. RedHatAI/Qwen3-30B-A3B-FP8-dynamic, *-quantized.w8a8), per quantized Linear `name`: name.weight
-# float8_e4m3fn or int8 [N, K], name.weight_scale [N, 1] in the model's dtype (compressed-tensors gives a
-# scale the dtype of the weight it observed: bf16 here); symmetric, no zero point, weight = code *
-# scale. Activations are quantized per token at run time: no input scales in the file. vLLM 0.33 reads
-# them as CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod for the experts.
-W8A8_CHANNEL = {  # quant -> (code dtype, largest code, compressed-tensors type and format)
-    "fp8_channel": (torch.float8_e4m3fn, 448.0, "float", "float-quantized"),
-    "int8_channel": (torch.int8, 127.0, "int", "int-quantized"),
-}
-
-
-def quantize_w8a8_channel_tensor(w: torch.Tensor, quant: str):
-    """fp32 [N, K] -> (codes [N, K], bf16 scales [N, 1]): scale = row amax / largest code (rounded to
-    bf16 first, so the codes are computed against the scale the file holds); fp8 codes are the nearest
-    e4m3 value, int8 codes round half to even."""
-    dtype, qmax, _, _ = W8A8_CHANNEL[quant]
-    w = w.float()
-    scale = (w.abs().amax(dim=1, keepdim=True) / qmax).clamp(min=1e-12).to(torch.bfloat16)
-    x = (w / scale.float()).clamp(-qmax, qmax)
-    codes = x.to(dtype) if dtype.is_floating_point else torch.round(x).to(dtype)
-    return codes.contiguous(), scale.contiguous()
-
-
-def quantize_w8a8_channel(tensors: Dict[str, torch.Tensor], quant: str,
-                          experts_only: bool = False) -> Dict[str, torch.Tensor]:
-    """Every projection (experts_only: the routed experts only) as compressed-tensors W8A8 per channel
-    (quant "fp8_channel" or "int8_channel"); router, embeddings, norms, biases and lm_head stay as they are."""
-    out = {}
-    for name, w in tensors.items():
-        if not _quantized_projection(name, w, experts_only):
-            out[name] = w
-            continue
-        out[name], out[name[:-len("weight")] + "weight_scale"] = quantize_w8a8_channel_tensor(w, quant)
-    return out
-
-
-def _w8a8_channel_config(tensors: Dict[str, torch.Tensor], quant: str) -> dict:
-    # As llm-compressor serializes the preset: every Linear targeted, the ones left bf16 (router,
-    # lm_head, with experts_only all but the routed experts) listed in "ignore".
-    dtype, _, typ, fmt = W8A8_CHANNEL[quant]
-    ignore = sorted(n[:-len(".weight")] for n, t in tensors.items()
-                    if n.endswith(".weight") and t.dim() == 2 and t.dtype != dtype and not n.startswith("model.embed"))
-
-    def args(strategy: str, dynamic: bool, observer) -> dict:
-        return {"num_bits": 8, "type": typ, "symmetric": True, "group_size": None, "strategy": strategy,
-                "block_structure": None, "dynamic": dynamic, "actorder": None, "observer": observer,
-                "observer_kwargs": {}}
-
-    scheme = {"targets": ["Linear"], "weights": args("channel", False, "minmax"),
-              "input_activations": args("token", True, None), "output_activations": None, "format": fmt}
-    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "config_groups": {"group_0": scheme}, "ignore": ignore, "kv_cache_scheme": None}
-
-
-def decode_w8a8_channel(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn or int8 [N, K] and scales [N, 1] -> fp32 [N, K] = code * scale (exact: a code
-    has at most 7 significant bits, a bf16 scale 8, fp32 holds 24)."""
-    return weight.float() * weight_scale.float().reshape(weight.shape[0], 1)
-
-
-def decode_fp8_block(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
-    """float8_e4m3fn [N, K] and fp32 [ceil(N/b), ceil(K/b)] -> fp32 [N, K] = code * block scale."""
-    N, K = weight.shape
-    s = scale_inv.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :K]
-    return weight.float() * s
-
-
-def decode_w4a16(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """compressed-tensors pack-quantized int32 [N, K/8] (codes q+8, input 8w+i in bits 4i..4i+3)
-    and scales [N, K/group] -> fp32 [N, K] = q * scale."""
-    p = packed.to(torch.int64) & 0xFFFFFFFF
-    codes = torch.stack([(p >> (4 * i)) & 15 for i in range(8)], dim=-1).reshape(p.shape[0], -1)
-    return (codes - 8).float() * scale.float().repeat_interleave(codes.shape[1] // scale.shape[1], dim=1)
-
-
-def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
-    """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
-    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel), read from the file's
-    own tensors."""
-    if base + "weight_packed" in tensors:
-        return decode_w4a16(tensors[base + "weight_packed"], tensors[base + "weight_scale"])
-    w = tensors[base + "weight"]
-    if base + "weight_scale_inv" in tensors:
-        return decode_fp8_block(w, tensors[base + "weight_scale_inv"])
-    if w.dtype == torch.uint8 and base + "weight_scale_2" in tensors:
-        return decode_nvfp4(w, tensors[base + "weight_scale"], tensors[base + "weight_scale_2"])
-    if w.dtype in (torch.float8_e4m3fn, torch.int8) and base + "weight_scale" in tensors:
-        return decode_w8a8_channel(w, tensors[base + "weight_scale"])
-    return w.float()
-
-
-_QUANT_SUFFIXES = ("weight_scale_inv", "weight_packed", "weight_scale", "weight_shape", "weight_scale_2",
-                   "input_scale")
-
-
-def write_dequantized_twin(src: str, out: str) -> str:
-    """The bf16 twin of a tiny checkpoint whose routed experts are quantized (the others bf16):
-    the same model with each expert weight replaced by its dequantized value (rounded to bf16),
-    no quantization_config. Stock vLLM on the twin computes the math the engine does on the
-    quantized file (bf16 activations), independently of vLLM's quantized kernels (FP8 block
-    MoE, for one, also quantizes the activations to FP8)."""
-    from safetensors.torch import load_file, save_file
-    tensors = load_file(os.path.join(src, "model.safetensors"))
-    bases = {n[:n.rindex(".") + 1] for n in tensors if ".experts." in n}
-    if any(n.endswith(_QUANT_SUFFIXES) and ".experts." not in n for n in tensors):
-        raise ValueError(f"{src}: projections outside the routed experts are quantized; the twin needs them in bf16")
-    twin = {n: t for n, t in tensors.items() if ".experts." not in n}
-    for base in bases:
-        twin[base + "weight"] = decode_projection(tensors, base).to(torch.bfloat16)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(src, "config.json")) as f:
-        config = json.load(f)
-    config.pop("quantization_config", None)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        if os.path.exists(os.path.join(src, name)):
-            with open(os.path.join(src, name)) as f_in, open(os.path.join(out, name), "w") as f_out:
-                f_out.write(f_in.read())
-    save_file(twin, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    return out
-
-
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
                     quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
@@ -566,20 +257,13 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
     experts_only = experts_only or fp8_experts_only
-    if quant == "fp8":
-        tensors = quantize_fp8_block(tensors, experts_only=experts_only)
-        config["quantization_config"] = _fp8_config(tensors)
-    elif quant == "nvfp4":
-        tensors = quantize_nvfp4(tensors, experts_only=experts_only)
-        config["quantization_config"] = _nvfp4_config(tensors)
-        with open(os.path.join(out, "hf_quant_config.json"), "w") as f:
-            json.dump(_nvfp4_hf_quant_config(config["quantization_config"]), f, indent=1)
-    elif quant == "w4a16":
-        config["quantization_config"] = _w4a16_config(tensors)
-        tensors = quantize_w4a16(tensors)
-    elif quant in W8A8_CHANNEL:
-        tensors = quantize_w8a8_channel(tensors, quant, experts_only=experts_only)
-        config["quantization_config"] = _w8a8_channel_config(tensors, quant)
+    if tensors is not None:
+        tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
+        if qc is not None:
+            config["quantization_config"] = qc
+        for name, content in extra.items():
+            with open(os.path.join(out, name), "w") as f:
+                json.dump(content, f, indent=1)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
     with open(os.path.join(out, "config.json"), "w") as f:

@@ -5,21 +5,16 @@ import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import random_routing
+from lk_moe.reference import dequantize_per_channel, random_routing
+from lvllm.testing.quantizers import quantize_w8a8_channel
 
 from .conftest import assert_matches_reference
 
 
 def quantize_rows(w: torch.Tensor, fmt: str):
-    """[E, R, C] float -> (codes, scale [E, R, 1], dequantized fp32)."""
-    amax = w.abs().amax(dim=2, keepdim=True).clamp_min(1e-12)
-    if fmt == "int8_channel":
-        scale = amax / 127.0
-        q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
-    else:
-        scale = amax / 448.0
-        q = (w / scale).to(torch.float8_e4m3fn)
-    return q.contiguous(), scale.float().contiguous(), q.float() * scale
+    """[E, R, C] float -> (codes, fp32 scale [E, R, 1], dequantized fp32)."""
+    q, scale = quantize_w8a8_channel(w, fmt, scale_dtype=torch.float32)
+    return q, scale, dequantize_per_channel(q, scale)
 
 
 def make_channel_experts(fmt, E, H, I, seed=0):

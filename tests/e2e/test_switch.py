@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_have_gpu_and_vllm()), re
 # First MoE layer of each tiny checkpoint (DeepSeek/GLM start with one dense layer).
 ARCHS = {"qwen3_moe": 0, "deepseek_v3": 1, "glm4_moe": 1, "mixtral": 0}
 # Quantized checkpoints (expert formats of the formats issue; the experts quantized, the rest bf16),
-# CPU prefill. Each also gets its bf16 twin (tiny_checkpoint.write_dequantized_twin). fp8_channel /
+# CPU prefill. Each also gets its bf16 twin (checkpoint_quant.write_dequantized_twin). fp8_channel /
 # int8_channel: compressed-tensors W8A8 per channel (vLLM's CompressedTensorsW8A8Fp8MoEMethod /
 # CompressedTensorsW8A8Int8MoEMethod); GLM-4.5 for int8 adds shared experts and a dense layer.
 QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4"),
@@ -99,7 +99,8 @@ def _gpu_env(arch):
 def _checkpoint(workdir, arch, quant="bf16"):
     """quant: bf16, a format (routed experts quantized, the rest bf16), or "<format>-twin": the
     bf16 twin of that checkpoint (its experts decoded), the reference for the format."""
-    from lvllm.testing.tiny_checkpoint import make_checkpoint, write_dequantized_twin
+    from lvllm.testing.checkpoint_quant import write_dequantized_twin
+    from lvllm.testing.tiny_checkpoint import make_checkpoint
     path = str(workdir / (arch if quant == "bf16" else f"{arch}-{quant}"))
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         if quant.endswith("-twin"):
