@@ -77,7 +77,7 @@ CPU = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "0"}
 
 def fallback_text(fmt: str) -> str:
     """What the plugin's startup summary says of a format whose fallback was forced (lvllm/runtime.py:
-    "GPU path of " + gpu_path's reason); tests/cpu/test_e2e_compare.py checks it against the real text."""
+    "GPU path of " + gpu_path's reason); tests/e2e_harness/test_compare.py checks it against the real text."""
     return f"GPU path of {fmt}: LK_FORCE_GPU_FALLBACK=1"
 
 
@@ -276,7 +276,7 @@ def test_kv_cache_gets_the_experts_memory(tmp_path):
 
 
 def test_switch_off_is_stock_vllm(runs):
-    """Switch off, the plugin returns before importing anything (tests/cpu/test_lvllm_plugin.py);
+    """Switch off, the plugin returns before importing anything (tests/plugin/test_lvllm_plugin.py);
     here: no trace of it in the run, and the outputs differ from stock vLLM (plugin not even
     loaded) only as much as two stock runs do. That difference is the noise floor the switch-on
     comparisons are held to."""

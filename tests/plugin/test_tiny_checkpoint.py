@@ -11,7 +11,7 @@ from lvllm.testing.checkpoint_quant import _w8a8_channel_config, decode_mxfp4, d
 from lvllm.testing.quantizers import quantize_mxfp4, quantize_nvfp4, quantize_w8a8_channel
 from lvllm.testing.tiny_checkpoint import ARCHS, make_checkpoint
 
-from .conftest import vllm_dequantize_nvfp4
+from ..engine.conftest import vllm_dequantize_nvfp4
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -127,7 +127,7 @@ def test_w8a8_channel_checkpoint_as_vllm_reads_it(tmp_path, quant, moe_scheme):
     weight_scale [N, 1] bf16, no input scales: dynamic per token); vLLM 0.33's compressed-tensors config
     parses the quantization_config, ignores the bf16 Linears, and finds the experts' scheme to be the one
     its MoE dispatcher turns into CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod
-    (tests/cpu/test_plugin_loads_checkpoints.py builds the methods through vLLM's loader)."""
+    (tests/plugin/test_plugin_loads_checkpoints.py builds the methods through vLLM's loader)."""
     from safetensors.torch import load_file
     path = make_checkpoint("qwen3_moe", str(tmp_path / "c"), quant=quant, experts_only=True)
     t = load_file(f"{path}/model.safetensors")
