@@ -18,7 +18,7 @@ ARGS=(
   --max-num-seqs 4
   --gpu-memory-utilization 0.92
 )
-if [ "${LVLLM_DRY_RUN:-0}" = "1" ]; then  # print the command instead (tests/cpu/test_commands.py)
+if [ "${LVLLM_DRY_RUN:-0}" = "1" ]; then  # print the command instead (tests/plugin/test_commands.py)
   env | grep -E '^(LVLLM|LK)_' | sort
   printf 'vllm serve %s' "$MODEL"; printf ' %q' "${ARGS[@]}" "$@"; echo
   exit 0
