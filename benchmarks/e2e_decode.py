@@ -128,7 +128,7 @@ def main() -> int:
         _worker(a)
         return 0
     if not a.model:
-        from lvllm.tiny_checkpoint import make_checkpoint
+        from lvllm.testing.tiny_checkpoint import make_checkpoint
         a.model = make_checkpoint("qwen3_moe", os.path.join(tempfile.gettempdir(), f"lvllm-qwen3-30b-a3b-L{a.layers or 48}"),
                                   "big", layers=a.layers)
     with open(os.path.join(a.model, "config.json")) as f:

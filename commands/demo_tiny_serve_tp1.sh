@@ -17,8 +17,8 @@ py="${PYTHON:-python3}"
 if site=$(cd / && "$py" -c "import os, lk_moe._C, lvllm; print(os.path.dirname(os.path.dirname(lvllm.__file__)))" 2>/dev/null) \
     && [ "$site" != "$root" ]; then
   cd /
-  exec "$py" -m lvllm.demo_serve "$@"
+  exec "$py" -m lvllm.cli.demo_serve "$@"
 fi
 source "$root/tools/setup_env.sh"
 cd "$root"
-exec "$LVLLM_PYTHON" -m lvllm.demo_serve "$@"
+exec "$LVLLM_PYTHON" -m lvllm.cli.demo_serve "$@"

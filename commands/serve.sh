@@ -14,7 +14,7 @@
 #   --resident-default LAYERS       LVLLM_GPU_RESIDENT_MOE_LAYERS=LAYERS unless the environment sets it
 # After `--`: the checkpoint path, then extra vllm serve arguments (appended last).
 # LVLLM_DRY_RUN=1 prints the LVLLM_/LK_ environment and the command instead of running it
-# (tests/cpu/test_commands.py reads that).
+# (tests/plugin/test_commands.py reads that).
 
 lvllm_serve() {
   local tp=1 name="" seqs="" gpu_mem="" max_len=32768 flags=()

@@ -8,7 +8,7 @@
 #   bash dev/device_acceptance.sh formats   # tests/gpu, per-format decode, TP=2 + KV-cache e2e | quantized e2e
 #   bash dev/device_acceptance.sh rest      # TP=2 and KV-cache e2e, CPU-path signals, per-format decode, demo, doctor
 #   bash dev/device_acceptance.sh e2e2      # bf16 e2e suite + serve | quantized e2e suite (every e2e test but TP=2)
-#   bash dev/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | tests/cpu as final1
+#   bash dev/device_acceptance.sh final     # TP=2 e2e (both GPUs), then clean exits of vLLM runs | the CPU tests as final1
 #   (setup, e2e2, final: the whole e2e suite on one code state in ~22 minutes of device time)
 # On the single-H200 machine (16 cores, one GPU: no TP=2), the same suites one after another:
 #   bash dev/device_acceptance.sh setup     # (with the last payload part) install vLLM, build + install the wheel
@@ -16,8 +16,8 @@
 #                                             # units/guided A/B), serve, doctor, demo
 #   bash dev/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash dev/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
-#   bash dev/device_acceptance.sh final1    # tests/cpu but the checkpoint-loading file (AMX tier, GPU visible)
-#   bash dev/device_acceptance.sh final1b   # tests/cpu's checkpoint-loading file, its two halves at once (~9 min alone)
+#   bash dev/device_acceptance.sh final1    # the CPU tests ($cpu_dirs) but the checkpoint-loading file (AMX tier, GPU visible)
+#   bash dev/device_acceptance.sh final1b   # the CPU tests' checkpoint-loading file, its two halves at once (~9 min alone)
 #   bash dev/device_acceptance.sh decode1   # fp4 CPU tests, then per-format M=1 decode (all cores and serve's
 #                                             # threads; fp4: q15 / bf16 activations A/B)
 #   bash dev/device_acceptance.sh probe1    # where 4-bit M=1 decode time goes: hot weights (8 experts, one
@@ -35,7 +35,7 @@
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
-#   (tests/cpu as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
+#   (the CPU tests as one run did not fit 10 minutes there: ~560 of ~735 tests on 2026-12-01; final1 took 212 s
 #   and the loading file alone 630 s on 2026-12-01, ninth session)
 # Runs through dev/device_session.sh from the wheel (LVLLM_DEVICE_WHEEL=1); results land in $OUT.
 # Carry the previous part's $OUT/bench.json as benchmarks/results-carry.json (untracked) to get the
@@ -48,10 +48,12 @@ half0="taskset -c 0-15" half1="taskset -c 16-31"
 left='$((LVLLM_DEVICE_DEADLINE - $(date +%s) - 15))'  # seconds to the part's deadline, less copy-back time
 e2e="python3 -m pytest -q -s -p no:cacheprovider"
 e2e_lines="grep -h '^[.sFE]*\[e2e\]\|passed\|FAILED'"  # an e2e log's verdict lines (behind any progress marks)
-loads=tests/cpu/test_plugin_loads_checkpoints.py  # half of tests/cpu's time: final1b runs it alone
+# the tests that need no GPU (tests/gpu and tests/e2e are the GPU machine's own parts)
+cpu_dirs="tests/engine tests/gpu_layout tests/plugin tests/e2e_harness"
+loads=tests/plugin/test_plugin_loads_checkpoints.py  # half of the CPU tests' time: final1b runs it alone
 # SIGINT at the part's deadline: pytest stops and still prints its failures and slowest tests
 cpu_tests='timeout -s INT -k 10 $((LVLLM_DEVICE_DEADLINE - $(date +%s) - 30)) python3 -m pytest -q -rfE --tb=short --durations=15 -p no:cacheprovider'
-# a tests/cpu log's verdict: failures, the summary line, the slowest tests
+# a CPU test log's verdict: failures, the summary line, the slowest tests
 verdict="verdict() { grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \"\$1\" | tail -8; \
 grep -q ' passed\| failed\| error' \"\$1\" || tail -5 \"\$1\"; grep -A16 'slowest 15' \"\$1\"; }"
 case "$part" in
@@ -108,11 +110,11 @@ wait; $e2e_lines \$OUT/e2e_bf16.log \$OUT/e2e_serve.log \$OUT/e2e_quant.log" ;;
     body="$verdict; timeout 330 $e2e --basetemp=/root/e2e-tmp/tp2 tests/e2e -k tensor_parallel > \$OUT/e2e_tp2.log 2>&1
 $e2e_lines \$OUT/e2e_tp2.log
 (CUDA_VISIBLE_DEVICES=0 $half0 timeout 200 bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1) &
-$half1 $cpu_tests tests/cpu --ignore=$loads \
+$half1 $cpu_tests $cpu_dirs --ignore=$loads \
 > \$OUT/cpu_amx.log 2>&1
 wait; grep -h 'exit-check\]' \$OUT/exit_check.log; verdict \$OUT/cpu_amx.log" ;;
   final1)
-    body="$verdict; $cpu_tests tests/cpu --ignore=$loads > \$OUT/cpu_amx.log 2>&1
+    body="$verdict; $cpu_tests $cpu_dirs --ignore=$loads > \$OUT/cpu_amx.log 2>&1
 verdict \$OUT/cpu_amx.log" ;;
   final1b)  # its two test functions side by side (each case is a vLLM process of 1-2 engine threads)
     body="$verdict; ($cpu_tests $loads -k loaded_experts > \$OUT/cpu_loads_a.log 2>&1) &
@@ -149,8 +151,8 @@ $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   decode1)  # per-format M=1 decode (every core and serve's thread count; fp4: q15 / bf16 activations A/B),
             # after the fp4 CPU tests on the AMX tier
     export LVLLM_DEVICE_NO_VLLM=1
-    body="timeout 150 python3 -m pytest -q -p no:cacheprovider tests/cpu/test_fp4_q15.py tests/cpu/test_mxfp4.py \
-tests/cpu/test_nvfp4.py > \$OUT/fp4_tests.log 2>&1; tail -3 \$OUT/fp4_tests.log
+    body="timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_fp4_q15.py tests/engine/test_mxfp4.py \
+tests/engine/test_nvfp4.py > \$OUT/fp4_tests.log 2>&1; tail -3 \$OUT/fp4_tests.log
 timeout $left bash -c 'for r in 1 2; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel int8_channel bf16; do \
 a=; case \$f in *fp4) a=\"--fp4-acts q15,bf16\";; esac; python3 benchmarks/moe_layer.py --format \$f \
 --shapes qwen3-30b-a3b --tokens 1 --threads all,serve --reps 15 --rounds 6 \$a; done; done' > \$OUT/moe_layer.log 2>&1
@@ -158,10 +160,10 @@ grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
   harden1)  # the engine-hardening tests and every format's tests on every tier of the AMX host, then CPU
              # prefill of every format against bf16 (benchmarks/prefill_formats.py) on its two fastest tiers
     export LVLLM_DEVICE_NO_VLLM=1
-    body="$verdict; $cpu_tests tests/cpu/test_nan_activations.py tests/cpu/test_submit_lifetime.py \
-tests/cpu/test_validation.py tests/cpu/test_chunk_splits.py tests/cpu/test_fp8_block.py tests/cpu/test_channel_formats.py \
-tests/cpu/test_wna16.py tests/cpu/test_mxfp4.py tests/cpu/test_nvfp4.py tests/cpu/test_fp4_q15.py \
-tests/cpu/test_moe_layer.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log
+    body="$verdict; $cpu_tests tests/engine/test_nan_activations.py tests/engine/test_submit_lifetime.py \
+tests/engine/test_validation.py tests/engine/test_chunk_splits.py tests/engine/test_fp8_block.py tests/engine/test_channel_formats.py \
+tests/engine/test_wna16.py tests/engine/test_mxfp4.py tests/engine/test_nvfp4.py tests/engine/test_fp4_q15.py \
+tests/engine/test_moe_layer.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log
 timeout $left python3 benchmarks/prefill_formats.py --tokens 64,256,1024 --isa avx512_bf16,amx --rounds 3 \
 > \$OUT/prefill.log 2>&1; cat \$OUT/prefill.log" ;;
   prefill1)  # CPU prefill of every format against bf16 on the DeepSeek-V3 shape (16 experts), two fastest tiers
@@ -185,9 +187,9 @@ timeout $left bash -c 'for r in 1 2; do for f in mxfp4 wna16_int4; do python3 be
 --rotate-bytes 0; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h '^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
   amx1)  # every format's engine tests on every tier of the AMX host, from the wheel (after pin1)
-    body="$verdict; $cpu_tests tests/cpu/test_fp8_block.py tests/cpu/test_channel_formats.py tests/cpu/test_wna16.py \
-tests/cpu/test_mxfp4.py tests/cpu/test_nvfp4.py tests/cpu/test_fp4_q15.py tests/cpu/test_moe_layer.py \
-tests/cpu/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log" ;;
+    body="$verdict; $cpu_tests tests/engine/test_fp8_block.py tests/engine/test_channel_formats.py tests/engine/test_wna16.py \
+tests/engine/test_mxfp4.py tests/engine/test_nvfp4.py tests/engine/test_fp4_q15.py tests/engine/test_moe_layer.py \
+tests/engine/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

@@ -24,7 +24,7 @@ def gpu_status() -> str:
 
 
 def main(argv=None, why_not_serving: str = "") -> int:
-    """why_not_serving: the reason the serving demo did not run (lvllm.demo_serve), if it was asked."""
+    """why_not_serving: the reason the serving demo did not run (lvllm.cli.demo_serve), if it was asked."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experts", type=int, default=128, help="experts in the layer (Qwen3-30B-A3B: 128)")
     p.add_argument("--threads", type=int, default=0, help="engine threads (default: LK_THREADS or all cores)")

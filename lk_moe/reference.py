@@ -106,10 +106,12 @@ def random_routing(M: int, E: int, K: int, generator=None):
     return ids.to(torch.int32).contiguous(), w.float().contiguous()
 
 
-def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """[E, R, C] float8_e4m3fn and [E, ceil(R/bn), ceil(C/bk)] fp32 scales -> fp32 [E, R, C]."""
+def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor, block=None) -> torch.Tensor:
+    """[E, R, C] float8_e4m3fn and [E, ceil(R/bn), ceil(C/bk)] fp32 scales -> fp32 [E, R, C]. block:
+    (bn, bk); by default the smallest blocks that the scales' shape allows (not 128 where R or C is
+    not a multiple of it: 576 rows in 5 blocks would read as blocks of 116)."""
     E, R, C = q.shape
-    bn, bk = -(-R // scale_inv.shape[1]), -(-C // scale_inv.shape[2])
+    bn, bk = block or (-(-R // scale_inv.shape[1]), -(-C // scale_inv.shape[2]))
     s = scale_inv.repeat_interleave(bn, dim=1)[:, :R].repeat_interleave(bk, dim=2)[:, :, :C]
     return q.float() * s
 

@@ -74,7 +74,7 @@ def main() -> int:
                     help="fixed KV-cache bytes (skips vLLM's memory sizing: for runs that share the GPU)")
     ap.add_argument("--implicit-exit", action="store_true",
                     help="leave the engine to vLLM's exit-time finalizers, as a plain LLM() script does "
-                         "(tools/exit_check.sh measures that path)")
+                         "(dev/exit_check.sh measures that path)")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from lvllm.demo_serve import chat, chat_stream, free_port, start_server, wait_healthy
-from lvllm.tiny_checkpoint import make_checkpoint
+from lvllm.cli.demo_serve import chat, chat_stream, free_port, start_server, wait_healthy
+from lvllm.testing.tiny_checkpoint import make_checkpoint
 
 from .test_switch import pytestmark  # noqa: F401  (same skip conditions: GPU + vLLM)
 

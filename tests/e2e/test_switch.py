@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_have_gpu_and_vllm()), re
 # First MoE layer of each tiny checkpoint (DeepSeek/GLM start with one dense layer).
 ARCHS = {"qwen3_moe": 0, "deepseek_v3": 1, "glm4_moe": 1, "mixtral": 0}
 # Quantized checkpoints (expert formats of the formats issue; the experts quantized, the rest bf16),
-# CPU prefill. Each also gets its bf16 twin (tiny_checkpoint.write_dequantized_twin). fp8_channel /
+# CPU prefill. Each also gets its bf16 twin (checkpoint_quant.write_dequantized_twin). fp8_channel /
 # int8_channel: compressed-tensors W8A8 per channel (vLLM's CompressedTensorsW8A8Fp8MoEMethod /
 # CompressedTensorsW8A8Int8MoEMethod); GLM-4.5 for int8 adds shared experts and a dense layer.
 QUANTIZED = [("qwen3_moe", "fp8"), ("deepseek_v3", "fp8"), ("deepseek_v3", "w4a16"), ("qwen3_moe", "nvfp4"),
@@ -77,7 +77,7 @@ CPU = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "0"}
 
 def fallback_text(fmt: str) -> str:
     """What the plugin's startup summary says of a format whose fallback was forced (lvllm/runtime.py:
-    "GPU path of " + gpu_path's reason); tests/cpu/test_e2e_compare.py checks it against the real text."""
+    "GPU path of " + gpu_path's reason); tests/e2e_harness/test_compare.py checks it against the real text."""
     return f"GPU path of {fmt}: LK_FORCE_GPU_FALLBACK=1"
 
 
@@ -99,7 +99,8 @@ def _gpu_env(arch):
 def _checkpoint(workdir, arch, quant="bf16"):
     """quant: bf16, a format (routed experts quantized, the rest bf16), or "<format>-twin": the
     bf16 twin of that checkpoint (its experts decoded), the reference for the format."""
-    from lvllm.tiny_checkpoint import make_checkpoint, write_dequantized_twin
+    from lvllm.testing.checkpoint_quant import write_dequantized_twin
+    from lvllm.testing.tiny_checkpoint import make_checkpoint
     path = str(workdir / (arch if quant == "bf16" else f"{arch}-{quant}"))
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         if quant.endswith("-twin"):
@@ -275,7 +276,7 @@ def test_kv_cache_gets_the_experts_memory(tmp_path):
 
 
 def test_switch_off_is_stock_vllm(runs):
-    """Switch off, the plugin returns before importing anything (tests/cpu/test_lvllm_plugin.py);
+    """Switch off, the plugin returns before importing anything (tests/plugin/test_lvllm_plugin.py);
     here: no trace of it in the run, and the outputs differ from stock vLLM (plugin not even
     loaded) only as much as two stock runs do. That difference is the noise floor the switch-on
     comparisons are held to."""

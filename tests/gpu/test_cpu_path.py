@@ -9,7 +9,7 @@ import lk_moe
 from lk_moe.cpu_path import CpuExpertPath, PinnedIO
 from lk_moe.reference import random_routing
 
-from ..cpu.conftest import assert_matches_reference, make_experts
+from ..engine.conftest import assert_matches_reference, make_experts
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ import lk_moe
 from lk_moe.hybrid import ExpertStreamer, HybridMoE
 from lk_moe.reference import random_routing
 
-from ..cpu.conftest import assert_matches_reference, make_experts
+from ..engine.conftest import assert_matches_reference, make_experts
 
 pytestmark = pytest.mark.gpu
 
@@ -113,10 +113,9 @@ def test_two_layers_on_two_streams(experts):
 from lk_moe import gpu_dequant  # noqa: E402
 from lk_moe.hybrid import GpuCopyLayout, streamed_expert_bytes  # noqa: E402
 
-from ..cpu.test_gpu_4bit_layout import make_4bit_layer  # noqa: E402
-from ..cpu.test_gpu_quant_layout import assert_close_to_dequantized_checkpoint  # noqa: E402
-from ..cpu.test_gpu_quant_layout import make_layer as make_byte_layer  # noqa: E402
-from ..cpu.test_mxfp4 import assert_matches_reference_act  # noqa: E402
+from ..gpu_layout.test_gpu_4bit_layout import make_4bit_layer  # noqa: E402
+from ..gpu_layout.test_gpu_quant_layout import assert_close_to_dequantized_checkpoint  # noqa: E402
+from ..gpu_layout.test_gpu_quant_layout import make_layer as make_byte_layer  # noqa: E402
 
 BYTE_QFORMATS = ["fp8_block", "fp8_channel", "int8_channel"]
 FOUR_BIT = ["wna16_int4", "mxfp4", "nvfp4"]
@@ -151,15 +150,15 @@ def _check_quant(out, x, d13, d2, ids, w, act=None):
     exactly a bf16 layer's roundings (fp32 GEMM sums, bf16 activation output, bf16 result):
     (a) against the fp32 reference on those bf16 weights: the bf16-layer bound of
         assert_matches_reference (|err| <= 1.01 u (mag + |ref|) + 1e-5 mag, u = 2^-8, rel RMS <= 2^-8;
-        with mxfp4's biases and swigluoai as tests/cpu/test_mxfp4 states it);
+        with mxfp4's biases and swigluoai as tests/engine/test_mxfp4 states it);
     (b) against the fp32 reference on the fp32 dequantized checkpoint weights: twice that bound and
         rel RMS <= 2 * 2^-8 (the weight rounding adds a term of the same size; measured on the CPU:
-        rel RMS 0.0037), see tests/cpu/test_gpu_quant_layout.assert_close_to_dequantized_checkpoint."""
+        rel RMS 0.0037), see tests/gpu_layout/test_gpu_quant_layout.assert_close_to_dequantized_checkpoint."""
     act = act or {}
     assert out.is_cuda and out.dtype == torch.bfloat16 and out.shape == x.shape
     xc, ic, wc = x.cuda(), ids.cuda(), w.cuda()
     act = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in act.items()}
-    assert_matches_reference_act(out, xc, d13.bfloat16().cuda(), d2.bfloat16().cuda(), ic, wc, **act)
+    assert_matches_reference(out, xc, d13.bfloat16().cuda(), d2.bfloat16().cuda(), ic, wc, **act)
     assert_close_to_dequantized_checkpoint(out, xc, d13.cuda(), d2.cuda(), ic, wc, **act)
 
 
@@ -260,7 +259,7 @@ def test_quant_linked_stack_mixed_formats(quant_layers, experts, forced_fallback
 
 @pytest.mark.parametrize("fmt", QFORMATS)
 def test_quant_three_numa_slices(tmp_path, forced_fallback, fmt):
-    from ..cpu.fake_sysfs import make_sysfs
+    from ..engine.fake_sysfs import make_sysfs
     root = make_sysfs(tmp_path, {0: [0, 1], 1: [2, 3], 2: [4, 5]})
     pool = lk_moe.make_pool(threads=3, binding="NONE", sysfs_root=root, allowed=list(range(6)))
     layer, d13, d2, act = make_quant_layer(fmt, 8, 512, 384, pool=pool, seed=3)

@@ -112,7 +112,7 @@ def check_native(out, x, d13, d2, ids, w, fmt):
 
 
 def _fallback_bound(x, d13, d2, ids, w):
-    """The fallback's budget against the same reference (tests/cpu/test_gpu_quant_layout
+    """The fallback's budget against the same reference (tests/gpu_layout/test_gpu_quant_layout
     .assert_close_to_dequantized_checkpoint): twice the bf16-layer bound."""
     ref, mag = moe_reference(x, d13, d2, ids, w, return_magnitude=True)
     return 2 * (1.01 * U * (mag + ref.abs()) + 1e-5 * mag)
@@ -121,8 +121,8 @@ def _fallback_bound(x, d13, d2, ids, w):
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request):
     """(case name, format, layer, fp32 dequantized w13 and w2 on the GPU): one E=128 layer at a time."""
-    from ..cpu.test_gpu_4bit_layout import make_4bit_layer
-    from ..cpu.test_gpu_quant_layout import make_layer
+    from ..gpu_layout.test_gpu_4bit_layout import make_4bit_layer
+    from ..gpu_layout.test_gpu_quant_layout import make_layer
     fmt, opt = CASES[request.param]
     path, why = gpu_dequant.gpu_path(fmt, force_fallback=False)
     if path != "native":
@@ -220,7 +220,7 @@ def test_native_start_up_check_runs_the_kernel(monkeypatch):
 def test_native_failure_at_start_up_is_clear(monkeypatch, unforced):
     """vLLM's kernel unavailable on a GPU that should run it: HybridMoE raises naming
     LK_FORCE_GPU_FALLBACK=1, and forcing the fallback works."""
-    from ..cpu.test_gpu_quant_layout import make_layer
+    from ..gpu_layout.test_gpu_quant_layout import make_layer
     if gpu_dequant.gpu_path("fp8_channel", force_fallback=False)[0] != "native":
         pytest.skip("fp8_channel is not native on this GPU")
 

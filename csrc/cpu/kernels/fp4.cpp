@@ -18,7 +18,7 @@ namespace {
 // conversion and one fmadd with scale x d. Error: only the inputs below 2^-6 of their group's max
 // move, by at most 2^-14 of it (the rest is exact; int8 activations: up to 2^-8 of it); the layer
 // output's relative RMS error against the fp32 reference is the bf16 tile's (gpt-oss shape, M = 1-16,
-// Zen4: 0.0023-0.0024 both), and tests/cpu/test_fp4_q15.py checks it against a reference that emulates
+// Zen4: 0.0023-0.0024 both), and tests/engine/test_fp4_q15.py checks it against a reference that emulates
 // the rounding, within the output's own bf16 rounding. Why: on the 16-core AMX host (Xeon, 2026-12-01, eleventh session,
 // dev/decode_ops_micro.cpp on L1-resident codes, three runs) the vdpbf16ps tile below takes
 // ~11 GB/s of codes per core, its vpermw conversion (~23 GB/s alone) and vdpbf16ps (~20 GB/s alone)
@@ -44,7 +44,7 @@ namespace {
 // is converted once and multiplied by scale x d in fp32; the 1/2 and the nvfp4 global scales are
 // applied to the totals. About 4 vector ops per 64 weights and row against ~9 for the bf16 widening
 // below. Error: only the activations' int8 rounding (rel RMS of the layer output ~0.011-0.012
-// against the fp32 reference, exact path ~0.0023; budget in tests/cpu/conftest.py).
+// against the fp32 reference, exact path ~0.0023; budget in tests/engine/conftest.py).
 // Measured on the 2-core Zen4 dev VM (avx512_bf16 with VNNI, benchmarks/moe_layer.py --shapes
 // qwen3-30b-a3b, LK_INT8_ACT=0 -> 1, medians of 3 runs; docs/results/2026-12-01_epyc2c_fp4_int8act_moe_layer.log,
 // taken while other jobs loaded the VM, so M=4 with 2 threads swung 2-23 ms and is not quoted):

@@ -20,7 +20,7 @@ namespace {
 // fp32, and per weight group subtracts z * sum(d * sum q) and applies the 16 row scales. About 5
 // vector ops per 128 weights and row (against ~16 for the bf16 widening below); up to 4 rows share
 // each weight load. Error: rel RMS of the layer output ~0.012 against the fp32 reference on the
-// dequantized weights (exact path ~0.0035); budget and reasoning in tests/cpu/conftest.py.
+// dequantized weights (exact path ~0.0035); budget and reasoning in tests/engine/conftest.py.
 // Decode, exact (LK_INT8_ACT=0, m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
 // pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR 0x4300 = bf16(128 +
 // u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)

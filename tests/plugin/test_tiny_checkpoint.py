@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
-from lvllm.tiny_checkpoint import (ARCHS, decode_mxfp4, decode_nvfp4, make_checkpoint, quantize_mxfp4,
-                                   quantize_nvfp4_tensor)
+from lk_moe.reference import dequantize_nvfp4, dequantize_per_channel
+from lvllm.testing.checkpoint_quant import _w8a8_channel_config, decode_mxfp4, decode_projection, write_dequantized_twin
+from lvllm.testing.quantizers import quantize_mxfp4, quantize_nvfp4, quantize_w8a8_channel
+from lvllm.testing.tiny_checkpoint import ARCHS, make_checkpoint
 
-from .conftest import vllm_dequantize_nvfp4
+from ..engine.conftest import vllm_dequantize_nvfp4
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -63,11 +65,11 @@ def test_quantized_variants_declare_their_format(tmp_path):
 
 def test_nvfp4_encoder_round_trip():
     w = torch.randn(8, 64) * 3
-    q, sf, gs = quantize_nvfp4_tensor(w)
+    q, sf, gs = quantize_nvfp4(w)
     assert (q.dtype, sf.dtype, gs.dtype, tuple(q.shape), tuple(sf.shape), gs.dim()) == \
         (torch.uint8, torch.float8_e4m3fn, torch.float32, (8, 32), (8, 4), 0)
     assert torch.isclose(gs, w.abs().max() / (6 * 448))  # ModelOpt: amax / (6 * 448), not the reciprocal
-    deq = decode_nvfp4(q, sf, gs)
+    deq = dequantize_nvfp4(q, sf, gs)
     # e2m1 spacing near a group's largest value is 1/6 of it (4 -> 6), the fp8 scale adds 2^-4: within 1/4
     assert ((deq - w).abs() <= w.abs().reshape(8, 4, 16).amax(-1).repeat_interleave(16, 1) / 4 + 1e-6).all()
 
@@ -75,7 +77,7 @@ def test_nvfp4_encoder_round_trip():
 def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
     """ModelOpt names and dtypes per expert projection; vLLM 0.33's ModelOpt config parses the
     quantization_config (NVFP4, group 16, the bf16 modules excluded) and its own NVFP4 decoder agrees
-    with decode_nvfp4."""
+    with dequantize_nvfp4."""
     from safetensors.torch import load_file
     path = make_checkpoint("qwen3_moe", str(tmp_path / "n"), quant="nvfp4", experts_only=True)
     t = load_file(f"{path}/model.safetensors")
@@ -88,7 +90,7 @@ def test_nvfp4_checkpoint_as_vllm_reads_it(tmp_path):
     assert cfg.quant_method == "NVFP4" and cfg.group_size == 16 and cfg.is_checkpoint_nvfp4_serialized
     assert cfg.is_layer_excluded("model.layers.1.self_attn.q_proj") and not cfg.is_layer_excluded("model.layers.1.mlp.experts")
     theirs = vllm_dequantize_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
-    ours = decode_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
+    ours = dequantize_nvfp4(t[p + "weight"], t[p + "weight_scale"], t[p + "weight_scale_2"])
     # vLLM multiplies code * (scale * global): the same value up to the order of two fp32 roundings
     torch.testing.assert_close(theirs, ours, rtol=2.5e-7, atol=0)
 
@@ -98,12 +100,11 @@ def test_w8a8_channel_encoder_round_trip(quant):
     """Codes and bf16 per-row scales decode to the weights within one rounding of the code: int8 half a
     step (scale / 2); e4m3 (3 mantissa bits) 2^-4 relative, 2^-10 of the scale at the subnormals. The
     decoder agrees exactly with compressed-tensors' own dequantize for the scheme the config declares."""
-    from lvllm.tiny_checkpoint import _w8a8_channel_config, decode_w8a8_channel, quantize_w8a8_channel_tensor
     w = torch.randn(16, 256) * torch.logspace(-3, 1, 16)[:, None]  # rows of very different ranges
-    q, scale = quantize_w8a8_channel_tensor(w, quant)
+    q, scale = quantize_w8a8_channel(w, quant)
     want_dtype = torch.float8_e4m3fn if quant == "fp8_channel" else torch.int8
     assert (q.dtype, scale.dtype, tuple(q.shape), tuple(scale.shape)) == (want_dtype, torch.bfloat16, (16, 256), (16, 1))
-    deq = decode_w8a8_channel(q, scale)
+    deq = dequantize_per_channel(q[None], scale[None])[0]
     s = scale.float()
     if quant == "int8_channel":
         bound = s / 2 + 1e-7 * w.abs()
@@ -126,7 +127,7 @@ def test_w8a8_channel_checkpoint_as_vllm_reads_it(tmp_path, quant, moe_scheme):
     weight_scale [N, 1] bf16, no input scales: dynamic per token); vLLM 0.33's compressed-tensors config
     parses the quantization_config, ignores the bf16 Linears, and finds the experts' scheme to be the one
     its MoE dispatcher turns into CompressedTensorsW8A8Fp8MoEMethod / CompressedTensorsW8A8Int8MoEMethod
-    (tests/cpu/test_plugin_loads_checkpoints.py builds the methods through vLLM's loader)."""
+    (tests/plugin/test_plugin_loads_checkpoints.py builds the methods through vLLM's loader)."""
     from safetensors.torch import load_file
     path = make_checkpoint("qwen3_moe", str(tmp_path / "c"), quant=quant, experts_only=True)
     t = load_file(f"{path}/model.safetensors")
@@ -160,7 +161,6 @@ def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
     import torch
     from safetensors.torch import load_file
 
-    from lvllm.tiny_checkpoint import decode_projection, make_checkpoint, write_dequantized_twin
     src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant=quant, experts_only=True)
     twin = write_dequantized_twin(src, str(tmp_path / "twin"))
     q, t = load_file(f"{src}/model.safetensors"), load_file(f"{twin}/model.safetensors")
@@ -175,7 +175,6 @@ def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
 
 
 def test_twin_refuses_quantized_non_expert_projections(tmp_path):
-    from lvllm.tiny_checkpoint import make_checkpoint, write_dequantized_twin
     src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant="fp8")  # attention FP8 too
     with pytest.raises(ValueError, match="outside the routed experts"):
         write_dequantized_twin(src, str(tmp_path / "twin"))

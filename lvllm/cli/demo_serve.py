@@ -16,7 +16,7 @@ import time
 import urllib.request
 from typing import Iterator, Optional
 
-from . import pins
+from .. import pins
 
 
 def free_port() -> int:
@@ -92,7 +92,7 @@ def main() -> int:
     if why:
         from lk_moe import demo
         return demo.main([], why_not_serving=why)
-    from .tiny_checkpoint import make_checkpoint
+    from ..testing.tiny_checkpoint import make_checkpoint
     cache = os.path.join(os.path.expanduser("~"), ".cache", "lvllm", "demo-qwen3-moe")
     model = make_checkpoint("qwen3_moe", cache)
     port = free_port()

@@ -6,27 +6,15 @@ import torch
 
 import lk_moe
 from lk_moe.reference import random_routing
+from lvllm.testing.experts import quantize_experts
 
 from .conftest import assert_matches_reference
 
 
-def quantize_rows(w: torch.Tensor, fmt: str):
-    """[E, R, C] float -> (codes, scale [E, R, 1], dequantized fp32)."""
-    amax = w.abs().amax(dim=2, keepdim=True).clamp_min(1e-12)
-    if fmt == "int8_channel":
-        scale = amax / 127.0
-        q = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
-    else:
-        scale = amax / 448.0
-        q = (w / scale).to(torch.float8_e4m3fn)
-    return q.contiguous(), scale.float().contiguous(), q.float() * scale
-
-
 def make_channel_experts(fmt, E, H, I, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q13, s13, d13 = quantize_rows(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5, fmt)
-    q2, s2, d2 = quantize_rows(torch.randn(E, H, I, generator=g) / I ** 0.5, fmt)
-    return dict(w13_weight=q13, w2_weight=q2, w13_weight_scale=s13, w2_weight_scale=s2), d13, d2
+    w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
+    return quantize_experts(fmt, w13, torch.randn(E, H, I, generator=g) / I ** 0.5)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_channel", "int8_channel"])

@@ -40,12 +40,12 @@ from vllm.model_executor.model_loader import get_model  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
-from lvllm.tiny_checkpoint import decode_mxfp4, decode_projection  # noqa: E402
+from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
 
 
 def expert_weight(t, base, quant):
-    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors (the writer's
-    decoders: file layouts, independent of lk_moe)."""
+    """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors (file layouts; the
+    dequantizers are lk_moe.reference's, checked against vLLM's and transformers' own)."""
     return decode_projection(t, base)
 
 

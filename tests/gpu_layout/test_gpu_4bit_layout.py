@@ -19,10 +19,11 @@ from lk_moe.hybrid import GpuCopyLayout, gpu_sources, quant4_parts, streamed_exp
 from lk_moe.reference import (dequantize_mxfp4, dequantize_nvfp4_experts, dequantize_wna16_int4,
                               random_routing)
 
+from ..engine.conftest import assert_matches_reference
+from ..engine.test_mxfp4 import make_mxfp4
+from ..engine.test_nvfp4 import make_nvfp4
+from ..engine.test_wna16 import make_int4_experts
 from .test_gpu_quant_layout import _pools, assert_close_to_dequantized_checkpoint, assert_unpacked_equal_bf16
-from .test_mxfp4 import assert_matches_reference_act, make_mxfp4
-from .test_nvfp4 import make_nvfp4
-from .test_wna16 import make_int4_experts
 
 FOUR_BIT = ("wna16_int4", "mxfp4", "nvfp4")
 
@@ -233,7 +234,7 @@ def test_fallback_math_on_the_cpu(tmp_path, fmt, H, I, opt, M):
         ids, w = random_routing(M, E, K)
         ids[3, 1] = -1
         out = _streamed_on_cpu(layer, x, ids, w, ([0, 1, 2], [3, 5], [4, 6, 7]))
-        assert_matches_reference_act(out, x, d13.bfloat16(), d2.bfloat16(), ids, w, **act)
+        assert_matches_reference(out, x, d13.bfloat16(), d2.bfloat16(), ids, w, **act)
         assert_close_to_dequantized_checkpoint(out, x, d13, d2, ids, w, **act)
 
 
@@ -302,7 +303,7 @@ def test_4bit_layers_refuse_the_other_views_and_the_kernel():
     with pytest.raises(ValueError, match="dequant must be one of"):
         GpuCopyLayout(layer, "fast")
     assert GpuCopyLayout(layer, "auto").dequant_impl == "torch"
-    from .conftest import make_experts
+    from ..engine.conftest import make_experts
     from .test_gpu_quant_layout import make_layer as make_byte_layer
     bf16 = lk_moe.MoELayer(*make_experts(2, 256, 128))
     with pytest.raises(ValueError, match="quant4_slices\\(\\) is for 4-bit layers.*this layer is bf16"):

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
-from . import pins
-from .threads import physical_cores, reserved_cores
+from .. import pins
+from ..threads import physical_cores, reserved_cores
 
 PINS = {"vllm": pins.VLLM, "torch": pins.TORCH}
 GiB = 1 << 30
@@ -149,11 +149,11 @@ def plugin_check() -> Line:
     if allowed is not None and eps[0].name not in [p.strip() for p in allowed.split(",")]:
         return Line("FAIL", "plugin", f"VLLM_PLUGINS={allowed!r} does not list {eps[0].name!r}: vLLM will not load lvllm")
     try:
-        from .config import from_env
+        from ..config import from_env
         cfg = from_env()
     except ValueError as e:
         return Line("FAIL", "plugin", str(e))
-    from .plugin import PluginError, check_hook_targets
+    from ..plugin import PluginError, check_hook_targets
     try:
         hooks = f"hooks fit {check_hook_targets()}"
     except PluginError as e:

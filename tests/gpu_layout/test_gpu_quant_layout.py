@@ -18,10 +18,10 @@ from lk_moe.gpu_layout import unpack_w13, unpack_w2
 from lk_moe.hybrid import GpuCopyLayout, streamed_expert_bytes
 from lk_moe.reference import random_routing
 
-from .conftest import assert_matches_reference, make_experts
-from .fake_sysfs import make_sysfs
-from .test_channel_formats import make_channel_experts
-from .test_fp8_block import make_fp8_experts
+from ..engine.conftest import assert_matches_reference, make_experts
+from ..engine.fake_sysfs import make_sysfs
+from ..engine.test_channel_formats import make_channel_experts
+from ..engine.test_fp8_block import make_fp8_experts
 
 BYTE_FORMATS = ("fp8_block", "fp8_channel", "int8_channel")
 
@@ -197,7 +197,7 @@ def test_expert_bytes(fmt):
 def test_views_of_other_formats_are_refused_clearly():
     """quant_slices() serves the byte formats only, and names the view the layer's format has (the 4-bit
     formats' own views are tested in test_gpu_4bit_layout)."""
-    from .test_wna16 import make_int4_experts
+    from ..engine.test_wna16 import make_int4_experts
     tensors = make_int4_experts(2, 256, 128, 32, False)[0]
     layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors)
     with pytest.raises(ValueError, match="quant_slices\\(\\) is for byte-weight layers.*wna16_int4"):
@@ -269,7 +269,7 @@ def test_arch_runs():
 
 def test_gpu_path_of_the_byte_formats(monkeypatch):
     """Native (vLLM's kernel) from the first capability it runs on, the fallback below it or when forced;
-    per-capability cases for every format: tests/cpu/test_gpu_native_layout.py."""
+    per-capability cases for every format: tests/gpu_layout/test_gpu_native_layout.py."""
     assert gpu_dequant.gpu_path("bf16")[0] == "bf16"
     for fmt in BYTE_FORMATS:
         need = (8, 0) if fmt == "int8_channel" else (8, 9)

@@ -250,7 +250,7 @@ def test_self_check_verdict_on_real_engine_outputs():
     from lk_moe.cpu_path import self_check_problem
     from lk_moe.reference import random_routing
 
-    from .conftest import make_experts
+    from ..engine.conftest import make_experts
 
     w13, w2 = make_experts(4, 64, 32)
     layer = lk_moe.MoELayer(w13, w2)

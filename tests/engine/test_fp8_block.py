@@ -4,32 +4,18 @@ import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import random_routing
+from lk_moe.reference import dequantize_fp8_block, random_routing
+from lvllm.testing.quantizers import quantize_fp8_block
 
 from .conftest import assert_matches_reference
-
-FP8_MAX = 448.0
-
-
-def quantize_block(w: torch.Tensor, bn=128, bk=128):
-    """[E, R, C] float -> (fp8 [E, R, C], scale_inv [E, ceil(R/bn), ceil(C/bk)], dequantized fp32)."""
-    E, R, C = w.shape
-    rb, cb = -(-R // bn), -(-C // bk)
-    pad = torch.zeros(E, rb * bn, cb * bk)
-    pad[:, :R, :C] = w
-    blocks = pad.view(E, rb, bn, cb, bk)
-    scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-12) / FP8_MAX
-    q = (blocks / scale[:, :, None, :, None]).to(torch.float8_e4m3fn)
-    deq = (q.float() * scale[:, :, None, :, None]).view(E, rb * bn, cb * bk)[:, :R, :C]
-    return q.view(E, rb * bn, cb * bk)[:, :R, :C].contiguous(), scale.float().contiguous(), deq.contiguous()
-
 
 def make_fp8_experts(E, H, I, seed=0, bn=128, bk=128):
     g = torch.Generator().manual_seed(seed)
     w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
     w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    q13, s13, d13 = quantize_block(w13, bn, bk)
-    q2, s2, d2 = quantize_block(w2, bn, bk)
+    q13, s13 = quantize_fp8_block(w13, bn, bk)
+    q2, s2 = quantize_fp8_block(w2, bn, bk)
+    d13, d2 = dequantize_fp8_block(q13, s13, (bn, bk)), dequantize_fp8_block(q2, s2, (bn, bk))
     tensors = dict(w13_weight=q13, w2_weight=q2, w13_weight_scale_inv=s13, w2_weight_scale_inv=s2)
     return tensors, d13, d2
 

@@ -20,7 +20,7 @@ import lk_moe
 from lk_moe.reference import moe_reference, random_routing
 
 from .conftest import assert_matches_reference, assert_nonfinite_input_propagates, int8_activations
-from .test_mxfp4 import assert_matches_reference_act, make_mxfp4
+from .test_mxfp4 import make_mxfp4
 from .test_nvfp4 import make_nvfp4
 
 U = 2.0 ** -8
@@ -87,7 +87,7 @@ def test_q15_decode_is_the_emulated_rounding_every_tier(tier, fmt, H, I, E, K, a
         ids, w = random_routing(M, E, K)
         lk_moe._C._set_fp4_decode_acts("q15")
         out = layer.forward(x, ids, w)
-        assert_matches_reference_act(out, x, d13, d2, ids, w, **act)  # the plain bound of every fp4 path
+        assert_matches_reference(out, x, d13, d2, ids, w, **act)  # the plain bound of every fp4 path
         if tier in ("generic", "avx2"):  # no q15 rows there: the bf16 tiles, bit for bit either setting
             lk_moe._C._set_fp4_decode_acts("bf16")
             assert torch.equal(layer.forward(x, ids, w), out)
@@ -104,7 +104,7 @@ def test_bf16_tile_does_not_meet_the_q15_bound(acts_setting):
     ids, w = random_routing(4, 3, 2)
     lk_moe._C._set_fp4_decode_acts("bf16")
     out = layer.forward(x, ids, w)
-    assert_matches_reference_act(out, x, d13, d2, ids, w, **act)
+    assert_matches_reference(out, x, d13, d2, ids, w, **act)
     with pytest.raises(AssertionError, match="q15 bound"):
         assert_q15_exact(out, x, d13, d2, ids, w, **act)
 

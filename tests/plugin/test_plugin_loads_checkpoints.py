@@ -26,7 +26,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
-from lvllm.tiny_checkpoint import make_checkpoint  # noqa: E402
+from lvllm.testing.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_load.py")
 # FP8 / NVFP4 / W8A8 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).

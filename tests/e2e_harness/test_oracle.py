@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from lvllm.tiny_checkpoint import make_checkpoint
+from lvllm.testing.tiny_checkpoint import make_checkpoint
 from tests.e2e.oracle import explain_flip, router_gaps, swapped_margin
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")

@@ -4,8 +4,8 @@ import struct
 
 import pytest
 
-from lvllm.checkpoint_info import CheckpointError, read_checkpoint
-from lvllm.doctor import main as doctor
+from lvllm.cli.checkpoint_info import CheckpointError, read_checkpoint
+from lvllm.cli.doctor import main as doctor
 
 
 def write_safetensors(path, tensors):
@@ -97,7 +97,7 @@ def test_doctor_bad_arguments():
 def test_plugin_line_checks_the_hooks_against_this_vllm(monkeypatch):
     """The plugin line runs what a switch-on startup checks: with vLLM 0.33.0 the hooks fit; a vLLM
     whose hooked function changed is a FAIL naming it."""
-    from lvllm import doctor as doctor_mod
+    from lvllm.cli import doctor as doctor_mod
     from lvllm import plugin
     entry = type("EP", (), {"name": "lvllm", "value": "lvllm.plugin:register"})()
     monkeypatch.setattr(doctor_mod.md, "entry_points", lambda group: [entry])

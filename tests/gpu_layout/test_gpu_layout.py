@@ -9,8 +9,8 @@ from lk_moe.gpu_experts import RoutedBatch, experts_forward
 from lk_moe.gpu_layout import unpack_w13, unpack_w2
 from lk_moe.reference import random_routing
 
-from .conftest import assert_matches_reference, make_experts
-from .fake_sysfs import make_sysfs
+from ..engine.conftest import assert_matches_reference, make_experts
+from ..engine.fake_sysfs import make_sysfs
 
 
 def _pools(tmp_path):

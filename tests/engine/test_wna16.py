@@ -8,42 +8,23 @@ import torch
 
 import lk_moe
 from lk_moe.reference import dequantize_wna16_int4, random_routing, unpack_int4
+from lvllm.testing.quantizers import pack_int4, quantize_int4 as quantize_int4_codes
 
 from .conftest import (assert_int8_budget as int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
                        check_int8_decode, int8_activations)
 
 
-# ------------------------------------------------------------------ an independent packer
-def pack_codes(u: torch.Tensor) -> torch.Tensor:
-    """Unsigned 4-bit codes [..., L] (L a multiple of 8) -> int32 [..., L/8], written straight from
-    the compressed-tensors convention: element 8w + i goes to bits 4i..4i+3 of word w."""
-    u = u.to(torch.int64)
-    words = torch.zeros(*u.shape[:-1], u.shape[-1] // 8, dtype=torch.int64)
-    for i in range(8):
-        words += u[..., i::8] * (16 ** i)
-    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # two's complement
-
-
+# ------------------------------------------------------------------ vLLM's tensors
 def quantize_int4(w: torch.Tensor, gs: int, asym: bool, scale_dtype=torch.bfloat16):
     """fp32 [E, N, K] -> vLLM's K-first tensors (packed [E, K/8, N], scale [E, K/gs, N], zero point
-    [E, K/gs, N/8] or None) and the exact dequantized fp32 [E, N, K]. Signed codes q in [-8, 7] and
-    zero points zp as compressed-tensors makes them; stored as q + 8 and zp + 8."""
+    [E, K/gs, N/8] or None) and the exact dequantized fp32 [E, N, K] ((q - zp) * scale in fp32)."""
     E, N, K = w.shape
-    g = w.view(E, N, K // gs, gs)
-    if asym:
-        lo, hi = g.amin(dim=3).clamp(max=0), g.amax(dim=3).clamp(min=0)
-        scale = ((hi - lo) / 15).clamp_min(1e-8).to(scale_dtype)
-        zp = (torch.round(-lo / scale.float()) - 8).clamp(-8, 7)
-    else:
-        scale = (g.abs().amax(dim=3) / 7.5).clamp_min(1e-8).to(scale_dtype)
-        zp = torch.zeros(E, N, K // gs)
-    s = scale.float()
-    q = (torch.round(g / s[..., None]) + zp[..., None]).clamp(-8, 7)
-    deq = ((q - zp[..., None]) * s[..., None]).view(E, N, K)
+    q, scale, zp = quantize_int4_codes(w, gs, asym, scale_dtype)
+    deq = ((q.view(E, N, K // gs, gs) - zp[..., None]) * scale.float()[..., None]).view(E, N, K)
     # Checkpoint orientation: weight_packed [N, K/8] (along K), weight_zero_point [N/8, K/gs] (along N),
     # weight_scale [N, K/gs]; vLLM's loader transposes each to K-first.
-    packed = pack_codes((q + 8).view(E, N, K)).transpose(1, 2).contiguous()
-    zero = pack_codes((zp + 8).transpose(1, 2)).contiguous() if asym else None
+    packed = pack_int4(q + 8).transpose(1, 2).contiguous()
+    zero = pack_int4((zp + 8).transpose(1, 2)).contiguous() if asym else None
     return packed, scale.transpose(1, 2).contiguous(), zero, deq
 
 
@@ -73,7 +54,7 @@ def make_layer(E, H, I, gs, asym, scale_dtype=torch.bfloat16, int8_act=False):
 # ------------------------------------------------------------------ (a) the reference dequantization
 def test_pack_convention_by_hand():
     # codes 1..8 in element order -> nibbles 1..8 from the least significant one: 0x87654321
-    word = pack_codes(torch.arange(1, 9))
+    word = pack_int4(torch.arange(1, 9))
     assert word.item() == 0x87654321 - 2 ** 32
     assert unpack_int4(word.view(1), 0).tolist() == list(range(1, 9))
 

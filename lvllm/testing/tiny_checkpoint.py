@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Write a small checkpoint of a real MoE architecture: config.json that vLLM 0.33.0 loads as it
+is, safetensors with random weights under the names the Hub checkpoints of that family use, and
+a small byte-level BPE tokenizer with a chat template (so `vllm serve` works with text).
+
+    python tools/make_tiny_checkpoint.py --arch qwen3_moe --out /tmp/tiny-qwen3
+    python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
+        # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
+
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8, w4a16, nvfp4, fp8_channel
+or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
+layout was checked against transformers' own MXFP4 dequantization).
+
+Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
+experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Dict
+
+import torch
+
+from .checkpoint_quant import QUANTS, quantize_checkpoint
+from .quantizers import quantize_mxfp4
+
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# tiny: CI-fast; big: the real model's shape (config only, for --load-format dummy)
+SHAPES = {
+    "qwen3_moe": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048),
+        "big": dict(H=2048, L=48, nh=32, nkv=4, hd=128, E=128, K=8, I=768, dense_I=6144, V=151936, ctx=40960),
+    },
+    "deepseek_v3": {
+        "tiny": dict(H=512, L=4, nh=16, E=16, K=4, I=256, dense_I=1024, V=2048, q_lora=256, kv_lora=512,
+                     nope=128, rope=64, v=128, groups=4, topk_groups=2, shared=1, dense=1),
+        "big": dict(H=7168, L=61, nh=128, E=256, K=8, I=2048, dense_I=18432, V=129280, q_lora=1536,
+                    kv_lora=512, nope=128, rope=64, v=128, groups=8, topk_groups=4, shared=1, dense=3, ctx=163840),
+    },
+    "glm4_moe": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048, shared=1, dense=1),
+        "big": dict(H=5120, L=92, nh=96, nkv=8, hd=128, E=160, K=8, I=1536, dense_I=12288, V=151552,
+                    shared=1, dense=3, ctx=131072),
+    },
+    "gpt_oss": {  # MXFP4 experts always (its checkpoints ship them so)
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, V=2048),
+        "big": dict(H=2880, L=36, nh=64, nkv=8, hd=64, E=128, K=4, I=2880, V=201088, ctx=131072),
+    },
+    "mixtral": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
+        "big": dict(H=6144, L=56, nh=48, nkv=8, hd=128, E=8, K=2, I=16384, V=32768, ctx=65536),
+    },
+}
+
+
+def _config(arch: str, s: dict, vocab: int) -> dict:
+    common = dict(vocab_size=vocab, hidden_size=s["H"], num_hidden_layers=s["L"],
+                  num_attention_heads=s["nh"], hidden_act="silu", max_position_embeddings=s.get("ctx", 4096),
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16",
+                  bos_token_id=0, eos_token_id=0, initializer_range=0.02)
+    if arch == "qwen3_moe":
+        return dict(common, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["dense_I"],
+                    num_experts=s["E"], num_experts_per_tok=s["K"], moe_intermediate_size=s["I"],
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                    rope_theta=1000000.0, use_sliding_window=False)
+    if arch == "deepseek_v3":
+        return dict(common, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                    num_key_value_heads=s["nh"], intermediate_size=s["dense_I"], moe_intermediate_size=s["I"],
+                    n_routed_experts=s["E"], n_shared_experts=s["shared"], num_experts_per_tok=s["K"],
+                    routed_scaling_factor=2.5, n_group=s["groups"], topk_group=s["topk_groups"],
+                    topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, moe_layer_freq=1,
+                    first_k_dense_replace=s["dense"], q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"],
+                    qk_nope_head_dim=s["nope"], qk_rope_head_dim=s["rope"], v_head_dim=s["v"],
+                    rope_theta=10000.0, rope_scaling=None, attention_bias=False, num_nextn_predict_layers=0)
+    if arch == "glm4_moe":
+        return dict(common, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["dense_I"],
+                    moe_intermediate_size=s["I"], n_routed_experts=s["E"], n_shared_experts=s["shared"],
+                    num_experts_per_tok=s["K"], routed_scaling_factor=2.5, n_group=1, topk_group=1,
+                    first_k_dense_replace=s["dense"], norm_topk_prob=True, partial_rotary_factor=0.5,
+                    attention_bias=True, use_qk_norm=False, rope_theta=1000000.0, num_nextn_predict_layers=0)
+    if arch == "mixtral":
+        return dict(common, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
+                    num_local_experts=s["E"], num_experts_per_tok=s["K"], rope_theta=1000000.0,
+                    sliding_window=None, router_aux_loss_coef=0.02)
+    if arch == "gpt_oss":
+        return dict(common, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
+                    num_local_experts=s["E"], num_experts_per_tok=s["K"], experts_per_token=s["K"],
+                    sliding_window=128, layer_types=["sliding_attention", "full_attention"] * (s["L"] // 2),
+                    rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                       "beta_slow": 1.0, "truncate": False,
+                                                       "original_max_position_embeddings": 4096},
+                    swiglu_limit=7.0, attention_bias=True, rms_norm_eps=1e-5,
+                    quantization_config={"quant_method": "mxfp4",
+                                         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                    "model.embed_tokens", "lm_head"]})
+    raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+def _gpt_oss_weights(s: dict, vocab: int, w) -> None:
+    H, E, I = s["H"], s["E"], s["I"]
+    for i in range(s["L"]):
+        p = f"model.layers.{i}"
+        w.norm(f"{p}.input_layernorm", H)
+        w.norm(f"{p}.post_attention_layernorm", H)
+        a = f"{p}.self_attn"
+        w.linear(f"{a}.q_proj", s["nh"] * s["hd"], H, bias=True)
+        w.linear(f"{a}.k_proj", s["nkv"] * s["hd"], H, bias=True)
+        w.linear(f"{a}.v_proj", s["nkv"] * s["hd"], H, bias=True)
+        w.linear(f"{a}.o_proj", H, s["nh"] * s["hd"], bias=True)
+        w.t[f"{a}.sinks"] = torch.randn(s["nh"], generator=w.g).to(torch.bfloat16)
+        w.linear(f"{p}.mlp.router", E, H, bias=True)
+        m = f"{p}.mlp.experts"
+        gate_up = torch.randn(E, 2 * I, H, generator=w.g) / H ** 0.5  # rows interleaved: gate_j, up_j
+        down = torch.randn(E, H, I, generator=w.g) / I ** 0.5
+        for name, t in (("gate_up_proj", gate_up), ("down_proj", down)):
+            blocks, scales = quantize_mxfp4(t)
+            w.t[f"{m}.{name}_blocks"] = blocks
+            w.t[f"{m}.{name}_scales"] = scales
+            w.t[f"{m}.{name}_bias"] = (0.1 * torch.randn(E, t.shape[1], generator=w.g)).to(torch.bfloat16)
+
+
+class _Weights:
+    def __init__(self, seed: int):
+        self.g = torch.Generator().manual_seed(seed)
+        self.t: Dict[str, torch.Tensor] = {}
+
+    def linear(self, name: str, out_f: int, in_f: int, bias: bool = False, gain: float = 1.0) -> None:
+        w = torch.randn(out_f, in_f, generator=self.g) * (gain / math.sqrt(in_f))
+        self.t[f"{name}.weight"] = w.to(torch.bfloat16)
+        if bias:
+            self.t[f"{name}.bias"] = (0.1 * torch.randn(out_f, generator=self.g)).to(torch.bfloat16)
+
+    def norm(self, name: str, n: int) -> None:
+        self.t[f"{name}.weight"] = torch.ones(n, dtype=torch.bfloat16)
+
+    def mlp(self, prefix: str, H: int, I: int, names=("gate_proj", "up_proj", "down_proj")) -> None:
+        self.linear(f"{prefix}.{names[0]}", I, H)
+        self.linear(f"{prefix}.{names[1]}", I, H)
+        self.linear(f"{prefix}.{names[2]}", H, I)
+
+
+def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
+    w = _Weights(seed)
+    H = s["H"]
+    w.t["model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
+    # Logits of std ~3: fewer near-ties between the top tokens than unit-std logits would give.
+    w.linear("lm_head", vocab, H, gain=3.0)
+    w.norm("model.norm", H)
+    if arch == "gpt_oss":
+        _gpt_oss_weights(s, vocab, w)
+        return w.t
+    for i in range(s["L"]):
+        p = f"model.layers.{i}"
+        w.norm(f"{p}.input_layernorm", H)
+        w.norm(f"{p}.post_attention_layernorm", H)
+        a = f"{p}.self_attn"
+        if arch == "deepseek_v3":
+            w.linear(f"{a}.q_a_proj", s["q_lora"], H)
+            w.norm(f"{a}.q_a_layernorm", s["q_lora"])
+            w.linear(f"{a}.q_b_proj", s["nh"] * (s["nope"] + s["rope"]), s["q_lora"])
+            w.linear(f"{a}.kv_a_proj_with_mqa", s["kv_lora"] + s["rope"], H)
+            w.norm(f"{a}.kv_a_layernorm", s["kv_lora"])
+            w.linear(f"{a}.kv_b_proj", s["nh"] * (s["nope"] + s["v"]), s["kv_lora"])
+            w.linear(f"{a}.o_proj", H, s["nh"] * s["v"])
+        else:
+            bias = arch == "glm4_moe"
+            w.linear(f"{a}.q_proj", s["nh"] * s["hd"], H, bias)
+            w.linear(f"{a}.k_proj", s["nkv"] * s["hd"], H, bias)
+            w.linear(f"{a}.v_proj", s["nkv"] * s["hd"], H, bias)
+            w.linear(f"{a}.o_proj", H, s["nh"] * s["hd"])
+            if arch == "qwen3_moe":
+                w.norm(f"{a}.q_norm", s["hd"])
+                w.norm(f"{a}.k_norm", s["hd"])
+        if arch in ("deepseek_v3", "glm4_moe") and i < s["dense"]:
+            w.mlp(f"{p}.mlp", H, s["dense_I"])
+            continue
+        moe = f"{p}.block_sparse_moe" if arch == "mixtral" else f"{p}.mlp"
+        w.linear(f"{moe}.gate", s["E"], H)
+        if arch in ("deepseek_v3", "glm4_moe"):
+            # Real checkpoints store the selection bias in fp32.
+            w.t[f"{moe}.gate.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
+            w.mlp(f"{moe}.shared_experts", H, s["I"] * s["shared"])
+        names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        for e in range(s["E"]):
+            w.mlp(f"{moe}.experts.{e}", H, s["I"], names)
+    return w.t
+
+
+def _corpus():
+    words = ("the of and to in is was for on that with as by at from his her an were are which this be "
+             "mixture experts layer token model memory bandwidth host device prefill decode cache route "
+             "alpha beta gamma delta zero one two three four five six seven eight nine ten").split()
+    g = torch.Generator().manual_seed(7)
+    for _ in range(2000):
+        idx = torch.randint(len(words), (12,), generator=g).tolist()
+        yield " ".join(words[i] for i in idx) + ". 0123456789 ,;:!?"
+
+
+def write_tokenizer(out: str, vocab_size: int) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+           "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 4096,
+           "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return tok.get_vocab_size()
+
+
+def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
+                    quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False) -> str:
+    """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
+    quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
+    compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
+    "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
+    activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8); quantized variants: tiny only.
+    experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
+    the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
+    linear kernels)."""
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
+    if quant != "bf16" and size != "tiny":
+        raise ValueError("quantized variants are written for --size tiny only")
+    if arch == "gpt_oss" and quant != "bf16":
+        raise ValueError("gpt_oss checkpoints always hold MXFP4 experts (as released); use the default quant")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    if size not in ("tiny", "big"):
+        raise ValueError("size must be tiny or big")
+    s = dict(SHAPES[arch][size])
+    if layers:
+        s["L"] = layers
+    os.makedirs(out, exist_ok=True)
+    n_tok = write_tokenizer(out, min(s["V"], 2048))
+    vocab = max(s["V"], n_tok)
+    config = _config(arch, s, vocab)
+    tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
+    experts_only = experts_only or fp8_experts_only
+    if tensors is not None:
+        tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
+        if qc is not None:
+            config["quantization_config"] = qc
+        for name, content in extra.items():
+            with open(os.path.join(out, name), "w") as f:
+                json.dump(content, f, indent=1)
+    eos = SPECIAL.index("<|im_end|>")
+    config.update(bos_token_id=eos, eos_token_id=eos)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": eos, "eos_token_id": eos}, f)
+    if tensors is not None:
+        from safetensors.torch import save_file
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", required=True, choices=ARCHS)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="tiny", choices=("tiny", "big"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
+    ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
+    ap.add_argument("--experts-only", action="store_true",
+                    help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
+                         "(other projections stay bf16)")
+    a = ap.parse_args(argv)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only)
+    print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
+          + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

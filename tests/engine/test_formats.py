@@ -1,0 +1,96 @@
+"""lk_moe.formats, the one Python table of expert formats, agrees with the engine's C++ table and is
+what its readers (MoELayer, the GPU paths, the plugin's policy) use; and every row, with each
+activation it offers and with and without its optional tensors, builds a layer
+whose forward is the plain-torch reference on the weights its tensors encode, on every ISA tier.
+A new row is tested here once lvllm.testing.experts can quantize to it."""
+import pytest
+import torch
+
+import lk_moe
+from lk_moe import _C, formats, gpu_dequant
+from lk_moe.reference import random_routing
+from lvllm import policy
+from lvllm.testing.experts import QUANTIZE, quantize_experts
+
+from .conftest import assert_int8_budget, assert_matches_reference, check_int8_decode, int8_activations
+
+
+def test_the_python_table_is_the_engines():
+    """The same rows in the same order; an activation the table offers (what lvllm runs end to end) is
+    one the engine computes (the engine's nvfp4 computes swigluoai too; lvllm does not hand it over yet)."""
+    engine = _C.formats()
+    assert [f.name for f in formats.TABLE] == [name for name, _ in engine]
+    for f, (_, swigluoai) in zip(formats.TABLE, engine):
+        assert swigluoai or "swigluoai" not in f.activations, f.name
+
+
+def test_rows_are_well_formed():
+    for f in formats.TABLE:
+        assert f.family in ("bf16", "byte", "four_bit"), f
+        assert f.tensors[:2] in (("w13_weight", "w2_weight"), ("w13_weight_packed", "w2_weight_packed")), f
+        assert not set(f.tensors) & set(f.optional), f
+        assert f.activations and len(set(f.activations)) == len(f.activations), f
+        assert f.biases == any(n.endswith("_bias") for n in f.optional), f
+
+
+def test_readers_take_the_table():
+    for f in formats.TABLE:
+        assert lk_moe.MoELayer.tensor_names(f.name) == (f.tensors, f.optional)
+    assert gpu_dequant.GPU_FORMATS == formats.GPU == policy.GPU_PREFILL_FORMATS
+    assert gpu_dequant.BYTE_FORMATS + gpu_dequant.FOUR_BIT_FORMATS == tuple(
+        f.name for f in formats.TABLE if f.family != "bf16")
+
+
+def test_an_unknown_format_is_named_with_the_supported_ones():
+    with pytest.raises(ValueError, match=r"unsupported expert format 'fp6'; supported: bf16, fp8_block"):
+        formats.get("fp6")
+
+
+def _cases():
+    """(format, activation, optional tensors) for every row of the engine's table, with each
+    activation its Python row offers (what MoELayer.from_checkpoint accepts)."""
+    for name, _ in _C.formats():
+        row = formats.get(name)
+        for act in row.activations:
+            for optional in ((False, True) if row.optional else (False,)):
+                yield name, act, optional
+
+
+CASES = list(_cases())
+
+
+def test_every_engine_row_has_a_quantizer():
+    assert set(QUANTIZE) == {name for name, _ in _C.formats()}
+
+
+@pytest.mark.parametrize("int8_act", [False, True], ids=["bf16_act", "int8_act"])
+@pytest.mark.parametrize("fmt,activation,optional", CASES,
+                         ids=[f"{f}-{a}" + ("-optional" if o else "") for f, a, o in CASES])
+def test_every_format_computes_the_reference(tier, fmt, activation, optional, int8_act):
+    """Tolerances: conftest.assert_matches_reference's rigorous bound (the engine computes with the
+    encoded weights exactly, rounding the activation and the output to bf16: u = 2^-8 of the
+    magnitude, relative RMS <= 2^-8), and with LK_INT8_ACT on, conftest.assert_int8_budget for the
+    decode chunks the int8 kernels take (4-bit formats, avx512/amx tiers, M <= 16: relative RMS
+    <= 2^-6, derivation there); prefill chunks and the other tiers stay on the exact bound.
+    Pre-activations of std ~3 for swigluoai, so its +-7 clamps are active for some columns."""
+    E, H, I, K = 8, 256, 128, 4  # multiples of every format's block (fp8: 128, mxfp4: 32)
+    g = torch.Generator().manual_seed(len(fmt) * 7 + len(activation))
+    h_std = 3.0 if activation == "swigluoai" else 1.0
+    w13 = torch.randn(E, 2 * I, H, generator=g) * (h_std / H ** 0.5)
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, optional)
+    assert set(formats.get(fmt).tensors) <= set(tensors)
+    with int8_activations(int8_act):
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation=activation)
+    assert layer.format == fmt
+    # from_checkpoint's default row order: gpt-oss's interleaved gate/up rows for swigluoai
+    act = dict(activation=activation, interleaved=activation == "swigluoai",
+               w13_bias=tensors.get("w13_bias"), w2_bias=tensors.get("w2_bias"))
+
+    def exact(out, x, ids, w):
+        assert_matches_reference(out, x, d13, d2, ids, w, **act)
+
+    def int8(out, x, ids, w):
+        assert_int8_budget(out, x, d13, d2, ids, w, **act)
+
+    check_int8_decode(layer, tier, E, K, (1, 5, 40), int8 if int8_act else exact, exact)
