@@ -44,7 +44,7 @@ def build(fmt: str, E: int, H: int, I: int, pool):
         return lk_moe.MoELayer.from_checkpoint("wna16_int4", make_wna16_tensors(E, H, I, gs, fmt.endswith("asym")),
                                                pool=pool)
     if fmt == "mxfp4":
-        return lk_moe.MoELayer.from_checkpoint(fmt, make_mxfp4_tensors(E, H, I), pool=pool)
+        return lk_moe.MoELayer.from_checkpoint(fmt, make_mxfp4_tensors(E, H, I), pool=pool, activation="swigluoai")
     if fmt == "nvfp4":
         return lk_moe.MoELayer.from_checkpoint(fmt, make_nvfp4_tensors(E, H, I), pool=pool)
     raise SystemExit(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")

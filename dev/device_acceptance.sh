@@ -26,7 +26,7 @@
 #   bash dev/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
 #   bash dev/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
 # The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see dev/README.md):
-#   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, tests/gpu, vllm serve e2e
+#   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, vllm serve e2e, tests/gpu
 #   bash dev/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
@@ -125,9 +125,9 @@ verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   pin1)
     body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin1] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin1] hooks:\", p.check_hook_targets())'
 timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
-OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200
-timeout $left $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
-$e2e_lines \$OUT/e2e_serve.log" ;;
+timeout 150 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+$e2e_lines \$OUT/e2e_serve.log
+OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200" ;;
   hybrid1)
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${HYBRID_MODES:-hybrid,hybrid-v1} --results \$OUT/bench.json \
 --log-dir \$OUT --timeout 300 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -16" ;;

@@ -92,7 +92,7 @@ class MoELayer:
         return opt
 
     @classmethod
-    def from_checkpoint(cls, format: str, tensors: dict, *, activation: str | None = None, pool=None,
+    def from_checkpoint(cls, format: str, tensors: dict, *, activation: str = "silu", pool=None,
                         block_size=None, hidden_size: int | None = None, intermediate_size: int | None = None,
                         interleaved: bool | None = None, swiglu_alpha: float = 1.702,
                         swiglu_limit: float = 7.0) -> "MoELayer":
@@ -100,7 +100,7 @@ class MoELayer:
         Block sizes and the like are read from the tensors' shapes; `block_size=(rows, cols)` is
         needed only where the shapes do not tile exactly. Unquantized: "bf16" (fp16 too).
 
-        activation: "silu" (default), or for "mxfp4" "swigluoai" (its default: gpt-oss):
+        activation: the model's, for every format: "silu" (default), or for "mxfp4" "swigluoai" (gpt-oss):
         g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g * sigmoid(alpha * g) with
         swiglu_alpha = 1.702, swiglu_limit = 7.0; w13_bias is added to gate/up before it, and the expert
         output w2 @ act + w2_bias is what the router weight scales.
@@ -109,8 +109,9 @@ class MoELayer:
         interleaved: w13 rows are gate_0, up_0, gate_1, up_1, ... (gpt-oss; default for swigluoai)
         rather than all gate rows then all up rows (default for silu, e.g. DeepSeek-V4-style experts)."""
         row = formats.get(format)
-        if activation is None:
-            activation = row.activations[0]
+        if activation not in row.activations:
+            raise ValueError(f"activation {activation!r} is not computed with {format} experts "
+                             f"(supported: {', '.join(row.activations)})")
         names = row.tensors
         missing = [n for n in names if n not in tensors]
         if missing:

@@ -46,7 +46,7 @@ CASES = {
     "int8_channel": ("int8_channel", lambda: make_channel_tensors("int8_channel", E, H, I), {}),
     "wna16_int4-g128-sym": ("wna16_int4", lambda: make_wna16_tensors(E, H, I, 128, False), {}),
     "wna16_int4-g32-asym": ("wna16_int4", lambda: make_wna16_tensors(E, H, I, 32, True), {}),
-    "mxfp4-swigluoai": ("mxfp4", lambda: make_mxfp4_tensors(E, H, I), {}),
+    "mxfp4-swigluoai": ("mxfp4", lambda: make_mxfp4_tensors(E, H, I), {"activation": "swigluoai"}),
     "mxfp4-silu": ("mxfp4", lambda: {k: v for k, v in make_mxfp4_tensors(E, H, I).items() if "bias" not in k},
                    {"activation": "silu"}),
     "nvfp4": ("nvfp4", lambda: make_nvfp4_tensors(E, H, I), {}),

@@ -336,8 +336,8 @@ void def_checkpoints(py::class_<Layer>& layer) {
                   py::arg("activation") = "silu")
       .def_static("mxfp4", &Layer::mxfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_bias") = py::none(),
-                  py::arg("w2_bias") = py::none(), py::arg("activation") = "swigluoai", py::arg("hidden_size") = 0,
-                  py::arg("intermediate_size") = 0, py::arg("interleaved") = true, py::arg("swiglu_alpha") = 1.702,
+                  py::arg("w2_bias") = py::none(), py::arg("activation") = "silu", py::arg("hidden_size") = 0,
+                  py::arg("intermediate_size") = 0, py::arg("interleaved") = false, py::arg("swiglu_alpha") = 1.702,
                   py::arg("swiglu_limit") = 7.0)
       .def_static("nvfp4", &Layer::nvfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_weight_scale_2"),

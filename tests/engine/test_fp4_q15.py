@@ -70,7 +70,7 @@ def _cases(fmt, H, I, E):
             tensors, d13, d2, b13, b2 = make_mxfp4(E, H, I)
             act = dict(activation="swigluoai", interleaved=True, w13_bias=b13, w2_bias=b2)
             layer = lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, hidden_size=H, intermediate_size=I,
-                                                    interleaved=True)
+                                                    activation="swigluoai", interleaved=True)
         else:
             tensors, d13, d2 = make_nvfp4(E, H, I)
             act = {}

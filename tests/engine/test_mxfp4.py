@@ -109,7 +109,9 @@ MS = (1, 5, 64, 600)
 
 
 def _layer(tensors, int8_act=False, **kw):
-    """An mxfp4 layer; by default with exact bf16 activations (the rounding-bound tests)."""
+    """An mxfp4 layer; by default gpt-oss's (swigluoai, the model's activation: MoELayer's default is
+    silu for every format) with exact bf16 activations (the rounding-bound tests)."""
+    kw.setdefault("activation", "swigluoai")
     with int8_activations(int8_act):
         return lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, **kw)
 

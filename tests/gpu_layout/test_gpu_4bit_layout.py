@@ -49,7 +49,8 @@ def make_4bit_layer(fmt, E, H, I, pool=None, seed=0, **opt):
         act = dict(activation="swigluoai")
         if b13 is not None:
             act.update(w13_bias=torch.cat([b13[:, 0::2], b13[:, 1::2]], dim=1), w2_bias=b2)
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, t, pool=pool, hidden_size=H, intermediate_size=I)
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, t, pool=pool, hidden_size=H, intermediate_size=I,
+                                                activation="swigluoai")
     else:
         t, _, _ = make_nvfp4(E, H, I, seed=seed)
         d13, d2 = dequantize_nvfp4_experts(t)
