@@ -47,6 +47,15 @@ inline void int8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
     const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + i))));
     _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
   }
+#elif defined(__AVX2__)
+  for (; i + 16 <= n; i += 16) {
+    const __m128i v = _mm_loadu_si128((const __m128i*)(src + i));
+    const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))), 16);
+    const __m256i hi = _mm256_srli_epi32(
+        _mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))), 16);
+    // packus works per 128-bit lane: [lo 0-3, hi 0-3, lo 4-7, hi 4-7] -> element order
+    _mm256_storeu_si256((__m256i*)(dst + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8));
+  }
 #endif
   for (; i < n; ++i) dst[i] = f32_to_bf16(float(int8_t(src[i])));
 }
@@ -133,15 +142,18 @@ void gate_up_fp8(const GateUpTask& t) {
                                 [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
     continue;
 #endif
+    // Many rows: dequantize each segment once (per-row scales: the whole block pair, one pass over K,
+    // no partial sums per segment), reuse it for every row tile.
+    const int step = q.per_row ? t.kp : seg;
     float* tot = t.scratch->acc;
     uint16_t* dg = t.scratch->deq;
-    uint16_t* du = dg + seg * kBlockN;
+    uint16_t* du = dg + size_t(step) * kBlockN;
     memset(tot, 0, size_t(t.m) * 32 * 4);
-    for (int s = 0; s < nseg; ++s) {  // many rows: dequantize each segment once, reuse it per row tile
-      const size_t off = size_t(s) * seg * kBlockN;
-      dequant_bf16(q, bg + off, dg, seg * kBlockN);
-      dequant_bf16(q, bu + off, du, seg * kBlockN);
-      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
+    for (int s = 0; s < t.kp / step; ++s) {
+      const size_t off = size_t(s) * step * kBlockN;
+      dequant_bf16(q, bg + off, dg, step * kBlockN);
+      dequant_bf16(q, bu + off, du, step * kBlockN);
+      gate_up_segment(t, dg, du, s * step, step, [&](const float* cr, int r) {
         float* o = tot + size_t(r) * 32;
         if (q.per_row) {
           axpy_vec_16(1.0f, cr, sg, o);
@@ -195,10 +207,11 @@ void down_fp8(const DownTask& t) {
       }
       continue;
     }
-    for (int s = 0; s < nseg; ++s) {
+    const int step = q.per_row ? t.kp : seg;  // per-row scales: the whole block in one pass
+    for (int s = 0; s < t.kp / step; ++s) {
       const void* b[2] = {d, d};
-      dequant_bf16(q, src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
-      down_segment(t, b, 1, s * seg, seg, [&](const float* cr, int r) {
+      dequant_bf16(q, src + size_t(s) * step * kBlockN, d, step * kBlockN);
+      down_segment(t, b, 1, s * step, step, [&](const float* cr, int r) {
         float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
         if (q.per_row) axpy_vec_16(t.row_weight[r], cr, sc, o);
         else axpy_16(t.row_weight[r] * sc[s], cr, o);
