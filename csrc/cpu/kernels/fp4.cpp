@@ -269,6 +269,46 @@ inline void fp4_dequant_seg_t(const uint8_t* src, const uint8_t* sc, uint16_t* d
       }
     }
   }
+#elif defined(__AVX2__)
+  // The e2m1 values' bf16 bytes, looked up per nibble (pshufb), times the row's scale in fp32; the
+  // products are exact in bf16, so their high halves are the values (as the scalar path rounds them).
+  alignas(32) uint8_t lut_b[2][32];
+  for (int i = 0; i < 32; ++i) {
+    lut_b[0][i] = uint8_t(kFp4Lut.v[i % 16] & 0xFF);
+    lut_b[1][i] = uint8_t(kFp4Lut.v[i % 16] >> 8);
+  }
+  const __m256i lut_lo = _mm256_load_si256((const __m256i*)lut_b[0]);
+  const __m256i lut_hi = _mm256_load_si256((const __m256i*)lut_b[1]);
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  // 8 floats (bf16 bits in the high halves) x scale -> their bf16 bits in the low halves of 8 dwords
+  auto times = [](__m128i w8, __m256 s) {
+    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w8), 16));
+    return _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(f, s)), 16);
+  };
+  for (int g = 0; g < groups; ++g) {
+    float sf[16];
+    for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]);
+    __m256 sv[4];  // byte b of a quad is row b / 2: the scales of bytes 8k .. 8k + 7
+    for (int k = 0; k < 4; ++k)
+      sv[k] = _mm256_setr_ps(sf[4 * k], sf[4 * k], sf[4 * k + 1], sf[4 * k + 1], sf[4 * k + 2], sf[4 * k + 2],
+                             sf[4 * k + 3], sf[4 * k + 3]);
+    for (int q = 0; q < GQ; ++q) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(src + (g * GQ + q) * 32));
+      const __m256i codes[2] = {_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib)};
+      uint16_t* d = dst + (g * GQ + q) * 64;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i lo8 = _mm256_shuffle_epi8(lut_lo, codes[h]), hi8 = _mm256_shuffle_epi8(lut_hi, codes[h]);
+        const __m256i a = _mm256_unpacklo_epi8(lo8, hi8), b = _mm256_unpackhi_epi8(lo8, hi8);  // per lane
+        const __m256i w[2] = {_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31)};
+        for (int x = 0; x < 2; ++x) {  // bytes 16x .. 16x + 15
+          const __m256i r0 = times(_mm256_castsi256_si128(w[x]), sv[2 * x]);
+          const __m256i r1 = times(_mm256_extracti128_si256(w[x], 1), sv[2 * x + 1]);
+          _mm256_storeu_si256((__m256i*)(d + h * 32 + x * 16),
+                              _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xD8));
+        }
+      }
+    }
+  }
 #else
   for (int g = 0; g < groups; ++g) {
     float sf[16];
@@ -584,28 +624,17 @@ void gate_up_fp4(const GateUpTask& t) {
       for (int r = 0; r < t.m; ++r) finish(c + r * 32, r);
       continue;
     }
+    // Prefill: the block pair dequantized whole (code x scale is exact in bf16) into the task's two
+    // panels, then every row tile over all of K.
+    fp4_panel_block(q, bg, sg, t.kp, t.scratch->deq);
+    fp4_panel_block(q, bu, su, t.kp, t.scratch->deq + size_t(t.kp) * kBlockN);
 #if defined(LK_V512)
-    fp4_panel_block(q, bg, sg, t.kp, panel_of(*t.scratch, t.kp, 0));
-    fp4_panel_block(q, bu, su, t.kp, panel_of(*t.scratch, t.kp, 1));
     gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr,
                             2 * block_bytes, finish);
-    continue;
+#else
+    gate_up_segment(t, t.scratch->deq, t.scratch->deq + size_t(t.kp) * kBlockN, 0, t.kp,
+                    [&](float* cr, int r) { finish(cr, r); });
 #endif
-    float* tot = t.scratch->acc;
-    uint16_t* dg = t.scratch->deq;
-    uint16_t* du = dg + kFp4Seg * kBlockN;
-    memset(tot, 0, size_t(t.m) * 32 * 4);
-    for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {  // dequantize each segment once, reuse it for every row tile
-      const int len = tmin(kFp4Seg, t.kp - k0);
-      fp4_dequant_seg(q, bg + size_t(k0) * kBlockN / 2, sg + (k0 / grp) * kBlockN, dg, len);
-      fp4_dequant_seg(q, bu + size_t(k0) * kBlockN / 2, su + (k0 / grp) * kBlockN, du, len);
-      gate_up_segment(t, dg, du, k0, len, [&](const float* cr, int r) {
-        float* o = tot + size_t(r) * 32;
-        axpy_16(1.0f, cr, o);
-        axpy_16(1.0f, cr + 16, o + 16);
-      });
-    }
-    for (int r = 0; r < t.m; ++r) finish(tot + size_t(r) * 32, r);
   }
 }
 
@@ -646,21 +675,14 @@ void down_fp4(const DownTask& t) {
       for (int r = 0; r < t.m; ++r) add(c + r * 32, r);
       continue;
     }
+    for (int h = 0; h < nb; ++h) fp4_panel_block(q, b[h], s[h], t.kp, t.scratch->deq + size_t(h) * t.kp * kBlockN);
 #if defined(LK_V512)
-    for (int h = 0; h < nb; ++h) fp4_panel_block(q, b[h], s[h], t.kp, panel_of(*t.scratch, t.kp, h));
     down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, gs, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,
                          size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
-    continue;
+#else
+    const void* bd[2] = {t.scratch->deq, t.scratch->deq + size_t(nb - 1) * t.kp * kBlockN};
+    down_segment(t, bd, nb, 0, t.kp, add);
 #endif
-    uint16_t* d0 = t.scratch->deq;
-    uint16_t* d1 = d0 + kFp4Seg * kBlockN;
-    const void* bd[2] = {d0, d1};
-    for (int k0 = 0; k0 < t.kp; k0 += kFp4Seg) {
-      const int len = tmin(kFp4Seg, t.kp - k0);
-      for (int h = 0; h < nb; ++h)
-        fp4_dequant_seg(q, b[h] + size_t(k0) * kBlockN / 2, s[h] + (k0 / grp) * kBlockN, h ? d1 : d0, len);
-      down_segment(t, bd, nb, k0, len, add);
-    }
   }
 }
 
