@@ -107,6 +107,19 @@ constexpr Fp4Lut make_fp4_lut() {
   return t;
 }
 constexpr Fp4Lut kFp4Lut = make_fp4_lut();
+// The same values split into low and high bytes, the 16 codes in each 128-bit lane (pshufb, avx2).
+struct Fp4LutBytes {
+  alignas(32) uint8_t lo[32];
+  alignas(32) uint8_t hi[32];
+};
+constexpr Fp4LutBytes make_fp4_lut_bytes() {
+  Fp4LutBytes t{};
+  for (int i = 0; i < 32; ++i) {
+    t.lo[i] = uint8_t(kFp4Lut.v[i] & 0xFF);
+    t.hi[i] = uint8_t(kFp4Lut.v[i] >> 8);
+  }
+  return t;
+}
 
 // e8m0 byte -> 2^(s - 127) as fp32 (s = 0: the subnormal 2^-127; s = 255: NaN).
 inline float e8m0_to_f32(uint8_t s) {
@@ -272,13 +285,9 @@ inline void fp4_dequant_seg_t(const uint8_t* src, const uint8_t* sc, uint16_t* d
 #elif defined(__AVX2__)
   // The e2m1 values' bf16 bytes, looked up per nibble (pshufb), times the row's scale in fp32; the
   // products are exact in bf16, so their high halves are the values (as the scalar path rounds them).
-  alignas(32) uint8_t lut_b[2][32];
-  for (int i = 0; i < 32; ++i) {
-    lut_b[0][i] = uint8_t(kFp4Lut.v[i % 16] & 0xFF);
-    lut_b[1][i] = uint8_t(kFp4Lut.v[i % 16] >> 8);
-  }
-  const __m256i lut_lo = _mm256_load_si256((const __m256i*)lut_b[0]);
-  const __m256i lut_hi = _mm256_load_si256((const __m256i*)lut_b[1]);
+  static constexpr Fp4LutBytes kBytes = make_fp4_lut_bytes();
+  const __m256i lut_lo = _mm256_load_si256((const __m256i*)kBytes.lo);
+  const __m256i lut_hi = _mm256_load_si256((const __m256i*)kBytes.hi);
   const __m256i nib = _mm256_set1_epi8(0x0F);
   // 8 floats (bf16 bits in the high halves) x scale -> their bf16 bits in the low halves of 8 dwords
   auto times = [](__m128i w8, __m256 s) {
@@ -626,14 +635,13 @@ void gate_up_fp4(const GateUpTask& t) {
     }
     // Prefill: the block pair dequantized whole (code x scale is exact in bf16) into the task's two
     // panels, then every row tile over all of K.
-    fp4_panel_block(q, bg, sg, t.kp, t.scratch->deq);
-    fp4_panel_block(q, bu, su, t.kp, t.scratch->deq + size_t(t.kp) * kBlockN);
+    fp4_panel_block(q, bg, sg, t.kp, panel_of(*t.scratch, t.kp, 0));
+    fp4_panel_block(q, bu, su, t.kp, panel_of(*t.scratch, t.kp, 1));
 #if defined(LK_V512)
     gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr,
                             2 * block_bytes, finish);
 #else
-    gate_up_segment(t, t.scratch->deq, t.scratch->deq + size_t(t.kp) * kBlockN, 0, t.kp,
-                    [&](float* cr, int r) { finish(cr, r); });
+    gate_up_segment(t, panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, 1), 0, t.kp, finish);
 #endif
   }
 }
@@ -675,12 +683,12 @@ void down_fp4(const DownTask& t) {
       for (int r = 0; r < t.m; ++r) add(c + r * 32, r);
       continue;
     }
-    for (int h = 0; h < nb; ++h) fp4_panel_block(q, b[h], s[h], t.kp, t.scratch->deq + size_t(h) * t.kp * kBlockN);
+    for (int h = 0; h < nb; ++h) fp4_panel_block(q, b[h], s[h], t.kp, panel_of(*t.scratch, t.kp, h));
 #if defined(LK_V512)
     down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, gs, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,
                          size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
 #else
-    const void* bd[2] = {t.scratch->deq, t.scratch->deq + size_t(nb - 1) * t.kp * kBlockN};
+    const void* bd[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
     down_segment(t, bd, nb, 0, t.kp, add);
 #endif
   }

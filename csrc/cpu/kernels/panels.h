@@ -8,6 +8,10 @@ namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
 namespace {
 
+// The two bf16 panels of a task's scratch (2 x 16 x kp each way; the fp32 segment scales of the
+// AVX-512 tiers after them, panel_scales).
+inline uint16_t* panel_of(const KernelScratch& s, int kp, int h) { return s.deq + size_t(h) * kBlockN * kp; }
+
 #if defined(LK_V512)
 
 // Prefill of the quantized formats (rows beyond the fused decode tiles): each block (pair) is
@@ -31,8 +35,6 @@ void dot_rows_seg(int mr, const uint16_t* const* a, const void* const* b, int kp
   }
 }
 
-// The two bf16 panels of a task's scratch (2 x 16 x kp each way) and the fp32 segment scales after them.
-inline uint16_t* panel_of(const KernelScratch& s, int kp, int h) { return s.deq + size_t(h) * kBlockN * kp; }
 inline float* panel_scales(const KernelScratch& s, int kp) {
   return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
 }
