@@ -16,6 +16,7 @@
 #                                             # units/guided A/B), serve, doctor, demo
 #   bash dev/device_acceptance.sh quant1    # quantized e2e suite (every format, CPU and GPU prefill)
 #   bash dev/device_acceptance.sh bf16_1    # KV-cache e2e, the bf16 e2e suite, then clean exits of gpt-oss LLM() runs
+#                                             # (LVLLM_EXIT_CHECK=0: not those)
 #   bash dev/device_acceptance.sh final1    # the CPU tests ($cpu_dirs) but the checkpoint-loading file (AMX tier, GPU visible)
 #   bash dev/device_acceptance.sh final1b   # the CPU tests' checkpoint-loading file, its two halves at once (~9 min alone)
 #   bash dev/device_acceptance.sh decode1   # fp4 CPU tests, then per-format M=1 decode (all cores and serve's
@@ -27,6 +28,8 @@
 #   bash dev/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
 # The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see dev/README.md):
 #   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, vllm serve e2e, tests/gpu
+#   bash dev/device_acceptance.sh pin2      # install, wheel, versions, doctor, vllm serve e2e, the demo
+#                                             # (pin1 without tests/gpu)
 #   bash dev/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
@@ -128,6 +131,12 @@ timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$
 timeout 150 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log
 OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200" ;;
+  pin2)
+    body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin2] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin2] hooks:\", p.check_hook_targets())'
+timeout 90 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
+timeout 150 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+$e2e_lines \$OUT/e2e_serve.log
+timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1; echo \"demo rc \$?\"; tail -6 \$OUT/demo.log" ;;
   hybrid1)
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${HYBRID_MODES:-hybrid,hybrid-v1} --results \$OUT/bench.json \
 --log-dir \$OUT --timeout 300 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -16" ;;
@@ -194,10 +203,10 @@ tests/engine/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;
   bf16_1)
-    body="timeout 400 $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
+    body="timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
 $e2e_lines \$OUT/e2e_bf16.log
-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
+[ \"\${LVLLM_EXIT_CHECK:-1}\" = 1 ] && timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
 grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
   *)
     sed -n "2,/^set /{/^#/p}" "${BASH_SOURCE[0]}"; exit 2 ;;
