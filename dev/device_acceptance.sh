@@ -128,13 +128,13 @@ verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   pin1)
     body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin1] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin1] hooks:\", p.check_hook_targets())'
 timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
-timeout 150 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log
 OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200" ;;
   pin2)
     body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin2] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin2] hooks:\", p.check_hook_targets())'
 timeout 90 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
-timeout 150 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log
 timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1; echo \"demo rc \$?\"; tail -6 \$OUT/demo.log" ;;
   hybrid1)
