@@ -26,7 +26,7 @@
 #   bash dev/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (dev/decode_ops_micro.cpp)
 #   bash dev/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
 #   bash dev/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
-# The vLLM 0.33.0 pin on the single H200 (after the 45 payload parts; see dev/README.md):
+# The vLLM 0.33.0 pin on the single H200 (after the payload parts; see dev/README.md):
 #   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, vllm serve e2e, tests/gpu
 #   bash dev/device_acceptance.sh pin2      # install, wheel, versions, doctor, vllm serve e2e, the demo
 #                                             # (pin1 without tests/gpu)
@@ -59,6 +59,11 @@ cpu_tests='timeout -s INT -k 10 $((LVLLM_DEVICE_DEADLINE - $(date +%s) - 30)) py
 # a CPU test log's verdict: failures, the summary line, the slowest tests
 verdict="verdict() { grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \"\$1\" | tail -8; \
 grep -q ' passed\| failed\| error' \"\$1\" || tail -5 \"\$1\"; grep -A16 'slowest 15' \"\$1\"; }"
+# pin1/pin2's first checks: versions, the hooks, doctor, the vllm serve e2e test
+pin_checks="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin] hooks:\", p.check_hook_targets())'
+timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
+timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
+$e2e_lines \$OUT/e2e_serve.log"
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -126,16 +131,10 @@ verdict \$OUT/cpu_loads_a.log; verdict \$OUT/cpu_loads_b.log" ;;
   setup)
     body="true" ;;
   pin1)
-    body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin1] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin1] hooks:\", p.check_hook_targets())'
-timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
-timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
-$e2e_lines \$OUT/e2e_serve.log
+    body="$pin_checks
 OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200" ;;
   pin2)
-    body="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin2] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin2] hooks:\", p.check_hook_targets())'
-timeout 90 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
-timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
-$e2e_lines \$OUT/e2e_serve.log
+    body="$pin_checks
 timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1; echo \"demo rc \$?\"; tail -6 \$OUT/demo.log" ;;
   hybrid1)
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${HYBRID_MODES:-hybrid,hybrid-v1} --results \$OUT/bench.json \
@@ -206,8 +205,8 @@ tests/engine/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests
     body="timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
 -k 'not quantized and not gpt_oss and not tensor_parallel' > \$OUT/e2e_bf16.log 2>&1
 $e2e_lines \$OUT/e2e_bf16.log
-[ \"\${LVLLM_EXIT_CHECK:-1}\" = 1 ] && timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1
-grep -h 'exit-check\]' \$OUT/exit_check.log" ;;
+if [ \"\${LVLLM_EXIT_CHECK:-1}\" = 1 ]; then timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) \
+bash dev/exit_check.sh gpt_oss 6 2 > \$OUT/exit_check.log 2>&1; grep -h 'exit-check\]' \$OUT/exit_check.log; fi" ;;
   *)
     sed -n "2,/^set /{/^#/p}" "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
