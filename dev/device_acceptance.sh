@@ -30,6 +30,8 @@
 #   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, vllm serve e2e, tests/gpu
 #   bash dev/device_acceptance.sh pin2      # install, wheel, versions, doctor, vllm serve e2e, the demo
 #                                             # (pin1 without tests/gpu)
+#   bash dev/device_acceptance.sh pin3      # install, wheel, versions, doctor, then the vllm serve e2e test (4 engine
+#                                             # threads) and the bf16 e2e suite side by side (KV-cache test aside)
 #   bash dev/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
@@ -59,9 +61,10 @@ cpu_tests='timeout -s INT -k 10 $((LVLLM_DEVICE_DEADLINE - $(date +%s) - 30)) py
 # a CPU test log's verdict: failures, the summary line, the slowest tests
 verdict="verdict() { grep -h '^FAILED\|^ERROR\|passed\|failed\|KeyboardInterrupt' \"\$1\" | tail -8; \
 grep -q ' passed\| failed\| error' \"\$1\" || tail -5 \"\$1\"; grep -A16 'slowest 15' \"\$1\"; }"
-# pin1/pin2's first checks: versions, the hooks, doctor, the vllm serve e2e test
-pin_checks="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin] hooks:\", p.check_hook_targets())'
-timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12
+# the pin parts' first checks: versions, the hooks, doctor; then (pin1, pin2) the vllm serve e2e test
+pin_versions="python3 -c 'import vllm, torch, lvllm.plugin as p; print(\"[pin] vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda); print(\"[pin] hooks:\", p.check_hook_targets())'
+timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$?\"; grep -h 'vllm\|torch\|plugin\|hook\|FAIL' \$OUT/doctor.log | head -12"
+pin_checks="$pin_versions
 timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log"
 case "$part" in
@@ -136,6 +139,13 @@ OUT=\$OUT/gpu LK_THREADS=15 bash dev/device_gpu_tests.sh all 200" ;;
   pin2)
     body="$pin_checks
 timeout $left bash commands/demo_tiny_serve_tp1.sh > \$OUT/demo.log 2>&1; echo \"demo rc \$?\"; tail -6 \$OUT/demo.log" ;;
+  pin3)  # under 0.33.0 each vLLM start takes ~2 min on that machine: the serve test and the bf16 suite
+         # (one wave of 13 runs) overlap instead of following each other
+    body="$pin_versions
+(LK_THREADS=4 timeout 300 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1) &
+LVLLM_E2E_PARALLEL=13 timeout $left $e2e --basetemp=/root/e2e-tmp/bf16 tests/e2e/test_switch.py \
+-k 'not quantized and not gpt_oss and not tensor_parallel and not kv_cache' > \$OUT/e2e_bf16.log 2>&1; wait
+$e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
   hybrid1)
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${HYBRID_MODES:-hybrid,hybrid-v1} --results \$OUT/bench.json \
 --log-dir \$OUT --timeout 300 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -16" ;;
