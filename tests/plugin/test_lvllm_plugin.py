@@ -44,15 +44,16 @@ def test_switch_on_without_vllm_stops_startup():
     assert r.returncode != 0 and "PluginError" in r.stderr and "vLLM cannot be imported" in r.stderr, r.stderr
 
 
-def test_switch_on_with_another_vllm_version_stops_startup():
+@pytest.mark.parametrize("other", ["0.26.0", "0.33.1"])  # the previous pin, a newer patch release
+def test_switch_on_with_another_vllm_version_stops_startup(other):
     """The version the plugin reads is faked (vLLM stays installed): the refusal names both versions."""
     pytest.importorskip("vllm")
-    code = ("import vllm; vllm.__version__ = '0.25.1'\n"
+    code = (f"import vllm; vllm.__version__ = '{other}'\n"
             "import lvllm.plugin as p; p.register()")
     r = _run(code, LVLLM_MOE_NUMA_ENABLED="1")
     assert r.returncode != 0 and "PluginError" in r.stderr, r.stderr
     from lvllm import pins
-    assert (f"lvllm supports vLLM {pins.VLLM} only; this is vLLM 0.25.1. Install vllm=={pins.VLLM} or set "
+    assert (f"lvllm supports vLLM {pins.VLLM} only; this is vLLM {other}. Install vllm=={pins.VLLM} or set "
             "LVLLM_MOE_NUMA_ENABLED=0") in r.stderr, r.stderr
 
 
