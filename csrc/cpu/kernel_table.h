@@ -38,8 +38,8 @@ enum class Activation : int { kSiLU = 0, kSwigluOAI = 1 };
 struct KernelScratch {
   float* c;            // >= 32 x 64 floats: one micro-tile of results
   uint16_t* panel;     // >= round_up(m, 32) x Kp1 bf16: AMX A panel (gathered token rows)
-  uint16_t* deq;       // >= 2 x 16 x max(Kp1, Kp2, kMaxSeg) bf16 + as many / 16 floats: dequantized
-                       // weight segments, or (AVX-512) two whole blocks and their fp32 group scales
+  uint16_t* deq;       // >= 2 x 16 x max(Kp1, Kp2, kMaxSeg) fp32: dequantized weight segments, or two
+                       // whole blocks: bf16 and their fp32 group scales (AVX-512), or fp32 (avx2)
   float* acc;          // >= kMaxRowsPerTask x 32 floats: per-row sums across segments
 };
 

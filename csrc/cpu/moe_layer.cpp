@@ -416,10 +416,10 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
   const bool quant = sh.format->family != Family::kBf16;
-  // two whole blocks of bf16 (the prefill panels of the AVX-512 tiers) and their fp32 group scales, and
-  // at least the two kMaxSeg segments of the other tiers' prefill
+  // two whole blocks: bf16 and their fp32 group scales (the prefill panels of the AVX-512 tiers) or fp32
+  // (the avx2 tier's), and at least the two kMaxSeg segments of the generic tier's prefill
   const size_t kp = size_t(std::max({sh.kp1, sh.kp2, kMaxSeg}));
-  ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kp * 2 + 8 * kp + 64)) : nullptr;
+  ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kp * 4 + 64)) : nullptr;
   ks.acc = quant ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
   return ks;
 }

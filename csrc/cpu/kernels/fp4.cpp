@@ -594,6 +594,42 @@ inline void fp4_panel_block(const Fp4Weights& q, const uint8_t* src, const uint8
                     tmin(kFp4Seg, kp - k0));
 }
 
+#if defined(LK_F32_PANELS)
+// One fp4 block whole into an avx2 fp32 panel: e2m1 x its scale x gs. Per quad and 8-row half one
+// load gives each row's two code bytes in a dword; each nibble's low 3 bits index the 8 e2m1
+// magnitudes (vpermps), bit 3 is the sign.
+template <bool NV>
+inline void fp4_f32_panel_block_t(const uint8_t* src, const uint8_t* sc, int kp, float gs, float* dst) {
+  constexpr int G = NV ? 16 : 32, GQ = G / 4;  // inputs and quads per scale group
+  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256i nib = _mm256_set1_epi32(15), sign = _mm256_set1_epi32(int32_t(0x80000000u));
+  for (int g = 0; g < kp / G; ++g) {
+    float sf[16];
+    for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]) * gs;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sv = _mm256_loadu_ps(sf + 8 * h);
+      for (int qd = g * GQ; qd < (g + 1) * GQ; ++qd) {
+        // dword n: bytes 2n, 2n + 1 of the half (row 8h + n): inputs 4qd + t (low nibbles, pair-row
+        // 2qd) and 4qd + 2 + t (high nibbles, pair-row 2qd + 1) of byte t
+        const __m256i d = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + size_t(qd) * 32 + 16 * h)));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {  // i = 2 pr + t: shift 4 pr + 8 t
+          const int pr = i / 2, t = i % 2;
+          const __m256i idx = _mm256_and_si256(_mm256_srli_epi32(d, 4 * pr + 8 * t), nib);
+          const __m256 v = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, idx),
+                                         _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(idx, 28), sign)));
+          _mm256_storeu_ps(dst + size_t(2 * qd + pr) * 32 + 16 * h + 8 * t, _mm256_mul_ps(v, sv));
+        }
+      }
+    }
+  }
+}
+inline void fp4_f32_panel_block(const Fp4Weights& q, const uint8_t* src, const uint8_t* sc, int kp, float gs, float* dst) {
+  if (q.nv) fp4_f32_panel_block_t<true>(src, sc, kp, gs, dst);
+  else fp4_f32_panel_block_t<false>(src, sc, kp, gs, dst);
+}
+#endif
+
 }  // namespace
 
 void gate_up_fp4(const GateUpTask& t) {
@@ -633,6 +669,16 @@ void gate_up_fp4(const GateUpTask& t) {
       for (int r = 0; r < t.m; ++r) finish(c + r * 32, r);
       continue;
     }
+#if defined(LK_F32_PANELS)
+    if (t.m >= kF32PanelMinRows) {  // the block pair into fp32 panels, the global scales folded in
+      fp4_f32_panel_block(q, bg, sg, t.kp, q.nv ? q.gs[0] : 1.0f, f32_panel_of(*t.scratch, t.kp, 0));
+      fp4_f32_panel_block(q, bu, su, t.kp, q.nv ? q.gs[1] : 1.0f, f32_panel_of(*t.scratch, t.kp, 1));
+      gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes, [&](float* g, int r) {
+        act_16(t, j, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      });
+      continue;
+    }
+#endif
     // Prefill: the block pair dequantized whole (code x scale is exact in bf16) into the task's two
     // panels, then every row tile over all of K.
     fp4_panel_block(q, bg, sg, t.kp, panel_of(*t.scratch, t.kp, 0));
@@ -683,6 +729,15 @@ void down_fp4(const DownTask& t) {
       for (int r = 0; r < t.m; ++r) add(c + r * 32, r);
       continue;
     }
+#if defined(LK_F32_PANELS)
+    if (t.m >= kF32PanelMinRows) {
+      for (int h = 0; h < nb; ++h)
+        fp4_f32_panel_block(q, b[h], s[h], t.kp, gs, f32_panel_of(*t.scratch, t.kp, h));
+      down_f32_panel(t, j, nb, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,
+                     size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
+      continue;
+    }
+#endif
     for (int h = 0; h < nb; ++h) fp4_panel_block(q, b[h], s[h], t.kp, panel_of(*t.scratch, t.kp, h));
 #if defined(LK_V512)
     down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, gs, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,

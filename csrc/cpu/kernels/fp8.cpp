@@ -65,6 +65,44 @@ inline void dequant_bf16(const Fp8Weights& q, const uint8_t* src, uint16_t* dst,
   else fp8_to_bf16(src, dst, n);
 }
 
+#if defined(LK_F32_PANELS)
+// One block of codes whole into an avx2 fp32 panel: code x its scale (per segment, or per row). Per
+// pair-row and 8-row half, pshufb splits the 16 code bytes into the even inputs' 8 and the odd ones'.
+// fp8 e4m3fn bits shifted into fp16's fields (sign to bit 15, the rest << 7) are an fp16 of 2^-8 times
+// the value, subnormals included (vcvtph2ps converts them exactly): the 256 rides on the scale; 0x7F /
+// 0xFF become fp16 NaN. int8 codes are sign-extended and converted.
+inline void fp8_f32_panel_block(const Fp8Weights& q, const uint8_t* src, const float* sc, int kp, float* dst) {
+  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80), nan = _mm256_set1_epi16(0x7E00);
+  const float unit = q.int8 ? 1.0f : 256.0f;
+  const int chunk = q.per_row ? kp : q.seg;
+  for (int k0 = 0; k0 < kp; k0 += chunk) {
+    const float s = q.per_row ? unit : unit * sc[k0 / q.seg];
+    const __m256 sv[2] = {q.per_row ? _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_set1_ps(s)) : _mm256_set1_ps(s),
+                          q.per_row ? _mm256_mul_ps(_mm256_loadu_ps(sc + 8), _mm256_set1_ps(s)) : _mm256_set1_ps(s)};
+    for (int p = k0 / 2; p < tmin(k0 + chunk, kp) / 2; ++p)
+      for (int h = 0; h < 2; ++h) {
+        const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(src + size_t(p) * 32 + 16 * h)), split);
+        __m256 w0, w1;
+        if (q.int8) {
+          w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+          w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+        } else {
+          const __m256i v = _mm256_cvtepu8_epi16(b);
+          const __m256i mag = _mm256_and_si256(v, m7f);
+          __m256i f16 = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(v, m80), 8));
+          f16 = _mm256_blendv_epi8(f16, _mm256_or_si256(f16, nan), _mm256_cmpeq_epi16(mag, m7f));
+          w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
+          w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
+        }
+        float* d = dst + size_t(p) * 32 + 16 * h;
+        _mm256_storeu_ps(d, _mm256_mul_ps(w0, sv[h]));
+        _mm256_storeu_ps(d + 8, _mm256_mul_ps(w1, sv[h]));
+      }
+  }
+}
+#endif
+
 #if defined(LK_V512)
 // FP8 blocks converted in registers, whole block with its segment scales (decode: few rows).
 // The byte formats (fp8_block; fp8_channel / int8_channel with one scale per row) stream one byte
@@ -142,6 +180,16 @@ void gate_up_fp8(const GateUpTask& t) {
                                 [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
     continue;
 #endif
+#if defined(LK_F32_PANELS)
+    if (t.m >= kF32PanelMinRows) {
+      fp8_f32_panel_block(q, bg, sg, t.kp, f32_panel_of(*t.scratch, t.kp, 0));
+      fp8_f32_panel_block(q, bu, su, t.kp, f32_panel_of(*t.scratch, t.kp, 1));
+      uint16_t* act = t.act + j * kBlockN;
+      gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
+                        [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+      continue;
+    }
+#endif
     // Many rows: dequantize each segment once (per-row scales: the whole block pair, one pass over K,
     // no partial sums per segment), reuse it for every row tile.
     const int step = q.per_row ? t.kp : seg;
@@ -188,6 +236,18 @@ void down_fp8(const DownTask& t) {
       const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block_bytes;
       if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes);
       else down_panel<kSegScalar>(t, j, nb, seg, sc, nullptr, 1.0f, next, next_bytes);
+    }
+    return;
+  }
+#elif defined(LK_F32_PANELS)
+  if (t.m >= kF32PanelMinRows) {
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      for (int h = 0; h < nb; ++h)
+        fp8_f32_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per, t.kp,
+                            f32_panel_of(*t.scratch, t.kp, h));
+      down_f32_panel(t, j, nb, j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr,
+                     size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
     }
     return;
   }

@@ -421,6 +421,36 @@ inline void q4_panel_block(const Int4Weights& q, const uint8_t* src, const uint1
 }
 #endif
 
+#if defined(LK_F32_PANELS)
+// One int4 block whole into an avx2 fp32 panel: (u - z) x the group's row scale, exact in fp32. Per
+// octet and 8-row half one load gives the 8 rows' dwords of 4 code bytes: input i of the octet is the
+// nibble at bit 8i (i < 4) or 8(i - 4) + 4.
+inline void q4_f32_panel_block(const Int4Weights& q, const uint8_t* src, const uint16_t* scale, const uint8_t* zero,
+                               int kp, float* dst) {
+  const int go = q.group / 8;
+  const __m256i nib = _mm256_set1_epi32(15);
+  for (int s = 0; s < kp / q.group; ++s) {
+    float sf[16];
+    int32_t zi[16];
+    scales_16(scale + s * kBlockN, q.fp16_scale, sf);
+    for (int n = 0; n < 16; ++n) zi[n] = zero ? (zero[s * 8 + n / 2] >> (4 * (n % 2))) & 15 : 8;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sv = _mm256_loadu_ps(sf + 8 * h);
+      const __m256i zv = _mm256_loadu_si256((const __m256i*)(zi + 8 * h));
+      for (int o = s * go; o < (s + 1) * go; ++o) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(src + size_t(o) * 64 + 32 * h));
+        float* d = dst + size_t(o) * 128 + 16 * h;  // octet o: pair-rows 4o .. 4o + 3
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          const __m256i u = _mm256_and_si256(_mm256_srli_epi32(v, i < 4 ? 8 * i : 8 * (i - 4) + 4), nib);
+          _mm256_storeu_ps(d + (i / 2) * 32 + (i % 2) * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(u, zv)), sv));
+        }
+      }
+    }
+  }
+}
+#endif
+
 // The fused tile needs m x kp/group row sums in the scratch accumulator.
 inline bool q4_fused(int m, int kp, int group) {
   return m <= kFusedQ4Rows && size_t(m) * (kp / group) <= size_t(kMaxRowsPerTask) * 32;
@@ -463,6 +493,16 @@ void gate_up_q4(const GateUpTask& t) {
       const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
       gate_up_panel<kSegVector>(t, j, seg, fs, fs + nseg * 16, next, 2 * block_bytes,
                                 [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+      continue;
+    }
+#endif
+#if defined(LK_F32_PANELS)
+    if (t.m >= kF32PanelMinRows) {
+      q4_f32_panel_block(q, bg, scg, zg, t.kp, f32_panel_of(*t.scratch, t.kp, 0));
+      q4_f32_panel_block(q, bu, scu, zu, t.kp, f32_panel_of(*t.scratch, t.kp, 1));
+      uint16_t* act = t.act + j * kBlockN;
+      gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
+                        [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
       continue;
     }
 #endif
@@ -529,6 +569,18 @@ void down_q4(const DownTask& t) {
     down_panel<kSegVector>(t, j, nb, seg, ss, nullptr, 1.0f, next, size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
   }
   return;
+#elif defined(LK_F32_PANELS)
+  if (t.m >= kF32PanelMinRows) {
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      for (int h = 0; h < nb; ++h)
+        q4_f32_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
+                           q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, f32_panel_of(*t.scratch, t.kp, h));
+      down_f32_panel(t, j, nb, j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr,
+                     size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
+    }
+    return;
+  }
 #endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = q.w + size_t(j) * block_bytes;

@@ -228,10 +228,104 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
     for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
   }
 }
-#endif  // LK_V512
+#elif defined(__AVX2__)
+#define LK_F32_PANELS 1
 
-// Prefill of the quantized formats on the tiers without the panels (generic, avx2; the AVX-512 tiers
-// never get here): one segment of `len` inputs from input k0, which the caller dequantized into L1 (a
+// Prefill of the quantized formats on the avx2 tier (tasks of kF32PanelMinRows rows or more): each
+// block (pair) whole into an fp32 panel, every weight with its scales folded in ((u - z) x a bf16/fp16
+// scale, e2m1 x a power of two or an fp8 scale: exact in fp32; fp8/int8 codes x an fp32 scale: one
+// rounding), in the order the tile consumes it: per pair-row p and 8-row half h, the 8 weights of
+// input 2p, then the 8 of input 2p + 1 (floats p * 32 + h * 16 + t * 8 + n). The bf16 tile spends a
+// shift and a mask on every pair-row it loads, once per row tile; here the dequantization pays them
+// once per task and the tile only loads and multiplies. No segment scales in the tile: one pass over
+// all of K per row tile. Each format writes its panels straight from its codes (q4_f32_panel_block,
+// fp8_f32_panel_block, fp4_f32_panel_block).
+constexpr int kF32PanelMinRows = 4;
+inline float* f32_panel_of(const KernelScratch& s, int kp, int h) {
+  return reinterpret_cast<float*>(s.deq) + size_t(h) * kBlockN * kp;
+}
+// C[r][j*16 + n] (ld 32) = sum_k A_r[k] * W_j[n][k] over fp32 panels; pf: the next block's codes,
+// trickled into L2 across the pair-rows.
+template <int MR, int NB>
+inline void dot_tile_f32(const uint16_t* const* a, const float* const* b, int kp, float* c, Prefetch pf) {
+  __m256 acc[MR][NB][2];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
+  const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
+  const int npairs = kp / 2;
+  const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
+  int countdown = every, next_line = 0;
+  for (int p = 0; p < npairs; ++p) {
+    if (every && --countdown == 0) {
+      countdown = every;
+      if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);
+    }
+    __m256 a0[MR], a1[MR];
+    for (int r = 0; r < MR; ++r) {
+      int32_t v;
+      memcpy(&v, a[r] + 2 * p, 4);
+      const __m256i av = _mm256_set1_epi32(v);
+      a0[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
+      a1[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
+    }
+    for (int j = 0; j < NB; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const __m256 we = _mm256_loadu_ps(b[j] + p * 32 + h * 16), wo = _mm256_loadu_ps(b[j] + p * 32 + h * 16 + 8);
+        for (int r = 0; r < MR; ++r) {
+          acc[r][j][h] = _mm256_fmadd_ps(we, a0[r], acc[r][j][h]);
+          acc[r][j][h] = _mm256_fmadd_ps(wo, a1[r], acc[r][j][h]);
+        }
+      }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) {
+      _mm256_storeu_ps(c + r * 32 + j * 16, acc[r][j][0]);
+      _mm256_storeu_ps(c + r * 32 + j * 16 + 8, acc[r][j][1]);
+    }
+}
+
+template <int NB>
+inline void dot_rows_f32(int mr, const uint16_t* const* a, const float* const* b, int kp, float* c, Prefetch pf) {
+  if (mr >= 2) dot_tile_f32<2, NB>(a, b, kp, c, pf);
+  else dot_tile_f32<1, NB>(a, b, kp, c, pf);
+}
+
+// Row tiles of a gate/up task over the fp32 panels of its block pair; fin(c, r) takes row r's 32 results.
+template <typename Fin>
+void gate_up_f32_panel(const GateUpTask& t, const void* next, size_t next_bytes, Fin&& fin) {
+  float* c = t.scratch->c;
+  const float* b[2] = {f32_panel_of(*t.scratch, t.kp, 0), f32_panel_of(*t.scratch, t.kp, 1)};
+  const int tiles = (t.m + 1) / 2;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += 2, ++tile) {
+    const int mr = tmin(2, t.m - r0);
+    dot_rows_f32<2>(mr, t.x_rows + r0, b, t.kp, c, tile_share(next, next_bytes, tile, tiles));
+    for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
+  }
+}
+
+// Row tiles of a down task over the fp32 panels of blocks j and j + nb - 1: row r's results times its
+// router weight are added to its out_acc row.
+inline void down_f32_panel(const DownTask& t, int j, int nb, const void* next, size_t next_bytes) {
+  float* c = t.scratch->c;
+  const uint16_t* rows[2];
+  const float* b[2] = {f32_panel_of(*t.scratch, t.kp, 0), f32_panel_of(*t.scratch, t.kp, nb - 1)};
+  const int tiles = (t.m + 1) / 2;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += 2, ++tile) {
+    const int mr = tmin(2, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
+    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+    if (nb == 2) dot_rows_f32<2>(mr, rows, b, t.kp, c, pf);
+    else dot_rows_f32<1>(mr, rows, b, t.kp, c, pf);
+    for (int r = 0; r < mr; ++r) {
+      float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+      for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
+    }
+  }
+}
+#endif  // LK_V512 / __AVX2__
+
+// Prefill of the quantized formats on the tiers without the panels (generic; avx2 below
+// kF32PanelMinRows rows; the AVX-512 tiers never get here): one segment of `len` inputs from input k0, which the caller dequantized into L1 (a
 // block pair dg, du; or blocks b[0], b[nb - 1]), run over every row tile of the task with the bf16
 // tile; add(c, r) takes row r's partial sums (32: gate and up; 16 per block: down).
 template <typename Add>
