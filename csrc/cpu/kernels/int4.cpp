@@ -29,7 +29,8 @@ namespace {
 // Prefill (more rows): u - z of the block (pair) dequantized to bf16 (exact: |u - z| <= 15; a 32-entry
 // vpermw table on AVX-512), on the AVX-512 tiers whole into a panel with the group scales applied per
 // segment by the tile (vector dot_tile, or AMX tiles on the amx tier; see panels.h, "Prefill of the quantized
-// formats"), on the generic/avx2 tiers one group at a time into L1, adding scale x partial into fp32 sums.
+// formats"), on the avx2 tier whole into an fp32 panel with the scales folded in (q4_f32_panel_block),
+// on the generic tier one group at a time into L1, adding scale x partial into fp32 sums.
 // Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
 // wna16_int4 --shapes qwen3-30b-a3b, gs=128 sym; docs/results/2026-11-30_epyc2c_wna16_vnni_moe_layer.log):
 // medians of 3 runs, before (bf16 widening) -> after: M=1 0.565 -> 0.535 ms (0.75 -> 0.78 of read
