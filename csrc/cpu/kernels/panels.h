@@ -244,50 +244,12 @@ constexpr int kF32PanelMinRows = 4;
 inline float* f32_panel_of(const KernelScratch& s, int kp, int h) {
   return reinterpret_cast<float*>(s.deq) + size_t(h) * kBlockN * kp;
 }
-// C[r][j*16 + n] (ld 32) = sum_k A_r[k] * W_j[n][k] over fp32 panels; pf: the next block's codes,
-// trickled into L2 across the pair-rows.
-template <int MR, int NB>
-inline void dot_tile_f32(const uint16_t* const* a, const float* const* b, int kp, float* c, Prefetch pf) {
-  __m256 acc[MR][NB][2];
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
-  const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
-  const int npairs = kp / 2;
-  const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
-  int countdown = every, next_line = 0;
-  for (int p = 0; p < npairs; ++p) {
-    if (every && --countdown == 0) {
-      countdown = every;
-      if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);
-    }
-    __m256 a0[MR], a1[MR];
-    for (int r = 0; r < MR; ++r) {
-      int32_t v;
-      memcpy(&v, a[r] + 2 * p, 4);
-      const __m256i av = _mm256_set1_epi32(v);
-      a0[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
-      a1[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
-    }
-    for (int j = 0; j < NB; ++j)
-      for (int h = 0; h < 2; ++h) {
-        const __m256 we = _mm256_loadu_ps(b[j] + p * 32 + h * 16), wo = _mm256_loadu_ps(b[j] + p * 32 + h * 16 + 8);
-        for (int r = 0; r < MR; ++r) {
-          acc[r][j][h] = _mm256_fmadd_ps(we, a0[r], acc[r][j][h]);
-          acc[r][j][h] = _mm256_fmadd_ps(wo, a1[r], acc[r][j][h]);
-        }
-      }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NB; ++j) {
-      _mm256_storeu_ps(c + r * 32 + j * 16, acc[r][j][0]);
-      _mm256_storeu_ps(c + r * 32 + j * 16 + 8, acc[r][j][1]);
-    }
-}
-
+// The tile over fp32 panels (dot_tile's F32W), 2 rows or 1.
 template <int NB>
 inline void dot_rows_f32(int mr, const uint16_t* const* a, const float* const* b, int kp, float* c, Prefetch pf) {
-  if (mr >= 2) dot_tile_f32<2, NB>(a, b, kp, c, pf);
-  else dot_tile_f32<1, NB>(a, b, kp, c, pf);
+  const void* bv[2] = {b[0], b[NB - 1]};
+  if (mr >= 2) dot_tile<2, NB, true>(a, bv, kp, c, pf);
+  else dot_tile<1, NB, true>(a, bv, kp, c, pf);
 }
 
 // Row tiles of a gate/up task over the fp32 panels of its block pair; fin(c, r) takes row r's 32 results.

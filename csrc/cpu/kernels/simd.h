@@ -415,16 +415,26 @@ inline void axpy_16(float w, const float* c, float* o) {
   _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(wv, _mm256_loadu_ps(c + 8), _mm256_loadu_ps(o + 8)));
 }
 
-template <int MR, int NB>
+// F32W: the blocks are the quantized formats' fp32 panels (panels.h, LK_F32_PANELS: per pair-row and
+// 8-row half the even inputs' 8 weights, then the odd ones'), loaded as they are, with the next
+// block's codes (pf) trickled into L2; else bf16 blocks, split with a shift and a mask.
+template <int MR, int NB, bool F32W = false>
 inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, float* c, Prefetch pf,
                      int = 0, const float* const* = nullptr) {
   const uint16_t* const* b = reinterpret_cast<const uint16_t* const*>(bv);
+  const float* const* bf = reinterpret_cast<const float* const*>(bv);
   __m256 acc[MR][NB][2];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
   const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
   const int npairs = kp / 2;
+  const int every = F32W && pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
+  int countdown = every, next_line = 0;
   for (int p = 0; p < npairs; ++p) {
+    if (every && --countdown == 0) {
+      countdown = every;
+      if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);
+    }
     __m256 a0[MR], a1[MR];
     for (int r = 0; r < MR; ++r) {
       int32_t v;
@@ -435,9 +445,15 @@ inline void dot_tile(const uint16_t* const* a, const void* const* bv, int kp, fl
     }
     for (int j = 0; j < NB; ++j) {
       for (int h = 0; h < 2; ++h) {
-        __m256i w = _mm256_loadu_si256((const __m256i*)(b[j] + p * 32 + h * 16));
-        __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-        __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+        __m256 we, wo;
+        if constexpr (F32W) {
+          we = _mm256_loadu_ps(bf[j] + p * 32 + h * 16);
+          wo = _mm256_loadu_ps(bf[j] + p * 32 + h * 16 + 8);
+        } else {
+          const __m256i w = _mm256_loadu_si256((const __m256i*)(b[j] + p * 32 + h * 16));
+          we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+          wo = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+        }
         for (int r = 0; r < MR; ++r) {
           acc[r][j][h] = _mm256_fmadd_ps(we, a0[r], acc[r][j][h]);
           acc[r][j][h] = _mm256_fmadd_ps(wo, a1[r], acc[r][j][h]);
