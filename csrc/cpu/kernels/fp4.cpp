@@ -604,10 +604,20 @@ inline void fp4_f32_panel_block_t(const uint8_t* src, const uint8_t* sc, int kp,
   const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   const __m256i nib = _mm256_set1_epi32(15), sign = _mm256_set1_epi32(int32_t(0x80000000u));
   for (int g = 0; g < kp / G; ++g) {
-    float sf[16];
-    for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]) * gs;
+    __m256 svs[2];
+    if constexpr (NV) {  // the 16 fp8 scales at once
+      const __m256i f16 = fp8x16_to_f16_div256(_mm_loadu_si128((const __m128i*)(sc + g * 16)));
+      const __m256 k = _mm256_set1_ps(256.0f * gs);
+      svs[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(f16)), k);
+      svs[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1)), k);
+    } else {
+      float sf[16];
+      for (int n = 0; n < 16; ++n) sf[n] = fp4_scale_f32<NV>(sc[g * 16 + n]) * gs;
+      svs[0] = _mm256_loadu_ps(sf);
+      svs[1] = _mm256_loadu_ps(sf + 8);
+    }
     for (int h = 0; h < 2; ++h) {
-      const __m256 sv = _mm256_loadu_ps(sf + 8 * h);
+      const __m256 sv = svs[h];
       for (int qd = g * GQ; qd < (g + 1) * GQ; ++qd) {
         // dword n: bytes 2n, 2n + 1 of the half (row 8h + n): inputs 4qd + t (low nibbles, pair-row
         // 2qd) and 4qd + 2 + t (high nibbles, pair-row 2qd + 1) of byte t

@@ -67,13 +67,11 @@ inline void dequant_bf16(const Fp8Weights& q, const uint8_t* src, uint16_t* dst,
 
 #if defined(LK_F32_PANELS)
 // One block of codes whole into an avx2 fp32 panel: code x its scale (per segment, or per row). Per
-// pair-row and 8-row half, pshufb splits the 16 code bytes into the even inputs' 8 and the odd ones'.
-// fp8 e4m3fn bits shifted into fp16's fields (sign to bit 15, the rest << 7) are an fp16 of 2^-8 times
-// the value, subnormals included (vcvtph2ps converts them exactly): the 256 rides on the scale; 0x7F /
-// 0xFF become fp16 NaN. int8 codes are sign-extended and converted.
+// pair-row and 8-row half, pshufb splits the 16 code bytes into the even inputs' 8 and the odd ones';
+// fp8 codes go through fp16 (fp8x16_to_f16_div256, the 256 riding on the scale), int8 codes are
+// sign-extended and converted.
 inline void fp8_f32_panel_block(const Fp8Weights& q, const uint8_t* src, const float* sc, int kp, float* dst) {
   const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80), nan = _mm256_set1_epi16(0x7E00);
   const float unit = q.int8 ? 1.0f : 256.0f;
   const int chunk = q.per_row ? kp : q.seg;
   for (int k0 = 0; k0 < kp; k0 += chunk) {
@@ -88,10 +86,7 @@ inline void fp8_f32_panel_block(const Fp8Weights& q, const uint8_t* src, const f
           w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
           w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
         } else {
-          const __m256i v = _mm256_cvtepu8_epi16(b);
-          const __m256i mag = _mm256_and_si256(v, m7f);
-          __m256i f16 = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(v, m80), 8));
-          f16 = _mm256_blendv_epi8(f16, _mm256_or_si256(f16, nan), _mm256_cmpeq_epi16(mag, m7f));
+          const __m256i f16 = fp8x16_to_f16_div256(b);
           w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
           w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
         }

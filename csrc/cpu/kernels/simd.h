@@ -415,6 +415,17 @@ inline void axpy_16(float w, const float* c, float* o) {
   _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(wv, _mm256_loadu_ps(c + 8), _mm256_loadu_ps(o + 8)));
 }
 
+// 16 fp8 e4m3fn bytes -> 16 fp16 bits of 2^-8 times their values, exact, subnormals included: the sign
+// to bit 15, the other 7 bits << 7 (e4m3's exponent read with fp16's bias, 15 - 7 = 8 higher); 0x7F /
+// 0xFF become fp16 NaN. vcvtph2ps then gives the fp32 values / 256.
+inline __m256i fp8x16_to_f16_div256(__m128i bytes) {
+  const __m256i m7f = _mm256_set1_epi16(0x7F);
+  const __m256i v = _mm256_cvtepu8_epi16(bytes);
+  const __m256i mag = _mm256_and_si256(v, m7f);
+  const __m256i f16 = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+  return _mm256_blendv_epi8(f16, _mm256_or_si256(f16, _mm256_set1_epi16(0x7E00)), _mm256_cmpeq_epi16(mag, m7f));
+}
+
 // F32W: the blocks are the quantized formats' fp32 panels (panels.h, LK_F32_PANELS: per pair-row and
 // 8-row half the even inputs' 8 weights, then the odd ones'), loaded as they are, with the next
 // block's codes (pf) trickled into L2; else bf16 blocks, split with a shift and a mask.
