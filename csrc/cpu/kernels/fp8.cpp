@@ -235,17 +235,10 @@ void down_fp8(const DownTask& t) {
     return;
   }
 #elif defined(LK_F32_PANELS)
-  if (t.m >= kF32PanelMinRows) {
-    for (int j = 0; j < t.nblk; j += 2) {
-      const int nb = tmin(2, t.nblk - j);
-      for (int h = 0; h < nb; ++h)
-        fp8_f32_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per, t.kp,
-                            f32_panel_of(*t.scratch, t.kp, h));
-      down_f32_panel(t, j, nb, j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr,
-                     size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
-    }
-    return;
-  }
+  if (t.m >= kF32PanelMinRows)
+    return down_f32_panels(t, q.w, block_bytes, [&](int blk, float* dst) {
+      fp8_f32_panel_block(q, q.w + size_t(blk) * block_bytes, q.scale + size_t(blk) * per, t.kp, dst);
+    });
 #endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = q.w + size_t(j) * block_bytes;

@@ -571,17 +571,11 @@ void down_q4(const DownTask& t) {
   }
   return;
 #elif defined(LK_F32_PANELS)
-  if (t.m >= kF32PanelMinRows) {
-    for (int j = 0; j < t.nblk; j += 2) {
-      const int nb = tmin(2, t.nblk - j);
-      for (int h = 0; h < nb; ++h)
-        q4_f32_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
-                           q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, f32_panel_of(*t.scratch, t.kp, h));
-      down_f32_panel(t, j, nb, j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr,
-                     size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
-    }
-    return;
-  }
+  if (t.m >= kF32PanelMinRows)
+    return down_f32_panels(t, q.w, block_bytes, [&](int blk, float* dst) {
+      q4_f32_panel_block(q, q.w + size_t(blk) * block_bytes, q.scale + size_t(blk) * per,
+                         q.zero ? q.zero + size_t(blk) * per / 2 : nullptr, t.kp, dst);
+    });
 #endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* src = q.w + size_t(j) * block_bytes;

@@ -284,12 +284,24 @@ inline void down_f32_panel(const DownTask& t, int j, int nb, const void* next, s
     }
   }
 }
+
+// Every block pair of a down task through the fp32 panels: write(blk, dst) fills block blk's panel
+// from the codes at `codes` (block_bytes each), whose next pair the tiles trickle into L2.
+template <typename Write>
+void down_f32_panels(const DownTask& t, const uint8_t* codes, size_t block_bytes, Write&& write) {
+  for (int j = 0; j < t.nblk; j += 2) {
+    const int nb = tmin(2, t.nblk - j);
+    for (int h = 0; h < nb; ++h) write(j + h, f32_panel_of(*t.scratch, t.kp, h));
+    down_f32_panel(t, j, nb, j + 2 < t.nblk ? codes + size_t(j + 2) * block_bytes : nullptr,
+                   size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
+  }
+}
 #endif  // LK_V512 / __AVX2__
 
 // Prefill of the quantized formats on the tiers without the panels (generic; avx2 below
-// kF32PanelMinRows rows; the AVX-512 tiers never get here): one segment of `len` inputs from input k0, which the caller dequantized into L1 (a
-// block pair dg, du; or blocks b[0], b[nb - 1]), run over every row tile of the task with the bf16
-// tile; add(c, r) takes row r's partial sums (32: gate and up; 16 per block: down).
+// kF32PanelMinRows rows; the AVX-512 tiers never get here): one segment of `len` inputs from input
+// k0, which the caller dequantized into L1 (a block pair dg, du; or blocks b[0], b[nb - 1]), run over
+// every row tile of the task with the bf16 tile; add(c, r) takes row r's partial sums (32: gate and up; 16 per block: down).
 template <typename Add>
 void gate_up_segment(const GateUpTask& t, const uint16_t* dg, const uint16_t* du, int k0, int len, Add&& add) {
   float* c = t.scratch->c;
