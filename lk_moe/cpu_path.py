@@ -203,6 +203,11 @@ class CpuExpertPath:
         eager calls and CUDA-graph replays alike; tokens leave out rows of graph padding."""
         return self.counters.read()
 
+    def engine_paths(self):
+        """((calls, tokens, ns) of decode-sized runs, the same of prefill-sized ones, nanoseconds the
+        runs waited for the pool to start them): the engine's split (HostCallCounters.decode_slots)."""
+        return self.counters.read_paths()
+
     def take_errors(self) -> int:
         """Runs since the last take that saw an invalid expert id, or (kernel signal) gave up waiting
         for the engine after kernel_timeout_s; their outputs were NaN. Eager calls and graph replays

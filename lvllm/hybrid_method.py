@@ -16,7 +16,7 @@ import torch
 
 from lk_moe import formats
 
-from .padding import current_padding_rows, drop_padding
+from .padding import engine_ids
 from .policy import LayerPlan, enum_value
 
 
@@ -138,9 +138,8 @@ class HybridMoEMixin:
         if capturing or not hybrid.takes_gpu_path(x.shape[0]):
             # A captured graph replays exactly what was recorded: only the CPU path (copies and a
             # host-function node) is capturable; the streamed GPU path syncs to plan its copies.
-            # Rows vLLM padded to a graph size cost no expert reads.
-            topk_ids = drop_padding(topk_ids, current_padding_rows(x.shape[0]))
-            return hybrid.cpu_path(x, topk_ids, topk_weights)  # counted by the engine (lvllm.stats)
+            # Rows vLLM padded to a graph size, and the profile run's, cost no expert reads.
+            return hybrid.cpu_path(x, engine_ids(topk_ids), topk_weights)  # counted by the engine (lvllm.stats)
         stats = self._lk_runtime.stats
         if stats is None:
             return hybrid.forward(x, topk_ids, topk_weights)

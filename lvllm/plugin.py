@@ -1,16 +1,21 @@
 """The `vllm.general_plugins` entry point: vLLM runs `register()` once in every process.
 
 Switch off (LVLLM_MOE_NUMA_ENABLED unset/0): return at once; nothing of vLLM's internals or of
-lk_moe is imported, vLLM runs exactly as shipped. Switch on: parse every LVLLM_* switch (a bad
-value stops startup naming the variable), check that this is the vLLM the hook was written for,
-then install one hook, once per process, at the moment vLLM itself imports the module it goes
-into (lvllm.post_import: processes that never build a model, like the API server, import nothing
-more than with the switch off):
+lk_moe is imported, vLLM runs exactly as shipped. Switch on: check every LVLLM_* and LK_* setting
+(lvllm.settings: a bad value stops startup in the first process, the API server, naming the
+variable; this loads lk_moe's engine library but starts no thread), check that this is the vLLM the
+hook was written for, then install one hook, once per process, at the moment vLLM itself imports
+the module it goes into (lvllm.post_import: processes that never build a model, like the API
+server, import none of vLLM's model code):
 
 H1  RoutedExperts._get_quant_method: after vLLM picked the layer's method, ask the layer policy;
     hybrid layers get their method re-classed into the hybrid method (lvllm.hybrid_method), which
     also answers `requires_device_loading = False`, so vLLM's post-load step leaves its host
     tensors on the host.
+
+H2  GPUModelRunner.profile_run, in both of vLLM's model runners (v1/worker/gpu_model_runner.py and
+    the V2 runner, v1/worker/gpu/model_runner.py): run inside lvllm.padding.profile_run(), so the
+    memory-profile batch costs the CPU engine no expert reads (it still sizes the GPU paths).
 
 Any check that fails raises PluginError naming the vLLM function and version: never a
 half-installed plugin, never a silent fallback to stock vLLM.
@@ -22,9 +27,10 @@ import inspect
 import logging
 import os
 
-from .config import FALSE_VALUES, LvllmConfig, LvllmConfigError, from_env
+from .config import FALSE_VALUES, LvllmConfig
 from .pins import VLLM as SUPPORTED_VLLM
 from .post_import import when_imported
+from .settings import SettingsError, check as check_settings
 
 logger = logging.getLogger("vllm.lvllm")
 
@@ -45,6 +51,8 @@ def _params(fn) -> tuple:
 
 
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
+# The model runners whose profile run H2 wraps: V1's, and the V2 runner (VLLM_USE_V2_MODEL_RUNNER).
+MODEL_RUNNERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
 
 
 def _check_version() -> str:
@@ -100,6 +108,8 @@ def check_hook_targets() -> str:
     import importlib
     where = f"vLLM {_check_version()}"
     _check(where, _routed_experts_surface(importlib.import_module(ROUTED_EXPERTS)))
+    for name in MODEL_RUNNERS:
+        _check(f"{where} ({name})", _profile_run_surface(importlib.import_module(name)))
     return where
 
 
@@ -126,9 +136,31 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
     RoutedExperts._get_quant_method = _get_quant_method
 
 
+def _profile_run_surface(module) -> dict:
+    runner = getattr(module, "GPUModelRunner", None)
+    return {"GPUModelRunner.profile_run": (getattr(runner, "profile_run", None), ("self", "randomize_inputs"))}
+
+
+def _hook_profile_run(where: str, module) -> None:
+    """H2, once vLLM has imported a model runner module in this process."""
+    _check(f"{where} ({module.__name__})", _profile_run_surface(module))
+    runner = module.GPUModelRunner
+    original = runner.profile_run
+
+    @functools.wraps(original)
+    def profile_run(self, randomize_inputs: bool = False):
+        from .padding import profile_run as marked
+        with marked():
+            return original(self, randomize_inputs)
+
+    runner.profile_run = profile_run
+
+
 def _install(cfg: LvllmConfig) -> None:
     where = f"vLLM {_check_version()}"
     when_imported(ROUTED_EXPERTS, functools.partial(_hook_routed_experts, cfg, where))
+    for name in MODEL_RUNNERS:
+        when_imported(name, functools.partial(_hook_profile_run, where))
 
 
 def register() -> None:
@@ -137,11 +169,16 @@ def register() -> None:
     if not _switch_is_on() or _installed:
         return
     try:
-        cfg = from_env()
-    except LvllmConfigError as e:
+        settings = check_settings()
+    except SettingsError as e:
         raise PluginError(f"lvllm: {e}") from None
-    _install(cfg)
+    cfg = settings.plugin
+    _install(cfg)  # imports vLLM, which sets up the "vllm" loggers
     _installed = True
+    from .metrics import setup_first_process
+    setup_first_process()  # the API server's /metrics shows the workers' lk_moe counters
+    for warning in settings.warnings:
+        logger.warning("lvllm: %s", warning)
     prefill = (f"GPU prefill from {cfg.gpu_prefill_min_batch} tokens" if cfg.gpu_prefill_min_batch
                else "prefill on the CPU")
     logger.info("lvllm %s: lk_moe hybrid MoE enabled (pid %d): %s, prefetch window %d, "

@@ -77,6 +77,7 @@ class WorkerRuntime:
                                    lambda line: logger.info("%s", line), log_error=lambda line: logger.error("%s", line),
                                    lines=cfg.stats_interval > 0)
         self.stats: Optional[WorkerStats] = self.monitor if cfg.stats_interval > 0 else None  # GPU-path counting
+        self.metrics = _metrics_writer(local_rank, self.monitor)
 
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
@@ -174,6 +175,18 @@ class WorkerRuntime:
             self._summary_logged = True
             logger.info("%s", self.summary())
             self.monitor.start()
+            if self.metrics is not None:
+                self.metrics.start()
+
+
+def _metrics_writer(rank: int, monitor: WorkerStats):
+    """The snapshots behind /metrics (lvllm.metrics), where the first process made their directory."""
+    import os
+    from .metrics import DIR_VARIABLE, SnapshotWriter
+    directory = os.environ.get(DIR_VARIABLE)
+    if not directory:
+        return None
+    return SnapshotWriter(directory, rank, lambda: (monitor.totals(), monitor.errors_total))
 
 
 _lock = threading.Lock()

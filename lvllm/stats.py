@@ -32,6 +32,15 @@ class Totals:
     cpu_tokens: int = 0
     cpu_calls: int = 0  # MoE layer calls
     cpu_ns: int = 0  # engine wall time, all layers
+    # The same split by the engine's decode/prefill-sized calls (lk_moe HostCallCounters.read_paths),
+    # and the time calls waited for the pool to start them.
+    cpu_decode_calls: int = 0
+    cpu_decode_tokens: int = 0
+    cpu_decode_ns: int = 0
+    cpu_prefill_calls: int = 0
+    cpu_prefill_tokens: int = 0
+    cpu_prefill_ns: int = 0
+    cpu_queue_ns: int = 0
     gpu_steps: int = 0
     gpu_tokens: int = 0
     gpu_calls: int = 0
@@ -131,11 +140,17 @@ class WorkerStats:
         with self._lock:
             t = Totals(**{f.name: getattr(self._gpu, f.name) for f in fields(Totals)})
         for _, hybrid in self._layers:
-            calls, rows, ns = hybrid.cpu_path.engine_totals()
-            t.cpu_calls += calls
-            t.cpu_ns += ns
+            (dc, dr, dns), (pc, pr, pns), queue_ns = hybrid.cpu_path.engine_paths()
+            t.cpu_calls += dc + pc
+            t.cpu_ns += dns + pns
+            t.cpu_decode_calls += dc
+            t.cpu_decode_ns += dns
+            t.cpu_prefill_calls += pc
+            t.cpu_prefill_ns += pns
+            t.cpu_queue_ns += queue_ns
             if hybrid is self.first:
-                t.cpu_steps, t.cpu_tokens = calls, rows
+                t.cpu_steps, t.cpu_tokens = dc + pc, dr + pr
+                t.cpu_decode_tokens, t.cpu_prefill_tokens = dr, pr
         return t
 
     def tick(self) -> Optional[str]:

@@ -53,10 +53,21 @@ void def_host_call(py::module_& m) {
       m, "HostCallCounters", "running totals of the host-node runs of the HostCalls given this object")
       .def(py::init<>())
       .def("read", [](const lk::HostCallCounters& c) {
-        // Three relaxed loads: a run finishing in between may show in one total and not yet in another.
-        return py::make_tuple(c.calls.load(std::memory_order_relaxed), c.rows.load(std::memory_order_relaxed),
-                              c.ns.load(std::memory_order_relaxed));
-      }, "(calls, rows with an expert id, nanoseconds)");
+        // Relaxed loads: a run finishing in between may show in one total and not yet in another.
+        const auto sum = [&](auto member) {
+          return (c.decode.*member).load(std::memory_order_relaxed) + (c.prefill.*member).load(std::memory_order_relaxed);
+        };
+        return py::make_tuple(sum(&lk::PathCounters::calls), sum(&lk::PathCounters::rows), sum(&lk::PathCounters::ns));
+      }, "(calls, rows with an expert id, nanoseconds), both paths")
+      .def("read_paths", [](const lk::HostCallCounters& c) {
+        const auto path = [](const lk::PathCounters& p) {
+          return py::make_tuple(p.calls.load(std::memory_order_relaxed), p.rows.load(std::memory_order_relaxed),
+                                p.ns.load(std::memory_order_relaxed));
+        };
+        return py::make_tuple(path(c.decode), path(c.prefill), c.queue_ns.load(std::memory_order_relaxed));
+      }, "((calls, rows, ns) of decode-sized calls, the same of prefill-sized ones, queue-wait ns); "
+         "decode-sized: fewer than decode_slots slots per active expert")
+      .def_property_readonly_static("decode_slots", [](py::object) { return lk::HostCallCounters::kDecodeSlots; });
   py::class_<HostCall>(m, "HostCall")
       .def(py::init<const Layer&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                     std::shared_ptr<lk::HostCallCounters>>(),

@@ -374,35 +374,54 @@ void HostForward::run(void* p) {
   const ForwardArgs& a = self->args_;
   const int E = self->layer_->shape().experts;
   bool ok = true;
-  int64_t rows = 0;
+  int64_t rows = 0, slots = 0;
+  // Distinct experts used (for the decode/prefill split of the counters); layers past 4096 experts
+  // count every slot's expert as new, which only tilts the split towards decode.
+  uint64_t seen[64] = {};
+  int64_t active = 0;
   for (int64_t t = 0; t < a.tokens; ++t) {
     bool used = false;
     for (int k = 0; k < a.top_k; ++k) {
       const int32_t id = a.ids[t * a.top_k + k];
       ok &= id >= -1 && id < E;
-      used |= id >= 0;
+      if (id < 0) continue;
+      used = true;
+      ++slots;
+      if (id >= 64 * 64) { ++active; continue; }
+      const uint64_t bit = uint64_t(1) << (id & 63);
+      active += (seen[id >> 6] & bit) == 0;
+      seen[id >> 6] |= bit;
     }
     rows += used;
   }
+  int64_t start_ns = -1;  // when the pool started the job (steady clock), if one ran
   if (!ok) {
     self->errors_.fetch_add(1);
     fill_nan(a, self->layer_->shape().hidden);
   } else {
     try {
       MoELayer& layer = *self->layer_;
-      layer.pool().wait_for(layer.submit(a));
+      const uint32_t seq = layer.submit(a);
+      layer.pool().wait_for(seq);
+      start_ns = layer.pool().started_ns(seq);
     } catch (...) {
       self->errors_.fetch_add(1);
       fill_nan(a, self->layer_->shape().hidden);
     }
   }
-  const auto dt = std::chrono::steady_clock::now() - t0;
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto dt = t1 - t0;
   self->last_us_.store(std::chrono::duration<double, std::micro>(dt).count(), std::memory_order_relaxed);
   if (HostCallCounters* c = self->counters_.get()) {
-    c->calls.fetch_add(1, std::memory_order_relaxed);
-    c->rows.fetch_add(uint64_t(rows), std::memory_order_relaxed);
-    c->ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count()),
-                    std::memory_order_relaxed);
+    const bool decode = slots < HostCallCounters::kDecodeSlots * std::max<int64_t>(active, 1);
+    PathCounters& p = decode ? c->decode : c->prefill;
+    p.calls.fetch_add(1, std::memory_order_relaxed);
+    p.rows.fetch_add(uint64_t(rows), std::memory_order_relaxed);
+    p.ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count()),
+                   std::memory_order_relaxed);
+    const int64_t t0_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
+    if (start_ns >= t0_ns)
+      c->queue_ns.fetch_add(uint64_t(start_ns - t0_ns), std::memory_order_relaxed);
   }
 }
 

@@ -27,10 +27,17 @@ namespace lk {
 
 // Running totals of the host-node runs of one layer's calls, shared by its HostForwards. Counted
 // in the host function itself, so CUDA-graph replays (where no Python runs) are included.
-struct HostCallCounters {
+struct PathCounters {
   std::atomic<uint64_t> calls{0};
   std::atomic<uint64_t> rows{0};  // rows with at least one expert id (vLLM's graph padding is all -1)
   std::atomic<uint64_t> ns{0};    // wall time of the runs: wait for the pool + compute
+};
+struct HostCallCounters {
+  // By the engine's own split: a call whose active experts average fewer than kDecodeSlots slots
+  // (token x expert pairs) each runs the decode tiles; a call without any expert id counts as decode.
+  static constexpr int kDecodeSlots = 16;
+  PathCounters decode, prefill;
+  std::atomic<uint64_t> queue_ns{0};  // host-function start to the pool starting the job (both paths)
 };
 
 // One immutable call: fixed pinned buffers and a fixed token count, so a graph that captured

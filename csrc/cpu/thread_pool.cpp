@@ -244,6 +244,11 @@ void ThreadPool::worker_main(int tid) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     Job* job = ring_[seq % kRing];
+    if (tid == 0)
+      started_ns_[seq % kRing].store(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count(),
+          std::memory_order_release);
     job->run(ctx);
     barrier_wait(/*end_of_job=*/true);
     ++seq;

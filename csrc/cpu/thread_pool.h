@@ -83,6 +83,9 @@ class ThreadPool {
     return int32_t(completed_.load(std::memory_order_acquire) - seq) > 0;
   }
   void wait_for(uint32_t seq);
+  // When the workers started job `seq` (steady_clock nanoseconds; the first worker to take it stamps
+  // it). Kept per ring slot: valid once finished(seq), until kRing later jobs were submitted.
+  int64_t started_ns(uint32_t seq) const { return started_ns_[seq % kRing].load(std::memory_order_acquire); }
   // Pool-wide scratch for the job being run (jobs never overlap).
   HostBuffer& shared_buffer(int slot);
 
@@ -123,6 +126,7 @@ class ThreadPool {
 
   static constexpr uint32_t kRing = 256;
   Job* ring_[kRing] = {};
+  std::atomic<int64_t> started_ns_[kRing] = {};
   std::mutex submit_mu_;
   std::atomic<uint32_t> submitted_{0};  // futex word: jobs queued so far
   std::atomic<uint32_t> completed_{0};  // futex word: jobs finished so far

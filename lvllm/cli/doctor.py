@@ -122,7 +122,21 @@ def machine_checks() -> List[Line]:
             lines.append(Line("ok" if ok else "FAIL", pkg, f"{pkg} {have}" + ("" if ok else f": lvllm needs {pkg}=={want}")))
     lines += gpu_checks()
     lines.append(plugin_check())
+    lines += settings_checks()
     return lines
+
+
+def settings_checks(env=None) -> List[Line]:
+    """The check a switch-on startup makes in its first process (lvllm.settings), with its words."""
+    from ..settings import ENGINE_SETTINGS, PLUGIN_SETTINGS, SettingsError, check
+    env = dict(os.environ if env is None else env)
+    try:
+        settings = check(env)
+    except SettingsError as e:
+        return [Line("FAIL", "settings", f"{e}: `vllm serve` with LVLLM_MOE_NUMA_ENABLED=1 stops at startup on it")]
+    given = [f"{n}={env[n]}" for n in PLUGIN_SETTINGS + ENGINE_SETTINGS if env.get(n, "").strip()]
+    out = [Line("ok", "settings", "LVLLM_* and LK_* valid" + (f": {', '.join(given)}" if given else " (all defaults)"))]
+    return out + [Line("warn", "settings", w) for w in settings.warnings]
 
 
 def gpu_checks() -> List[Line]:
@@ -151,14 +165,15 @@ def plugin_check() -> Line:
     try:
         from ..config import from_env
         cfg = from_env()
-    except ValueError as e:
-        return Line("FAIL", "plugin", str(e))
+    except ValueError:
+        cfg = None  # settings_checks names the variable
     from ..plugin import PluginError, check_hook_targets
     try:
         hooks = f"hooks fit {check_hook_targets()}"
     except PluginError as e:
         return Line("FAIL", "plugin", str(e))
-    state = "on" if cfg.enabled else "off (LVLLM_MOE_NUMA_ENABLED=0: stock vLLM)"
+    state = ("unknown (a bad LVLLM_* value, see settings)" if cfg is None else
+             "on" if cfg.enabled else "off (LVLLM_MOE_NUMA_ENABLED=0: stock vLLM)")
     return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; {hooks}; switch {state}")
 
 

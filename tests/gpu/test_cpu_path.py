@@ -51,6 +51,10 @@ def test_auto_signal_takes_the_kernel_for_decode_sizes_only(experts):
         assert_matches_reference(out.cpu(), x, w13, w2, ids, w)
     assert 256 not in path._kargs and 7 in path._kargs  # only decode sizes went through the kernel
     assert path.engine_totals()[0] == 3
+    # The counters' split is the engine's: M = 1 and 7 use < 16 slots per active expert (decode), 256 not.
+    decode, prefill, queue_ns = path.engine_paths()
+    assert decode[:2] == (2, 8) and prefill[:2] == (1, 256), (decode, prefill)
+    assert 0 < queue_ns < decode[2] + prefill[2]  # waiting for the pool is part of each run's time
     path.check_errors()
 
 

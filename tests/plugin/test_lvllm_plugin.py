@@ -59,18 +59,21 @@ def test_switch_on_with_another_vllm_version_stops_startup(other):
 
 def test_switch_on_hooks_go_in_when_vllm_imports_their_modules():
     """register() imports none of vLLM's model code (the API server and LLM() front end stay as
-    with the switch off); the hooks go in the moment vLLM imports RoutedExperts / the loader."""
+    with the switch off) and starts no engine thread (it loads lk_moe to check the LK_* settings);
+    the hooks go in the moment vLLM imports RoutedExperts / the loader."""
     pytest.importorskip("vllm")
     code = (
         "import sys, vllm\n"
         "from lvllm import pins\n"
         "if vllm.__version__ != pins.VLLM: print('other vllm'); raise SystemExit(0)\n"
         "import lvllm.plugin as p; p.register()\n"
-        "heavy = [m for m in sys.modules if m.startswith(('vllm.model_executor', 'lk_moe', 'triton_kernels'))]\n"
+        "heavy = [m for m in sys.modules if m.startswith(('vllm.model_executor', 'lk_moe.hybrid', 'lk_moe.cpu_path',\n"
+        "                                                 'lvllm.runtime', 'triton_kernels'))]\n"
         "assert not heavy, heavy\n"
+        "import lk_moe.engine, threading\n"
+        "assert lk_moe.engine._pool is None and threading.active_count() == 1, threading.enumerate()\n"
         "from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts\n"
         "assert hasattr(RoutedExperts._get_quant_method, '__wrapped__'), 'H1 not installed'\n"
-        "assert 'lk_moe' not in sys.modules\n"
         "print('hooks ok')\n")
     r = _run(code, LVLLM_MOE_NUMA_ENABLED="1")
     if "other vllm" in r.stdout:

@@ -14,19 +14,25 @@ class FakeLayer:
     """A hybrid layer as the stats see it: engine totals of its CPU path, a streamer."""
 
     def __init__(self):
-        self.engine = [0, 0, 0]  # calls, tokens, ns
+        self.engine = {"decode": [0, 0, 0], "prefill": [0, 0, 0]}  # calls, tokens, ns
+        self.queue_ns = 0
         self.errors = 0  # NaN runs not yet taken (invalid ids, kernel-signal timeouts)
-        self.cpu_path = SimpleNamespace(engine_totals=lambda: tuple(self.engine), take_errors=self._take_errors)
+        self.cpu_path = SimpleNamespace(engine_paths=self._paths, take_errors=self._take_errors)
         self.streamer = None
+
+    def _paths(self):
+        return tuple(self.engine["decode"]), tuple(self.engine["prefill"]), self.queue_ns
 
     def _take_errors(self):
         n, self.errors = self.errors, 0
         return n
 
-    def run(self, tokens, ns):
-        self.engine[0] += 1
-        self.engine[1] += tokens
-        self.engine[2] += ns
+    def run(self, tokens, ns, path="decode", queue_ns=0):
+        e = self.engine[path]
+        e[0] += 1
+        e[1] += tokens
+        e[2] += ns
+        self.queue_ns += queue_ns
 
 
 def _stats(clock, layers_by_index):
@@ -56,8 +62,13 @@ def test_steps_and_tokens_come_from_the_first_layer_time_from_all():
     for tokens in (4, 5):  # two decode steps through both layers
         a.run(tokens, 2_000_000)
         b.run(tokens, 3_000_000)
+    a.run(300, 9_000_000, path="prefill", queue_ns=1000)  # a prompt chunk
+    b.run(300, 11_000_000, path="prefill", queue_ns=2000)
     t = s.totals()
-    assert (t.cpu_steps, t.cpu_tokens, t.cpu_calls, t.cpu_ns) == (2, 9, 4, 10_000_000)
+    assert (t.cpu_steps, t.cpu_tokens, t.cpu_calls, t.cpu_ns) == (3, 309, 6, 30_000_000)
+    assert (t.cpu_decode_calls, t.cpu_decode_tokens, t.cpu_decode_ns) == (4, 9, 10_000_000)
+    assert (t.cpu_prefill_calls, t.cpu_prefill_tokens, t.cpu_prefill_ns) == (2, 300, 20_000_000)
+    assert t.cpu_queue_ns == 3000
 
 
 def test_one_line_per_interval_and_none_when_idle():
@@ -159,7 +170,9 @@ def test_engine_counters_start_at_zero():
     # The counting itself runs in the host function of a CUDA stream: tests/gpu/test_cpu_path.py.
     from lk_moe import _C
 
-    assert _C.HostCallCounters().read() == (0, 0, 0)
+    c = _C.HostCallCounters()
+    assert c.read() == (0, 0, 0)
+    assert c.read_paths() == ((0, 0, 0), (0, 0, 0), 0) and _C.HostCallCounters.decode_slots == 16
 
 
 def test_cpu_path_errors_are_logged_once_per_interval_with_counts():
