@@ -37,6 +37,11 @@
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
 #   bash dev/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
+#   bash dev/device_acceptance.sh serve1    # default `vllm serve` startup by phase, hybrid vs stock, gpt-oss-120b
+#                                             # shape: lk_moe counters on /metrics right after startup, SIGINT exit
+#   bash dev/device_acceptance.sh serve2    # Qwen3-30B-A3B shape: hybrid under `vllm bench serve` (c=1,8,32),
+#                                             # disconnects, /metrics, SIGINT exit; then stock's startup
+#   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline)
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -208,6 +213,18 @@ grep -h '^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
     body="$verdict; $cpu_tests tests/engine/test_fp8_block.py tests/engine/test_channel_formats.py tests/engine/test_wna16.py \
 tests/engine/test_mxfp4.py tests/engine/test_nvfp4.py tests/engine/test_fp4_q15.py tests/engine/test_moe_layer.py \
 tests/engine/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log" ;;
+  serve1)
+    body="python3 benchmarks/serve_load.py --shape gpt-oss-120b --modes hybrid,stock --startup-only \
+--results \$OUT/serve.json --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
+  serve2)
+    body="cp benchmarks/results-carry.json \$OUT/serve.json 2>/dev/null
+bash -c 'python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes hybrid --results \$OUT/serve.json \
+--log-dir \$OUT/serve && python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes stock --startup-only \
+--results \$OUT/serve.json --log-dir \$OUT/serve' > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
+  serve3)
+    body="cp benchmarks/results-carry.json \$OUT/serve.json 2>/dev/null
+python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --results \$OUT/serve.json \
+--log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

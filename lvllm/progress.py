@@ -32,4 +32,4 @@ class LoadProgress:
         rate = self.bytes / self.busy_s / 1e9 if self.busy_s > 0 else 0.0
         head = "lk_moe: experts of all" if final else "lk_moe: experts of"
         return (f"{head} {self.layers}{of} hybrid MoE layers in host RAM ({self.bytes / (1 << 30):.1f} GiB, "
-                f"repacked at {rate:.1f} GB/s)")
+                f"repacked at {rate:.1f} GB/s in {self.busy_s:.1f} s)")

@@ -13,14 +13,14 @@ def test_lines_every_interval_and_at_the_end():
         p.layer_done(1 << 30, 0.5)
     assert len(lines) == 2  # at 6.5 s (5 s after the start) and at the last layer
     assert lines[0].startswith("lk_moe: experts of 3/4") and "3.0 GiB" in lines[0]
-    assert lines[1].startswith("lk_moe: experts of all 4/4") and "repacked at 2.1 GB/s" in lines[1]
+    assert lines[1].startswith("lk_moe: experts of all 4/4") and "repacked at 2.1 GB/s in 2.0 s" in lines[1]
 
 
 def test_unknown_total():
     lines = []
     p = LoadProgress(total_layers=None, log=lines.append, every_s=0.0)
     p.layer_done(1 << 29, 0.25)
-    assert lines == ["lk_moe: experts of 1 hybrid MoE layers in host RAM (0.5 GiB, repacked at 2.1 GB/s)"]
+    assert lines == ["lk_moe: experts of 1 hybrid MoE layers in host RAM (0.5 GiB, repacked at 2.1 GB/s in 0.2 s)"]
 
 
 def test_runtime_counts_planned_layers_and_logs_the_last():
