@@ -125,24 +125,32 @@ class Server:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
     def stop(self, timeout: float = 60.0) -> tuple:
-        """SIGINT; (seconds until it exited, exit code), or (None, None) if it had to be killed."""
+        """SIGINT to the API server; (seconds until it exited, its exit code, seconds until every process
+        it started was gone too, whether any had to be killed). None where it did not happen in `timeout`."""
         t = time.time()
         self.proc.send_signal(signal.SIGINT)  # what `kill -INT` or Ctrl-C in its terminal sends
         try:
             rc = self.proc.wait(timeout)
-            out = (round(time.time() - t, 1), rc)
+            exited = round(time.time() - t, 1)
         except subprocess.TimeoutExpired:
-            out = (None, None)
-        # Whatever is left of the group (engine core, workers) goes now; a survivor is reported.
-        try:
+            rc = exited = None
+        while self._group_alive() and time.time() - t < timeout:  # engine core, workers
+            time.sleep(0.1)
+        all_gone = None if self._group_alive() else round(time.time() - t, 1)
+        killed = all_gone is None
+        if killed:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            survivors = True
-        except ProcessLookupError:
-            survivors = False
         self.proc.wait()
         self.log.close()
-        return out + (survivors,)
+        return exited, rc, all_gone, killed
 
 
 def left(a, margin: float = 0.0) -> float:
@@ -234,7 +242,7 @@ def run_mode(a, mode: str) -> dict:
     except Exception as e:
         res["error"] = str(e)
     finally:
-        res["shutdown_s"], res["exit_code"], res["killed_leftovers"] = srv.stop(max(5.0, min(60.0, left(a, 10))))
+        res["shutdown_s"], res["exit_code"], res["all_exited_s"], res["killed"] = srv.stop(max(5.0, min(60.0, left(a, 10))))
     return res
 
 
@@ -258,8 +266,8 @@ def print_mode(r: dict) -> None:
         print(f"   disconnects: {r['disconnects']}")
     if r.get("counters_after"):
         print(f"   lk_moe counters after the load: {counter_summary(r['counters_after'])}")
-    print(f"   SIGINT -> exited in {r['shutdown_s']} s, exit code {r['exit_code']}"
-          + ("; processes left behind were killed" if r.get("killed_leftovers") else ""), flush=True)
+    print(f"   SIGINT -> API server exited in {r['shutdown_s']} s, exit code {r['exit_code']}; every process it "
+          f"started gone after {r['all_exited_s']} s" + ("; survivors were killed" if r.get("killed") else ""), flush=True)
 
 
 def print_table(results: dict) -> None:

@@ -218,12 +218,13 @@ tests/engine/test_formats.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests
 --results \$OUT/serve.json --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
   serve2)
     body="cp benchmarks/results-carry.json \$OUT/serve.json 2>/dev/null
-bash -c 'python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes hybrid --results \$OUT/serve.json \
---log-dir \$OUT/serve && python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes stock --startup-only \
---results \$OUT/serve.json --log-dir \$OUT/serve' > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
+bash -c 'python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes hybrid --prompts-per-conc 1 \
+--results \$OUT/serve.json --log-dir \$OUT/serve && python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes stock --startup-only \
+--results \$OUT/serve.json --log-dir \$OUT/serve' > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log
+timeout $left python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cpu_path.py -k 'auto_signal or engine_totals' 2>&1 | tail -3" ;;
   serve3)
     body="cp benchmarks/results-carry.json \$OUT/serve.json 2>/dev/null
-python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --results \$OUT/serve.json \
+python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts-per-conc 1 --results \$OUT/serve.json \
 --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
