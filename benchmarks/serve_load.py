@@ -207,11 +207,14 @@ def disconnects(srv: Server, n: int, output_len: int) -> dict:
         {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            ok = r.status == 200 and len(json.loads(r.read())["choices"][0]["text"]) > 0
+            status, body = r.status, json.loads(r.read())
     except Exception as e:
         return {"streams_dropped": n, "after_ok": False, "error": str(e)}
+    # Tokens, not text: dummy weights may sample special tokens, which detokenize to nothing.
+    tokens = (body.get("usage") or {}).get("completion_tokens")
     health = _get(srv.base + "/health")[0]
-    return {"streams_dropped": n, "after_ok": ok and health == 200, "after_s": round(time.time() - t, 2)}
+    return {"streams_dropped": n, "after_ok": status == 200 and tokens == 16 and health == 200,
+            "after_tokens": tokens, "after_s": round(time.time() - t, 2)}
 
 
 def run_mode(a, mode: str) -> dict:

@@ -1,5 +1,5 @@
 """Runtime statistics of one worker process, logged as one line per rank every
-LVLLM_STATS_INTERVAL seconds (vLLM 0.26's /metrics could not take metrics from worker processes; not re-checked on 0.33).
+LVLLM_STATS_INTERVAL seconds; the same totals feed the /metrics counters (lvllm.metrics).
 
 What is counted, and where:
 - CPU path: by the engine's host function (lk_moe HostCallCounters), so decode steps replayed
