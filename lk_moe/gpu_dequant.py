@@ -40,12 +40,13 @@ NATIVE_KERNELS = gpu_native.KERNELS  # format -> (first capability, vLLM kernel 
 GPU_FORMATS = formats.GPU  # formats with a GPU path (streamed or resident)
 
 
-def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None):
+def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None, activation: str = "silu"):
     """(path, reason) for `format`'s routed experts on a GPU of `capability` (major, minor; default:
     the current device's, or None without CUDA): path is "bf16" (plain bf16 GEMM), "native" (vLLM's
     fused-MoE kernel on the format's codes, lk_moe.gpu_native), "fallback" (dequantize to bf16 on the
     GPU, then the bf16 GEMM) or "cpu" (no GPU path for the format: prefill stays on the CPU).
-    force_fallback: default LK_FORCE_GPU_FALLBACK."""
+    force_fallback: default LK_FORCE_GPU_FALLBACK. activation: the layer's; the native kernels are wired
+    for plain silu only."""
     if format == "bf16":
         return "bf16", "bf16 experts: bf16 GEMM"
     if format not in BYTE_FORMATS + FOUR_BIT_FORMATS:
@@ -58,6 +59,9 @@ def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None
         capability = tuple(torch.cuda.get_device_capability())
     if force_fallback:
         return "fallback", f"{format}: LK_FORCE_GPU_FALLBACK=1 (dequantize to bf16 on the GPU + bf16 GEMM)"
+    if activation != "silu" and format in NATIVE_KERNELS:
+        return "fallback", (f"{format}: the native kernel path computes silu only, this layer's activation is "
+                            f"{activation} (dequantize to bf16 on the GPU + bf16 GEMM)")
     if format not in NATIVE_KERNELS:
         return "fallback", (f"{format}: no native GPU kernel wired into lk_moe (FP4 MMA needs sm_100+, and vLLM's "
                             "FP4 MoE kernels want their own scale layouts); dequantize to bf16 on the GPU + bf16 GEMM")

@@ -4,9 +4,8 @@ GPU-resident layers; vLLM's fused-MoE kernel can take its place behind the same 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .reference import swigluoai
+from .reference import ACTIVATIONS, gate_activation
 
 
 _OUT_DTYPE_OK = True
@@ -55,10 +54,10 @@ def experts_forward(x_pad: torch.Tensor, batch: RoutedBatch, w13: torch.Tensor, 
     """Add sum_k w * (down(act(gate x + b_gate, up x + b_up)) + b_down) for experts first_expert.. (or
     expert_ids, with w13/w2 indexed by position in that list) into out_acc [M, h_pad] fp32.
     w13: [n, 2*kp2, kp1], w2: [n, h_pad, kp2], x_pad: [M, kp1]; biases: None or (b13 [n, 2*kp2],
-    b2 [n, h_pad]) bf16 (mxfp4, as the engine holds them); act: silu(gate) * up, or "swigluoai" with
-    swiglu = (alpha, limit) (lk_moe.reference.swigluoai)."""
-    if activation not in ("silu", "swigluoai"):
-        raise ValueError(f"activation must be 'silu' or 'swigluoai', got {activation!r}")
+    b2 [n, h_pad]) bf16 (mxfp4, as the engine holds them); act: lk_moe.reference.gate_activation
+    ("silu", "silu_clamp" or "swigluoai", with swiglu = (alpha, limit))."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
     kp2 = w2.shape[2]
     ids = expert_ids if expert_ids is not None else range(first_expert, first_expert + w13.shape[0])
     for j, e in enumerate(ids):
@@ -73,7 +72,7 @@ def experts_forward(x_pad: torch.Tensor, batch: RoutedBatch, w13: torch.Tensor, 
         if biases is not None:
             h += biases[0][j].float()
         gate, up = h[:, :kp2], h[:, kp2:]
-        act = swigluoai(gate, up, *swiglu) if activation == "swigluoai" else F.silu(gate) * up
+        act = gate_activation(activation, gate, up, *swiglu)
         y = _mm_f32(act.to(x_pad.dtype), w2[j].t())
         if biases is not None:
             y += biases[1][j].float()

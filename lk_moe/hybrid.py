@@ -277,7 +277,8 @@ class HybridMoE:
         self.native: Optional[gpu_native.NativeExperts] = None
         if needs_gpu_copy:
             gpu_sources(self.layer)  # a format without a GPU path: ValueError naming it
-            self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback)
+            self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback,
+                                                                       activation=self.layer.activation)
             if self.gpu_path == "native":  # vLLM's kernel, checked once here (raises naming the way out)
                 self.native = gpu_native.NativeExperts(
                     self.format, self.layer._impl.padded_dims,
@@ -288,7 +289,7 @@ class HybridMoE:
             else:
                 impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"
             self.copy_layout = GpuCopyLayout(self.layer, impl)
-        # The engine's activation (mxfp4 may be swigluoai), applied by the GPU paths too.
+        # The engine's activation (silu_clamp, or mxfp4's swigluoai) and its (alpha, limit), applied by the GPU paths too.
         self.activation = self.layer.activation
         self.swiglu = tuple(self.layer._impl.swiglu)
         # What dequantizes the weights (None: nothing does, bf16 or the native path).

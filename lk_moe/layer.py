@@ -63,12 +63,14 @@ class MoELayer:
     e = topk_ids[m, k]; an id of -1 marks an unused slot.
     """
 
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, activation: str = "silu", *, pool=None):
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, activation: str = "silu", *, pool=None,
+                 swiglu_limit: float = 7.0):
+        """activation: "silu", or "silu_clamp" (silu(min(gate, swiglu_limit)) * clamp(up, +-swiglu_limit))."""
         if not isinstance(w13, torch.Tensor) or not isinstance(w2, torch.Tensor):
             raise TypeError("w13 and w2 must be torch.Tensor")
         int8_act_from_env()  # the engine reads LK_INT8_ACT at construction: a bad value is a ConfigError here
         self._pool = pool if pool is not None else default_pool()
-        self._impl = _C.Layer(self._pool, w13, w2, activation)
+        self._impl = _C.Layer(self._pool, w13, w2, activation, swiglu_limit=float(swiglu_limit))
         self.activation = activation
         self._source_bytes = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
 
@@ -100,9 +102,11 @@ class MoELayer:
         Block sizes and the like are read from the tensors' shapes; `block_size=(rows, cols)` is
         needed only where the shapes do not tile exactly. Unquantized: "bf16" (fp16 too).
 
-        activation: the model's, for every format: "silu" (default), or for "mxfp4" "swigluoai" (gpt-oss):
-        g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g * sigmoid(alpha * g) with
-        swiglu_alpha = 1.702, swiglu_limit = 7.0; w13_bias is added to gate/up before it, and the expert
+        activation: the model's, for every format: "silu" (default), "silu_clamp" (vLLM's silu with
+        swiglu_limit, DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit)), or for "mxfp4"
+        "swigluoai" (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g *
+        sigmoid(alpha * g) with swiglu_alpha = 1.702; swiglu_limit (default 7.0, gpt-oss's) is the
+        limit of both clamped ones; w13_bias is added to gate/up before the activation, and the expert
         output w2 @ act + w2_bias is what the router weight scales.
         mxfp4 only: hidden_size / intermediate_size are the real H and I when vLLM padded the tensors
         (default: the tensors' sizes; the padding is dropped, x and the output are [M, hidden_size]);
@@ -120,7 +124,8 @@ class MoELayer:
             if not isinstance(tensors[n], torch.Tensor):
                 raise TypeError(f"{n} must be a torch.Tensor, got {type(tensors[n]).__name__}")
         if format == "bf16":
-            return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool)
+            return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool,
+                       swiglu_limit=swiglu_limit)
         self = cls.__new__(cls)
         int8_act_from_env()  # as in __init__: a ConfigError for every format, before the engine reads it
         self._pool = pool if pool is not None else default_pool()
@@ -136,16 +141,18 @@ class MoELayer:
                                         interleaved=bool(interleaved), swiglu_alpha=float(swiglu_alpha),
                                         swiglu_limit=float(swiglu_limit))
         elif format == "nvfp4":
-            self._impl = _C.Layer.nvfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
+            self._impl = _C.Layer.nvfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
+                                        swiglu_limit=float(swiglu_limit))
         elif format == "wna16_int4":
-            self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation)
+            self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
+                                             swiglu_limit=float(swiglu_limit))
         elif format == "fp8_block":
             bn, bk = block_size if block_size is not None else (0, 0)
             self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
-                                            block_n=int(bn), block_k=int(bk))
+                                            block_n=int(bn), block_k=int(bk), swiglu_limit=float(swiglu_limit))
         else:
             self._impl = _C.Layer.per_channel(self._pool, *(tensors[n] for n in names), activation=activation,
-                                              format=format)
+                                              format=format, swiglu_limit=float(swiglu_limit))
         self.activation = activation
         present = names + tuple(n for n, t in zip(row.optional, opt) if t is not None)
         self._source_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in present)

@@ -13,6 +13,26 @@ def swigluoai(gate, up, alpha=1.702, limit=7.0):
     return (u + 1) * g * torch.sigmoid(alpha * g)
 
 
+def silu_clamp(gate, up, limit):
+    """silu with vLLM's swiglu_limit (DeepSeek-V4; fused_moe/activation.py silu_and_mul_with_clamp):
+    silu(min(gate, limit)) * clamp(up, -limit, limit)."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+ACTIVATIONS = ("silu", "silu_clamp", "swigluoai")
+
+
+def gate_activation(activation, gate, up, alpha=1.702, limit=7.0):
+    """The experts' activation of the pre-activations gate and up, by name (ACTIVATIONS)."""
+    if activation == "swigluoai":
+        return swigluoai(gate, up, alpha, limit)
+    if activation == "silu_clamp":
+        return silu_clamp(gate, up, limit)
+    if activation == "silu":
+        return F.silu(gate) * up
+    raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+
+
 def routed_experts(topk_ids):
     """(expert, token rows, top-k slots) of every expert at least one token routes to; -1 ids skipped."""
     for e in torch.unique(topk_ids).tolist():
@@ -40,7 +60,8 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
                   act_round=None):
     """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H].
 
-    activation "silu": silu(gate) * up; "swigluoai": see `swigluoai`. interleaved: w13 rows are
+    activation "silu": silu(gate) * up; "silu_clamp": see `silu_clamp`; "swigluoai": see `swigluoai`
+    (both clamp at swiglu_limit). interleaved: w13 rows are
     gate_0, up_0, gate_1, ... (gpt-oss) instead of [gate; up]. Biases (optional, [E, 2I] in w13's row
     order and [E, H]): h = x w13^T + b13 before the activation, y = act w2^T + b2 scaled by the weight.
 
@@ -58,10 +79,7 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
         if w13_bias is not None:
             h = h + w13_bias[e].float()
         gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :I], h[:, I:])
-        if activation == "swigluoai":
-            act = swigluoai(gate, up, swiglu_alpha, swiglu_limit)
-        else:
-            act = F.silu(gate) * up
+        act = gate_activation(activation, gate, up, swiglu_alpha, swiglu_limit)
         if act_round is not None:
             act = act_round(act)
         w2e = w2[e].float()
@@ -225,7 +243,7 @@ def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swi
         w2 = dequantize_mxfp4(q2[e], s2[e])[:H, :I].to(x.dtype)
         h = F.linear(x[tok], w13, None if b13 is None else b13[e].to(x.dtype))
         gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :I], h[:, I:])
-        act = swigluoai(gate, up, swiglu_alpha, swiglu_limit) if activation == "swigluoai" else F.silu(gate) * up
+        act = gate_activation(activation, gate, up, swiglu_alpha, swiglu_limit)
         y = F.linear(act, w2, None if b2 is None else b2[e, :H].to(x.dtype))
         out.index_add_(0, tok, y.float() * topk_weights[tok, k].unsqueeze(1))
     return out.to(x.dtype)

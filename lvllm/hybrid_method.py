@@ -17,7 +17,7 @@ import torch
 from lk_moe import formats
 
 from .padding import engine_ids
-from .policy import LayerPlan, enum_value
+from .policy import LayerPlan, engine_activation
 
 
 def _fixed(value):
@@ -171,16 +171,17 @@ def _engine_layout(fmt: str, tensors: dict) -> dict:
 
 def _format_args(layer, plan: LayerPlan) -> dict:
     """What the tensors cannot say: the activation and its constants, the real (unpadded) sizes."""
-    if plan.format != "mxfp4":
-        return {}
-    act = enum_value(layer.activation)
-    args = {"activation": act, "interleaved": act == "swigluoai",
-            "hidden_size": int(layer.hidden_size), "intermediate_size": int(layer.intermediate_size_per_partition)}
+    act, limit = engine_activation(layer.activation, getattr(layer, "swiglu_limit", None))
+    args = {} if act == "silu" else {"activation": act}
     # gpt-oss leaves them unset on the layer; its kernels take 1.702 and 7.0 (the engine's defaults).
+    if limit is not None:
+        args["swiglu_limit"] = limit
+    if plan.format != "mxfp4":
+        return args
+    args.update(activation=act, interleaved=act == "swigluoai", hidden_size=int(layer.hidden_size),
+                intermediate_size=int(layer.intermediate_size_per_partition))
     if getattr(layer, "swiglu_alpha", None) is not None:
         args["swiglu_alpha"] = float(layer.swiglu_alpha)
-    if getattr(layer, "swiglu_limit", None) is not None:
-        args["swiglu_limit"] = float(layer.swiglu_limit)
     return args
 
 

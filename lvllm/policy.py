@@ -114,18 +114,27 @@ _REFUSALS = (
 )
 
 
+def engine_activation(activation, swiglu_limit) -> tuple:
+    """(the engine's activation name, its limit or None) for vLLM's (MoEActivation, layer.swiglu_limit):
+    silu with a swiglu_limit is the engine's "silu_clamp" (DeepSeek-V4); swigluoai keeps its limit
+    (None: gpt-oss's 7.0)."""
+    name = enum_value(activation)
+    limit = None if swiglu_limit is None else float(swiglu_limit)
+    if name == "silu" and limit is not None:
+        return "silu_clamp", limit
+    return name, limit
+
+
 def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
     """Refuse what the engine or the hybrid method does not do, with the way out."""
     objs = {"config": moe_config, "layer": layer, "parallel": getattr(moe_config, "moe_parallel_config", None)}
     problems = []
     row = formats.get(fmt)
-    activation = enum_value(getattr(moe_config, "activation", "silu"))
+    activation, _ = engine_activation(getattr(moe_config, "activation", "silu"), getattr(layer, "swiglu_limit", None))
     if activation not in row.activations:
         problems.append(f"activation {activation!r} with {fmt} experts (the engine runs {', '.join(row.activations)})")
     if getattr(moe_config, "has_bias", False) and not row.biases:
         problems.append(f"expert biases with {fmt} experts")
-    if activation == "silu" and getattr(layer, "swiglu_limit", None) is not None:
-        problems.append("a clamped SwiGLU (swiglu_limit) with silu")
     for where, attr, refused, what in _REFUSALS:
         obj = objs[where]
         if obj is not None and hasattr(obj, attr) and refused(getattr(obj, attr)):

@@ -48,8 +48,8 @@ std::array<int64_t, 3> Layer::check_byte_weights(const at::Tensor& w13, const at
 // w13_weight_scale_inv / w2_weight_scale_inv fp32 per (bn x bk) block.
 Layer Layer::fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                        const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                       int64_t block_n, int64_t block_k) {
-  require_silu(activation);
+                       int64_t block_n, int64_t block_k, double swiglu_limit) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, "fp8_block");
   const auto [E, I, H] = check_byte_weights(w13, w2, s13, s2, at::kFloat8_e4m3fn, "float8_e4m3fn",
                                             "w13_weight_scale_inv", "w2_weight_scale_inv");
   if (s13.dim() != 3 || s13.size(0) != E || s2.dim() != 3 || s2.size(0) != E || s13.size(1) < 1 ||
@@ -78,15 +78,15 @@ Layer Layer::fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w
   src.w13 = w13.data_ptr();
   src.w2 = w2.data_ptr();
   src.rest = lk::ByteScales{s13.data_ptr<float>(), s2.data_ptr<float>(), int(bn), int(bk)};
-  return build(std::move(pool), src, E, I, H);
+  return build(std::move(pool), src, E, I, H, act);
 }
 
 // fp8_channel / int8_channel: compressed-tensors channel quantization (vLLM CT W8A8 int8, CT FP8
 // channel): w13_weight / w2_weight fp8 or int8, w13_weight_scale [E, 2I, 1], w2_weight_scale [E, H, 1].
 Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                          const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                         const std::string& format) {
-  require_silu(activation);
+                         const std::string& format, double swiglu_limit) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, format);
   const bool int8 = format == "int8_channel";
   const auto [E, I, H] =
       check_byte_weights(w13, w2, s13, s2, int8 ? at::kChar : at::kFloat8_e4m3fn,
@@ -103,7 +103,7 @@ Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor&
   src.w13 = w13.data_ptr();
   src.w2 = w2.data_ptr();
   src.rest = lk::ByteScales{s13.data_ptr<float>(), s2.data_ptr<float>()};  // 0 x 0 blocks: one scale per row
-  return build(std::move(pool), src, E, I, H);
+  return build(std::move(pool), src, E, I, H, act);
 }
 
 // wna16_int4: compressed-tensors WNA16 int4 experts as vLLM holds them after loading (K-first,
@@ -112,8 +112,8 @@ Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor&
 // int32 [E, H/gs, ceil(2I/8)] and [E, I/gs, ceil(H/8)] (None, None: symmetric).
 Layer Layer::wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                         const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
-                        std::optional<at::Tensor> z2, const std::string& activation) {
-  require_silu(activation);
+                        std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, "wna16_int4");
   for (auto [t, name] : {std::pair{&w13, "w13_weight_packed"}, std::pair{&w2, "w2_weight_packed"}})
     if (t->scalar_type() != at::kInt)
       throw py::type_error(std::string(name) + " must be int32 (8 int4 codes per element), got " + dtype_name(*t));
@@ -164,7 +164,7 @@ Layer Layer::wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& 
   g.gs1 = int(H / G1);
   g.gs2 = int(I / G2);
   g.fp16_scale = st == DType::kFP16;
-  return build(std::move(pool), src, E, I, H);
+  return build(std::move(pool), src, E, I, H, act);
 }
 
 // mxfp4: OCP MX FP4 experts as vLLM's GptOssMxfp4MoEMethod / Mxfp4MoEMethod hold them after loading
@@ -176,10 +176,7 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                    const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> b13,
                    std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
                    int64_t intermediate_size, bool interleaved, double alpha, double limit) {
-  lk::Activation act;
-  if (activation == "silu") act = lk::Activation::kSiLU;
-  else if (activation == "swigluoai") act = lk::Activation::kSwigluOAI;
-  else throw py::value_error("activation '" + activation + "' is not supported for mxfp4 (supported: swigluoai, silu)");
+  const ActivationArg act = parse_activation(activation, limit, "mxfp4", /*swigluoai=*/true);
   for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
     if (t->scalar_type() != at::kByte)
       throw py::type_error(std::string(name) + " must be uint8 (two e2m1 codes per byte), got " + dtype_name(*t));
@@ -259,9 +256,9 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
 // checked and ignored (W4A16 compute). Every problem is a ValueError naming the tensor.
 Layer Layer::nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                    const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
-                   std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation) {
-  if (activation != "silu")
-    throw py::value_error("activation '" + activation + "' is not supported for nvfp4 (supported: silu)");
+                   std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation,
+                   double swiglu_limit) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, "nvfp4");
   auto need_dtype = [](const at::Tensor& t, const char* name, at::ScalarType want, const char* what) {
     if (t.scalar_type() != want)
       throw py::value_error(std::string(name) + " must be " + what + ", got " + dtype_name(t));
@@ -321,19 +318,20 @@ Layer Layer::nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
   f.interleaved = false;
   f.g13 = g13.data_ptr<float>();
   f.g2 = g2.data_ptr<float>();
-  return build(std::move(pool), src, E, I, H);
+  return build(std::move(pool), src, E, I, H, act);
 }
 
 void def_checkpoints(py::class_<Layer>& layer) {
   layer.def_static("fp8_block", &Layer::fp8_block, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale_inv"), py::arg("w2_weight_scale_inv"), py::arg("activation") = "silu",
-                  py::arg("block_n") = 0, py::arg("block_k") = 0)
+                  py::arg("block_n") = 0, py::arg("block_k") = 0, py::arg("swiglu_limit") = 0.0)
       .def_static("per_channel", &Layer::per_channel, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
-                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"))
+                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"),
+                  py::arg("swiglu_limit") = 0.0)
       .def_static("wna16_int4", &Layer::wna16_int4, py::arg("pool"), py::arg("w13_weight_packed"),
                   py::arg("w2_weight_packed"), py::arg("w13_weight_scale"), py::arg("w2_weight_scale"),
                   py::arg("w13_weight_zero_point") = py::none(), py::arg("w2_weight_zero_point") = py::none(),
-                  py::arg("activation") = "silu")
+                  py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0)
       .def_static("mxfp4", &Layer::mxfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_bias") = py::none(),
                   py::arg("w2_bias") = py::none(), py::arg("activation") = "silu", py::arg("hidden_size") = 0,
@@ -342,7 +340,8 @@ void def_checkpoints(py::class_<Layer>& layer) {
       .def_static("nvfp4", &Layer::nvfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_weight_scale_2"),
                   py::arg("w2_weight_scale_2"), py::arg("w13_input_scale") = py::none(),
-                  py::arg("w2_input_scale") = py::none(), py::arg("activation") = "silu");
+                  py::arg("w2_input_scale") = py::none(), py::arg("activation") = "silu",
+                  py::arg("swiglu_limit") = 0.0);
 }
 
 }  // namespace lk_bind

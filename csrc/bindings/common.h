@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,9 +62,23 @@ inline lk::Binding parse_binding(const std::string& s) {
   throw py::value_error("thread binding must be CPU_CORE, NUMA_NODE or NONE, got '" + s + "'");
 }
 
-inline void require_silu(const std::string& activation) {
-  if (activation != "silu")
-    throw py::value_error("activation '" + activation + "' is not supported (supported: silu)");
+// The activation a checkpoint adapter was given: "silu", "silu_clamp" (silu with vLLM's swiglu_limit:
+// needs swiglu_limit > 0) or, where the format computes it, "swigluoai".
+struct ActivationArg {
+  lk::Activation act = lk::Activation::kSiLU;
+  float clamp_limit = 0;  // kSiLUClamp's bound (lk::WeightSource::clamp_limit)
+};
+inline ActivationArg parse_activation(const std::string& activation, double swiglu_limit, const std::string& format,
+                                      bool swigluoai = false) {
+  if (activation == "silu") return {};
+  if (activation == "swigluoai" && swigluoai) return {lk::Activation::kSwigluOAI, 0};
+  if (activation == "silu_clamp") {
+    if (!(swiglu_limit > 0) || !std::isfinite(swiglu_limit))
+      throw py::value_error("activation 'silu_clamp' needs swiglu_limit > 0 (finite), got " + std::to_string(swiglu_limit));
+    return {lk::Activation::kSiLUClamp, float(swiglu_limit)};
+  }
+  throw py::value_error("activation '" + activation + "' is not supported for " + format + " (supported: silu, silu_clamp" +
+                        (swigluoai ? ", swigluoai)" : ")"));
 }
 
 // "[a, b, c]": the shape a tensor must have, for an error message.
@@ -119,10 +134,10 @@ struct Layer {
   Layer() = default;
   // bf16 / fp16 experts: w13 [E, 2I, H], w2 [E, H, I] (layer.cpp).
   Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
-        const std::string& activation);
+        const std::string& activation, double swiglu_limit);
   // Builds the engine layer without the GIL; a shape the engine cannot take is a ValueError.
-  static Layer build(std::shared_ptr<lk::ThreadPool> pool, const lk::WeightSource& src, int64_t E, int64_t I,
-                     int64_t H, lk::Activation act = lk::Activation::kSiLU);
+  static Layer build(std::shared_ptr<lk::ThreadPool> pool, lk::WeightSource src, int64_t E, int64_t I,
+                     int64_t H, ActivationArg act = {});
   Handle submit(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& out);
 
   // The quantized formats' checkpoint adapters (checkpoints.cpp).
@@ -132,20 +147,21 @@ struct Layer {
                                                    const char* s2_name);
   static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                          const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                         int64_t block_n, int64_t block_k);
+                         int64_t block_n, int64_t block_k, double swiglu_limit);
   static Layer per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                            const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                           const std::string& format);
+                           const std::string& format, double swiglu_limit);
   static Layer wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                           const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
-                          std::optional<at::Tensor> z2, const std::string& activation);
+                          std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit);
   static Layer mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> b13,
                      std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
                      int64_t intermediate_size, bool interleaved, double alpha, double limit);
   static Layer nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
-                     std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation);
+                     std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation,
+                     double swiglu_limit);
 
   py::tuple dequantized() const;  // dequantized.cpp
 };

@@ -140,7 +140,7 @@ void def_gpu_export(py::class_<Layer>& layer) {
              return py::make_tuple(g13, g2);
            })
       .def_property_readonly("swiglu", [](const Layer& l) {
-        // swigluoai constants (alpha, limit) of fp4 layers (the engine's defaults elsewhere).
+        // (alpha, limit) of the clamped activations: swigluoai (fp4 layers), silu_clamp (any format).
         return py::make_tuple(l.impl->shape().alpha, l.impl->shape().limit);
       })
       .def("pin_for_gpu",

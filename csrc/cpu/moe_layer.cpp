@@ -5,6 +5,7 @@
 #include <cctype>
 #include <climits>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -129,6 +130,11 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   shape_.int8_act = fmt.int8_act && int8_act_from_env(!fmt.int8_act_auto);
   if (act == Activation::kSwigluOAI && !fmt.swigluoai)
     throw std::invalid_argument(std::string("activation swigluoai is not supported for ") + fmt.name + " experts");
+  if (act == Activation::kSiLUClamp) {
+    if (!(src.clamp_limit > 0) || !std::isfinite(src.clamp_limit))
+      throw std::invalid_argument("the clamped silu needs a finite swiglu_limit > 0, got " + std::to_string(src.clamp_limit));
+    shape_.limit = src.clamp_limit;
+  }
   if (pool_->num_nodes() > 64) throw std::invalid_argument("more than 64 NUMA nodes with threads are not supported");
 
   const std::vector<int> ib = split_blocks(shape_.i_blocks, *pool_);

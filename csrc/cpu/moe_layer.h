@@ -46,7 +46,7 @@ struct MoEShape {
   bool zero_points = false;   // wna16_int4: zero points stored (else the symmetric zero 8)
   bool fp16_scales = false;   // wna16_int4: 16-bit scales are fp16 (else bf16)
   bool bias = false;          // w13 / w2 biases held (bf16)
-  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
+  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants; limit: the clamped silu's too (kSiLUClamp)
   bool int8_act = false;      // 4-bit decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
 };
 
@@ -90,6 +90,7 @@ struct WeightSource {
   const void* w13 = nullptr;  // the codes: [E, 2I, H] (bf16, fp16, one-byte codes; the 4-bit ones above)
   const void* w2 = nullptr;   // [E, H, I]
   std::variant<std::monostate, ByteScales, Int4Groups, Fp4Blocks> rest;  // none for bf16 / fp16
+  float clamp_limit = 0;  // Activation::kSiLUClamp: the bound of gate (above) and up (both sides), > 0
   // The rest as the format expects it; std::invalid_argument when the adapter filled another kind.
   template <class T>
   const T& as() const {

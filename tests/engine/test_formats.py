@@ -72,10 +72,11 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
     magnitude, relative RMS <= 2^-8), and with LK_INT8_ACT on, conftest.assert_int8_budget for the
     decode chunks the int8 kernels take (4-bit formats, avx512/amx tiers, M <= 16: relative RMS
     <= 2^-6, derivation there); prefill chunks and the other tiers stay on the exact bound.
-    Pre-activations of std ~3 for swigluoai, so its +-7 clamps are active for some columns."""
+    Pre-activations of std ~3 for the clamped activations (swigluoai, silu_clamp), so their +-7 clamps
+    are active for some columns."""
     E, H, I, K = 8, 256, 128, 4  # multiples of every format's block (fp8: 128, mxfp4: 32)
     g = torch.Generator().manual_seed(len(fmt) * 7 + len(activation))
-    h_std = 3.0 if activation == "swigluoai" else 1.0
+    h_std = 3.0 if activation in ("swigluoai", "silu_clamp") else 1.0
     w13 = torch.randn(E, 2 * I, H, generator=g) * (h_std / H ** 0.5)
     w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
     tensors, d13, d2 = quantize_experts(fmt, w13, w2, optional)
@@ -94,3 +95,45 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
         assert_int8_budget(out, x, d13, d2, ids, w, **act)
 
     check_int8_decode(layer, tier, E, K, (1, 5, 40), int8 if int8_act else exact, exact)
+
+
+SILU_CLAMP_LIMIT = 0.75  # below the pre-activations' std: most gates and ups are clamped
+
+
+@pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE])
+def test_silu_clamp_is_the_clamped_reference(tier, fmt):
+    """silu with vLLM's swiglu_limit (DeepSeek-V4) on every format and tier, prefill and decode sizes,
+    with a limit that clamps most pre-activations: the exact bound against the clamped reference, and
+    far from plain silu (so the clamp really ran)."""
+    E, H, I, K = 8, 256, 128, 4
+    g = torch.Generator().manual_seed(11 + len(fmt))
+    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    with int8_activations(False):  # bf16 activations everywhere: the exact bound
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation="silu_clamp", swiglu_limit=SILU_CLAMP_LIMIT)
+    assert layer.activation == "silu_clamp" and tuple(layer._impl.swiglu)[1] == SILU_CLAMP_LIMIT
+    from lk_moe.reference import moe_reference
+    for M in (1, 5, 40):
+        x = torch.randn(M, H, generator=g).bfloat16()
+        ids, w = random_routing(M, E, K, generator=g)
+        out = layer.forward(x, ids, w)
+        assert_matches_reference(out, x, d13, d2, ids, w, activation="silu_clamp", swiglu_limit=SILU_CLAMP_LIMIT)
+        plain = moe_reference(x, d13, d2, ids, w, activation="silu")
+        clamped = moe_reference(x, d13, d2, ids, w, activation="silu_clamp", swiglu_limit=SILU_CLAMP_LIMIT)
+        assert (plain - clamped).norm() > 0.3 * clamped.norm(), "the limit clamps too little to test it"
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.0, float("inf"), float("nan")])
+def test_silu_clamp_needs_a_finite_positive_limit(limit):
+    w13 = torch.randn(2, 64, 32).bfloat16()
+    w2 = torch.randn(2, 32, 32).bfloat16()
+    with pytest.raises(ValueError, match="activation 'silu_clamp' needs swiglu_limit > 0"):
+        lk_moe.MoELayer(w13, w2, activation="silu_clamp", swiglu_limit=limit)
+
+
+def test_an_unknown_activation_names_the_supported_ones():
+    w13 = torch.randn(2, 64, 32).bfloat16()
+    w2 = torch.randn(2, 32, 32).bfloat16()
+    with pytest.raises(ValueError, match=r"activation 'gelu' is not supported for bf16 \(supported: silu, silu_clamp\)"):
+        lk_moe.MoELayer(w13, w2, activation="gelu")

@@ -33,14 +33,17 @@ def make_4bit_layer(fmt, E, H, I, pool=None, seed=0, **opt):
     dequantized in fp32 from the ORIGINAL tensors by lk_moe.reference, and the moe_reference keyword
     arguments of the layer's activation (mxfp4: swigluoai with biases, in [gate; up] order).
     opt: wna16_int4 gs (default 32), asym (True), scale_dtype (bf16); mxfp4 Hp, Ip (vLLM-padded
-    tensors), bias (True)."""
+    tensors), bias (True); wna16_int4 and nvfp4: clamp, a swiglu_limit (the layer computes silu_clamp)."""
     act = {}
+    clamp = opt.get("clamp")
+    silu_args = dict(activation="silu_clamp", swiglu_limit=clamp) if clamp else {}
     if fmt == "wna16_int4":
         t, _, _ = make_int4_experts(E, H, I, opt.get("gs", 32), opt.get("asym", True),
                                     opt.get("scale_dtype", torch.bfloat16), seed)
         d13 = dequantize_wna16_int4(t["w13_weight_packed"], t["w13_weight_scale"], t.get("w13_weight_zero_point"))
         d2 = dequantize_wna16_int4(t["w2_weight_packed"], t["w2_weight_scale"], t.get("w2_weight_zero_point"))
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, t, pool=pool)
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, t, pool=pool, **silu_args)
+        act = dict(silu_args)
     elif fmt == "mxfp4":
         t, _, _, b13, b2 = make_mxfp4(E, H, I, opt.get("Hp"), opt.get("Ip"), True, opt.get("bias", True), seed=seed)
         d13 = dequantize_mxfp4(t["w13_weight"], t["w13_weight_scale"])[:, :2 * I, :H]
@@ -54,7 +57,8 @@ def make_4bit_layer(fmt, E, H, I, pool=None, seed=0, **opt):
     else:
         t, _, _ = make_nvfp4(E, H, I, seed=seed)
         d13, d2 = dequantize_nvfp4_experts(t)
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, t, pool=pool)
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, t, pool=pool, **silu_args)
+        act = dict(silu_args)
     return layer, t, d13, d2, act
 
 
@@ -220,7 +224,9 @@ def _streamed_on_cpu(layer, x, ids, w, chunks):
                                          ("wna16_int4", 256, 192, dict(gs=64, asym=False, scale_dtype=torch.float16)),
                                          ("mxfp4", 176, 72, dict(Hp=256, Ip=128)),
                                          ("mxfp4", 256, 192, dict(bias=False)),
-                                         ("nvfp4", 176, 80, {})])
+                                         ("nvfp4", 176, 80, {}),
+                                         ("wna16_int4", 256, 192, dict(gs=32, asym=False, clamp=0.25)),
+                                         ("nvfp4", 176, 80, dict(clamp=0.25))])
 def test_fallback_math_on_the_cpu(tmp_path, fmt, H, I, opt, M):
     """The streamed path's compute run on the CPU, chunk by chunk, on one NUMA slice and on three.
     Tolerance: against the fp32 reference on the bf16-rounded dequantized weights (what the path
@@ -254,6 +260,9 @@ def test_gpu_path_of_the_4bit_formats():
                 assert path == "fallback" and "no native GPU kernel" in why and "sm_100" in why, why
         path, why = gpu_dequant.gpu_path(fmt, capability=(9, 0), force_fallback=True)
         assert path == "fallback" and "LK_FORCE_GPU_FALLBACK=1" in why
+    # The native kernels are wired for plain silu: a clamped-silu layer (DeepSeek-V4) takes the fallback.
+    path, why = gpu_dequant.gpu_path("wna16_int4", capability=(9, 0), force_fallback=False, activation="silu_clamp")
+    assert path == "fallback" and "computes silu only" in why and "silu_clamp" in why, why
 
 
 # -- bad inputs
@@ -317,6 +326,6 @@ def test_4bit_layers_refuse_the_other_views_and_the_kernel():
 
 def test_experts_forward_rejects_an_unknown_activation():
     batch = RoutedBatch(torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1), 1)
-    with pytest.raises(ValueError, match="activation must be 'silu' or 'swigluoai', got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be one of silu, silu_clamp, swigluoai, got 'gelu'"):
         experts_forward(torch.zeros(1, 32).bfloat16(), batch, torch.zeros(1, 64, 32).bfloat16(),
                         torch.zeros(1, 16, 32).bfloat16(), 0, torch.zeros(1, 16), activation="gelu")

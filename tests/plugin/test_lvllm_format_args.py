@@ -28,3 +28,12 @@ def test_layer_constants_pass_through():
 def test_other_formats_need_nothing_more():
     assert _format_args(layer(Act.SILU), LayerPlan("p", 1, "hybrid", "bf16")) == {}
     assert _format_args(layer(Act.SILU), LayerPlan("p", 1, "hybrid", "mxfp4"))["interleaved"] is False
+
+
+def test_a_swiglu_limit_with_silu_is_the_clamped_silu_for_every_format():
+    """DeepSeek-V4-style experts (silu, layer.swiglu_limit): [gate; up] rows, the model's limit."""
+    for fmt in ("bf16", "fp8_block", "wna16_int4", "nvfp4"):
+        args = _format_args(layer(Act.SILU, swiglu_limit=10.0), LayerPlan("p", 1, "hybrid", fmt))
+        assert args == {"activation": "silu_clamp", "swiglu_limit": 10.0}, fmt
+    args = _format_args(layer(Act.SILU, swiglu_limit=10.0), LayerPlan("p", 1, "hybrid", "mxfp4"))
+    assert args["activation"] == "silu_clamp" and args["swiglu_limit"] == 10.0 and args["interleaved"] is False

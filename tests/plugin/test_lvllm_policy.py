@@ -119,7 +119,6 @@ def test_mxfp4_takes_gpt_oss_activation_and_biases():
 @pytest.mark.parametrize("over,words", [
     (dict(activation=Act.SWIGLUOAI), "activation 'swigluoai' with bf16 experts"),
     (dict(has_bias=True), "expert biases with bf16 experts"),
-    (dict(layer_swiglu_limit=10.0), "swiglu_limit"),
     (dict(use_ep=True), "expert parallelism"),
     (dict(dp_size=2), "data parallelism"),
     (dict(enable_eplb=True), "EPLB"),
@@ -130,6 +129,17 @@ def test_unsupported_features_stop_with_the_layer_named(over, words):
     with pytest.raises(UnsupportedMoELayer) as ei:
         plan_for("model.layers.3.mlp.experts", method("UnquantizedFusedMoEMethod"), layer, moe_config(**over), ON)
     assert "model.layers.3.mlp.experts" in str(ei.value) and words in str(ei.value)
+
+
+def test_silu_with_a_swiglu_limit_is_the_engines_clamped_silu():
+    """DeepSeek-V4's routed experts: vLLM's silu with layer.swiglu_limit set run on lk_moe as silu_clamp."""
+    from lvllm.policy import engine_activation
+    layer = SimpleNamespace(apply_router_weight_on_input=False, swiglu_limit=10.0)
+    p = plan_for("model.layers.3.mlp.experts", method("UnquantizedFusedMoEMethod"), layer, moe_config(), ON)
+    assert (p.kind, p.format) == ("hybrid", "bf16")
+    assert engine_activation(Act.SILU, 10.0) == ("silu_clamp", 10.0)
+    assert engine_activation(Act.SILU, None) == ("silu", None)
+    assert engine_activation(Act.SWIGLUOAI, None) == ("swigluoai", None)
 
 
 def test_gpu_prefill_per_format():

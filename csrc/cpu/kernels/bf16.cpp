@@ -21,7 +21,7 @@ void gate_up_vec(const GateUpTask& t) {
       const int mr = tmin(kMaxRows, t.m - r0);
       dot_rows<2>(mr, t.x_rows + r0, b, t.kp, c, tile_share(next, 2 * block * 2, tile, tiles));
       for (int r = 0; r < mr; ++r)
-        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
     }
   }
 }
@@ -68,7 +68,7 @@ void gate_up_bf16(const GateUpTask& t) {
       amx_tile_32x32(panel + size_t(r0) * t.kp, t.kp, bg, bg + block, t.kp, c);
       const int mr = tmin(32, t.m - r0);
       for (int r = 0; r < mr; ++r)
-        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
     }
   }
   _tile_release();

@@ -153,7 +153,7 @@ inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out
       u[n] += bf16_to_f32(bg[kBlockN + n]);
     }
   }
-  if (t.act_fn != Activation::kSwigluOAI) return silu_mul_16(g, u, out);
+  if (t.act_fn != Activation::kSwigluOAI) return gate_act_16(t, g, u, out);
   const float lim = t.limit, al = t.alpha;
 #if defined(LK_V512)
   // The clamps take the bound as the first operand: min/max return the second when either is NaN,

@@ -155,7 +155,7 @@ void gate_up_fp8(const GateUpTask& t) {
           mul_16(c + r * 32, sg);
           mul_16(c + r * 32 + 16, su);
         }
-        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
       }
       continue;
     }
@@ -168,11 +168,11 @@ void gate_up_fp8(const GateUpTask& t) {
       gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
         mul_16(g, sg);
         mul_16(g + 16, su);
-        silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld);
+        gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld);
       });
     else
       gate_up_panel<kSegScalar>(t, j, seg, sg, su, next, 2 * block_bytes,
-                                [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+                                [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
     continue;
 #endif
 #if defined(LK_F32_PANELS)
@@ -181,7 +181,7 @@ void gate_up_fp8(const GateUpTask& t) {
       fp8_f32_panel_block(q, bu, su, t.kp, f32_panel_of(*t.scratch, t.kp, 1));
       uint16_t* act = t.act + j * kBlockN;
       gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
-                        [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+                        [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
       continue;
     }
 #endif
@@ -208,7 +208,7 @@ void gate_up_fp8(const GateUpTask& t) {
       });
     }
     for (int r = 0; r < t.m; ++r)
-      silu_mul_16(tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      gate_act_16(t, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
   }
 }
 

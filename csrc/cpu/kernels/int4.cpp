@@ -370,7 +370,7 @@ void gate_up_q4q8(const GateUpTask& t) {
       const int mr = tmin(kQ8TileRows, t.m - r0);
       dot_rows_q4q8<2>(mr, t.q8_rows + r0, b, t.kp, c, q.group, sc, zz, q.fp16_scale);
       for (int r = 0; r < mr; ++r)
-        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
     }
   }
 }
@@ -482,7 +482,7 @@ void gate_up_q4(const GateUpTask& t) {
       const uint8_t* zz[2] = {zg, zu};
       dot_rows_q4<2>(t.m, t.x_rows, b, t.kp, c, seg, sc, zz, q.fp16_scale, tot);
       for (int r = 0; r < t.m; ++r)
-        silu_mul_16(c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
       continue;
     }
 #if defined(LK_V512)
@@ -493,7 +493,7 @@ void gate_up_q4(const GateUpTask& t) {
       uint16_t* act = t.act + j * kBlockN;
       const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
       gate_up_panel<kSegVector>(t, j, seg, fs, fs + nseg * 16, next, 2 * block_bytes,
-                                [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+                                [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
       continue;
     }
 #endif
@@ -503,7 +503,7 @@ void gate_up_q4(const GateUpTask& t) {
       q4_f32_panel_block(q, bu, scu, zu, t.kp, f32_panel_of(*t.scratch, t.kp, 1));
       uint16_t* act = t.act + j * kBlockN;
       gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
-                        [&](float* g, int r) { silu_mul_16(g, g + 16, act + size_t(r) * t.act_ld); });
+                        [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
       continue;
     }
 #endif
@@ -524,7 +524,7 @@ void gate_up_q4(const GateUpTask& t) {
       });
     }
     for (int r = 0; r < t.m; ++r)
-      silu_mul_16(tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      gate_act_16(t, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
   }
 }
 

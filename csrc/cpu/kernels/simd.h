@@ -523,6 +523,21 @@ constexpr int kMaxRows = 4;
 
 #endif
 
+// act[0:16] of a gate/up task from its pre-activations g and u (16 each), as bf16: silu(g) * u, or for
+// Activation::kSiLUClamp silu(min(g, limit)) * clamp(u, -limit, limit). The clamps keep a NaN a NaN, as
+// vLLM's torch.clamp does. Every format's gate/up kernel ends in it (the fp4 formats' act_16 adds biases
+// and kSwigluOAI around it).
+inline void gate_act_16(const GateUpTask& t, const float* g, const float* u, uint16_t* out) {
+  if (t.act_fn != Activation::kSiLUClamp) return silu_mul_16(g, u, out);
+  const float lim = t.limit;
+  float gc[16], uc[16];
+  for (int n = 0; n < 16; ++n) {
+    gc[n] = g[n] > lim ? lim : g[n];
+    uc[n] = u[n] > lim ? lim : (u[n] < -lim ? -lim : u[n]);
+  }
+  silu_mul_16(gc, uc, out);
+}
+
 // o[n] += w * c[n] * v[n] (per-row scales), and c[n] *= v[n].
 inline void axpy_vec_16(float w, const float* c, const float* v, float* o) {
 #if defined(LK_V512)
