@@ -42,6 +42,10 @@
 #   bash dev/device_acceptance.sh serve2    # Qwen3-30B-A3B shape: hybrid under `vllm bench serve` (c=1,8,32),
 #                                             # disconnects, /metrics, SIGINT exit; then stock's startup
 #   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline)
+#   bash dev/device_acceptance.sh soak1     # starts benchmarks/serve_soak.py detached (setsid: it outlives the run;
+#                                             # SOAK_MIN minutes, default 20), then follows it to the run's end
+#   bash dev/device_acceptance.sh soakwait  # follows it again (call back to back, within 30 s); when it has ended:
+#                                             # its report, samples.jsonl, soak.png and the server log into $OUT
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -72,6 +76,10 @@ timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$
 pin_checks="$pin_versions
 timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log"
+# the soak's progress until it ends or the run's deadline, then (once ended) its files into $OUT
+soak_follow='while kill -0 $(cat /root/soak/pid) 2> /dev/null && [ $(date +%s) -lt $((LVLLM_DEVICE_DEADLINE - 25)) ]; do sleep 5; done
+tail -4 /root/soak/soak.log; if ! kill -0 $(cat /root/soak/pid) 2> /dev/null; then tail -12 /root/soak/soak.log
+cp /root/soak/samples.jsonl /root/soak/soak.log /root/soak/serve.log $OUT/ 2>/dev/null; cp /root/soak/soak.png $OUT/ 2>/dev/null || true; fi'
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -226,6 +234,11 @@ timeout $left python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cpu_path.p
     body="cp benchmarks/results-carry.json \$OUT/serve.json 2>/dev/null
 python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts-per-conc 1 --results \$OUT/serve.json \
 --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
+  soak1)
+    body="mkdir -p /root/soak; setsid nohup python3 benchmarks/serve_soak.py --minutes \${SOAK_MIN:-20} --out /root/soak \
+> /root/soak/soak.log 2>&1 < /dev/null & echo \$! > /root/soak/pid; $soak_follow" ;;
+  soakwait)
+    body="$soak_follow" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""A soak of a default `vllm serve`: --streams concurrent streaming clients for --minutes, a sample every
+--every seconds of the server's host RSS and pinned memory (every process it started), GPU memory
+(nvidia-smi) and the lvllm_* counters (/metrics); then failed requests, memory after warm-up vs at the
+end, and decode tok/s of the first vs the last --window minutes (target: within 5%). Writes the
+samples (JSON lines) and, where matplotlib is importable, a PNG of memory and tok/s over time.
+
+    python benchmarks/serve_soak.py --shape qwen3-30b-a3b --minutes 20 --streams 8 --out /tmp/soak
+
+The same numbers again from a samples file (e.g. to draw the PNG on another machine):
+    python benchmarks/serve_soak.py --report /tmp/soak/samples.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_load import SHAPES, Server, _get, lvllm_samples  # noqa: E402  (the same server launch)
+
+GiB = 1 << 30
+
+
+def group_memory(pgid: int) -> dict:
+    """Host RSS and pinned bytes summed over the processes of the server's process group."""
+    rss = pin = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("VmPin:"):
+                        pin += int(line.split()[1]) * 1024
+        except (OSError, ProcessLookupError, ValueError):
+            continue
+    return {"rss": rss, "pinned": pin}
+
+
+def gpu_memory() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return sum(int(v) for v in out.split()) << 20
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return -1
+
+
+class Clients:
+    """`streams` threads, each sending one streaming completion after another; per request the time
+    of its first and last token and the number of tokens (decode rate = tokens after the first /
+    time between first and last)."""
+
+    def __init__(self, port: int, streams: int, prompt_words: int, max_tokens: int):
+        self.port, self.streams, self.prompt_words, self.max_tokens = port, streams, prompt_words, max_tokens
+        self.done, self.failed, self.lock = [], [], threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(streams)]
+
+    def _one(self, rng) -> tuple:
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        words = " ".join(str(rng.randrange(10**6)) for _ in range(self.prompt_words))
+        body = json.dumps({"model": "m", "prompt": words, "max_tokens": self.max_tokens, "stream": True,
+                           "ignore_eos": True, "stream_options": {"include_usage": True}})
+        t0 = time.time()
+        c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+        first = last = None
+        chunks = tokens = 0
+        for raw in r:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if msg.get("usage"):
+                tokens = msg["usage"].get("completion_tokens", tokens)
+            if msg.get("choices"):
+                now = time.time()
+                first = first or now
+                last = now
+                chunks += 1
+        c.close()
+        if tokens != self.max_tokens:
+            raise RuntimeError(f"{tokens} of {self.max_tokens} tokens")
+        return t0, first, last, tokens
+
+    def _loop(self, i: int) -> None:
+        rng = random.Random(i)
+        while not self.stop.is_set():
+            try:
+                rec = self._one(rng)
+                with self.lock:
+                    self.done.append(rec)
+            except Exception as e:  # a failed request is counted and the stream goes on
+                with self.lock:
+                    self.failed.append((time.time(), str(e)[:200]))
+                time.sleep(1.0)
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def finish(self, timeout: float):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout)
+
+
+def decode_rate(done, t_from: float, t_to: float) -> float:
+    """Output tokens per second generated inside [t_from, t_to): each request's tokens spread evenly
+    over its first-to-last-token time, so requests cut by the window count by their share."""
+    toks = 0.0
+    for _, first, last, tokens in done:
+        span = last - first
+        if span <= 0:
+            toks += tokens if t_from <= last < t_to else 0
+            continue
+        toks += tokens * max(0.0, min(last, t_to) - max(first, t_from)) / span
+    return toks / max(t_to - t_from, 1e-9)
+
+
+def report(samples: list, summary: dict, png: str = "") -> str:
+    warm = next((s for s in samples if s["t"] >= summary["warmup_s"]), samples[0])
+    end = samples[-1]
+    lines = [f"soak: {summary['minutes']} min, {summary['streams']} streams, {summary['requests']} requests, "
+             f"{summary['failed']} failed"]
+    for key, what in (("rss", "host RSS"), ("pinned", "pinned (VmPin)"), ("gpu", "GPU memory")):
+        a, b = warm[key], end[key]
+        lines.append(f"{what}: {a / GiB:.2f} GiB after warm-up (t={warm['t']:.0f} s) -> {b / GiB:.2f} GiB at the end "
+                     f"({(b - a) / GiB:+.3f} GiB, {(b - a) / max(a, 1) * 100:+.2f}%)")
+    r0, r1 = summary["rate_first"], summary["rate_last"]
+    lines.append(f"decode: {r0:.1f} tok/s in the first {summary['window_min']} min, {r1:.1f} in the last "
+                 f"({(r1 - r0) / max(r0, 1e-9) * 100:+.1f}%; target within 5%)")
+    if png:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+            t = [s["t"] / 60 for s in samples]
+            fig, ax = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+            for key, label in (("rss", "host RSS"), ("pinned", "pinned"), ("gpu", "GPU memory")):
+                ax[0].plot(t, [s[key] / GiB for s in samples], marker=".", label=label)
+            ax[0].set_ylabel("GiB")
+            ax[0].legend()
+            ax[0].set_title(f"vllm serve soak: {summary['streams']} streams, {summary.get('shape', '')} hybrid")
+            ax[1].plot(t, [s.get("rate", 0) for s in samples], marker=".")
+            ax[1].set_ylabel("output tok/s (last interval)")
+            ax[1].set_xlabel("minutes")
+            fig.tight_layout()
+            fig.savefig(png, dpi=100)
+            lines.append(f"plot: {png}")
+        except ImportError:
+            lines.append("plot: matplotlib not importable here (draw it elsewhere with --report)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
+    ap.add_argument("--model", default="")
+    ap.add_argument("--mode", choices=("hybrid", "stock", "offload"), default="hybrid")
+    ap.add_argument("--minutes", type=float, default=20)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--every", type=float, default=30, help="seconds between samples")
+    ap.add_argument("--window", type=float, default=5, help="minutes compared at the start and the end")
+    ap.add_argument("--warmup", type=float, default=120, help="seconds of load before memory counts as warm")
+    ap.add_argument("--prompt-words", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--gpu-prefill", type=int, default=1024)
+    ap.add_argument("--offload-gb", type=float, default=58)
+    ap.add_argument("--serve-arg", action="append", default=[])
+    ap.add_argument("--startup-timeout", type=float, default=600)
+    ap.add_argument("--out", default="/tmp/soak")
+    ap.add_argument("--vllm", default="")
+    ap.add_argument("--report", default="", help="only report (and plot) an earlier run's samples file")
+    a = ap.parse_args()
+    if a.report:
+        with open(a.report) as f:
+            rows = [json.loads(ln) for ln in f if ln.strip()]
+        summary = next(r for r in rows if r.get("summary"))
+        print(report([r for r in rows if "t" in r], summary, os.path.splitext(a.report)[0] + ".png"))
+        return 0
+    os.makedirs(a.out, exist_ok=True)
+    a.vllm = a.vllm.split() if a.vllm else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    a.deadline, a.startup_only = 0, False
+    if not a.model:
+        from lvllm.testing.tiny_checkpoint import make_checkpoint
+        import tempfile
+        a.model = make_checkpoint(SHAPES[a.shape], os.path.join(tempfile.gettempdir(), f"lvllm-{a.shape}"), "big")
+    srv = Server(a, a.mode, os.path.join(a.out, "serve.log"))
+    startup = srv.wait_ready(a.startup_timeout)
+    print(f"server healthy after {startup:.1f} s; soak of {a.minutes} min with {a.streams} streams", flush=True)
+    clients = Clients(srv.port, a.streams, a.prompt_words, a.max_tokens)
+    samples_path = os.path.join(a.out, "samples.jsonl")
+    t0 = time.time()
+    clients.start()
+    samples = []
+    with open(samples_path, "w") as out:
+        last_t, last_n = t0, 0
+        while time.time() - t0 < a.minutes * 60:
+            time.sleep(max(0.0, t0 + (len(samples) + 1) * a.every - time.time()))
+            now = time.time()
+            with clients.lock:
+                done = list(clients.done)
+                failed = len(clients.failed)
+            toks = sum(tokens for *_, tokens in done)
+            s = dict(t=round(now - t0, 1), gpu=gpu_memory(), requests=len(done), failed=failed,
+                     rate=round((toks - last_n) / max(now - last_t, 1e-9), 2), healthy=_get(srv.base + "/health")[0] == 200,
+                     **group_memory(srv.proc.pid))
+            page = _get(srv.base + "/metrics")[1]
+            s["lvllm"] = {k: v for k, v in lvllm_samples(page).items() if "seconds" in k or "tokens" in k}
+            last_t, last_n = now, toks
+            samples.append(s)
+            out.write(json.dumps(s) + "\n")
+            out.flush()
+            print(f"t={s['t']:6.0f} s  rss {s['rss'] / GiB:6.2f} GiB  pinned {s['pinned'] / GiB:6.2f} GiB  "
+                  f"gpu {s['gpu'] / GiB:6.2f} GiB  {s['requests']} done {s['failed']} failed  {s['rate']:.1f} tok/s",
+                  flush=True)
+        end = time.time()
+        clients.finish(600)
+        w = a.window * 60
+        summary = dict(summary=True, shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
+                       requests=len(clients.done), failed=len(clients.failed), failures=clients.failed[:10],
+                       warmup_s=a.warmup, window_min=a.window,
+                       rate_first=decode_rate(clients.done, t0, t0 + w), rate_last=decode_rate(clients.done, end - w, end))
+        out.write(json.dumps(summary) + "\n")
+    exited, rc, gone, killed = srv.stop(60)
+    print(report(samples, summary, os.path.join(a.out, "soak.png")))
+    print(f"SIGINT -> API server exited in {exited} s, exit code {rc}; every process gone after {gone} s"
+          + ("; survivors killed" if killed else ""))
+    return 0 if summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
