@@ -7,8 +7,8 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral (bf16; --quant fp8, w4a16, nvfp4, fp8_channel
-or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2 (bf16; --quant fp8, w4a16, nvfp4,
+fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
@@ -28,7 +28,9 @@ import torch
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
-ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss")
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2")
+# Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
+BLOCK_SPARSE = ("mixtral", "minimax_m2")
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -55,6 +57,12 @@ SHAPES = {
     "gpt_oss": {  # MXFP4 experts always (its checkpoints ship them so)
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, V=2048),
         "big": dict(H=2880, L=36, nh=64, nkv=8, hd=64, E=128, K=4, I=2880, V=201088, ctx=131072),
+    },
+    # MiniMax-M2: sigmoid routing with a selection bias, q/k RMSNorm over all heads, partial RoPE
+    # (rotary_dim), no shared experts, every layer MoE; big: MiniMaxAI/MiniMax-M2's config.json.
+    "minimax_m2": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, V=2048, rot=32),
+        "big": dict(H=3072, L=62, nh=48, nkv=8, hd=128, E=256, K=8, I=1536, V=200064, rot=64, ctx=196608),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
@@ -95,6 +103,12 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
                     num_local_experts=s["E"], num_experts_per_tok=s["K"], rope_theta=1000000.0,
                     sliding_window=None, router_aux_loss_coef=0.02)
+    if arch == "minimax_m2":
+        return dict(common, architectures=["MiniMaxM2ForCausalLM"], model_type="minimax_m2",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
+                    num_local_experts=s["E"], num_experts_per_tok=s["K"], scoring_func="sigmoid",
+                    use_routing_bias=True, rotary_dim=s["rot"], rope_theta=5000000.0, qk_norm_type="per_layer",
+                    use_qk_norm=True, router_aux_loss_coef=0.001)
     if arch == "gpt_oss":
         return dict(common, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
                     num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
@@ -185,16 +199,21 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
             if arch == "qwen3_moe":
                 w.norm(f"{a}.q_norm", s["hd"])
                 w.norm(f"{a}.k_norm", s["hd"])
+            if arch == "minimax_m2":  # one RMSNorm over all heads' q (and k)
+                w.norm(f"{a}.q_norm", s["nh"] * s["hd"])
+                w.norm(f"{a}.k_norm", s["nkv"] * s["hd"])
         if arch in ("deepseek_v3", "glm4_moe") and i < s["dense"]:
             w.mlp(f"{p}.mlp", H, s["dense_I"])
             continue
-        moe = f"{p}.block_sparse_moe" if arch == "mixtral" else f"{p}.mlp"
+        moe = f"{p}.block_sparse_moe" if arch in BLOCK_SPARSE else f"{p}.mlp"
         w.linear(f"{moe}.gate", s["E"], H)
+        if arch == "minimax_m2":  # on the MoE block itself, fp32 as released
+            w.t[f"{moe}.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
         if arch in ("deepseek_v3", "glm4_moe"):
             # Real checkpoints store the selection bias in fp32.
             w.t[f"{moe}.gate.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
             w.mlp(f"{moe}.shared_experts", H, s["I"] * s["shared"])
-        names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE else ("gate_proj", "up_proj", "down_proj")
         for e in range(s["E"]):
             w.mlp(f"{moe}.experts.{e}", H, s["I"], names)
     return w.t

@@ -40,6 +40,8 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "nvfp4", 0, "nvfp4"),  # ModelOpt NVFP4 (gate/up global scales differ)
     ("qwen3_moe", "fp8_channel", 0, "fp8_channel"),  # compressed-tensors FP8 per channel (FP8-dynamic)
     ("mixtral", "int8_channel", 0, "int8_channel"),  # compressed-tensors INT8 W8A8 per channel
+    ("minimax_m2", "bf16", 0, "bf16"),  # w1/w2/w3 names, sigmoid routing with a selection bias
+    ("minimax_m2", "fp8", 0, "fp8_block"),  # as MiniMax-M2 is released: FP8 block experts
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
 # The vLLM method the plugin must have recognized (where several could read a format's tensors).

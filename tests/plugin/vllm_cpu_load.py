@@ -41,6 +41,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
+from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE  # noqa: E402
 
 
 def expert_weight(t, base, quant):
@@ -64,7 +65,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
         return dummy_reference(model_dir, arch)
     t = load_file(os.path.join(model_dir, "model.safetensors"))
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    prefix = f"model.layers.{layer_idx}.{'block_sparse_moe' if arch == 'mixtral' else 'mlp'}.experts"
+    prefix = f"model.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
     if arch == "gpt_oss":
         def mx(name):
             return decode_mxfp4(t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"])
@@ -72,7 +73,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
                     w2_bias=t[f"{prefix}.down_proj_bias"].float(), activation="swigluoai", interleaved=True,
                     swiglu_limit=cfg.get("swiglu_limit", 7.0))
     E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg["num_local_experts"]
-    names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE else ("gate_proj", "up_proj", "down_proj")
     w13 = torch.stack([torch.cat([expert_weight(t, f"{prefix}.{e}.{names[0]}.", quant),
                                   expert_weight(t, f"{prefix}.{e}.{names[1]}.", quant)]) for e in range(E)])
     w2 = torch.stack([expert_weight(t, f"{prefix}.{e}.{names[2]}.", quant) for e in range(E)])
