@@ -68,7 +68,7 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
 
 
 TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16"),
-            ("qwen3_moe", "nvfp4"), ("qwen3_moe", "fp8_channel"), ("mixtral", "int8_channel")]
+            ("qwen3_moe", "nvfp4"), ("qwen3_moe", "fp8_channel"), ("mixtral", "int8_channel"), ("minimax_m2", "fp8")]
 
 
 @pytest.mark.parametrize("i,arch,quant", [(i, *c) for i, c in enumerate(TP_CASES)], ids=[f"{a}-{q}" for a, q in TP_CASES])
