@@ -37,7 +37,9 @@ sys.path.insert(0, ROOT)
 
 SHAPES = {"qwen3-30b-a3b": "qwen3_moe", "gpt-oss-120b": "gpt_oss"}
 
-# (phase, pattern of the log line, group holding seconds); the last match of each counts.
+# (phase, pattern of the log line, group holding seconds); the last match of each counts, except for
+# the capture, whose passes (vLLM captures its FULL and PIECEWISE graphs separately) add up.
+SUMMED = ("capture_s",)
 PHASES = [
     ("weights_s", r"Loading weights took ([\d.]+) seconds"),
     ("lk_moe_repack_s", r"lk_moe: experts of all .* in ([\d.]+) s\)"),
@@ -54,7 +56,7 @@ def phases(log_text: str) -> dict:
     for name, pattern in PHASES:
         m = re.findall(pattern, log_text)
         if m:
-            out[name] = float(m[-1])
+            out[name] = sum(float(v) for v in m) if name in SUMMED else float(m[-1])
     return out
 
 

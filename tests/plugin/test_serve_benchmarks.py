@@ -1,0 +1,44 @@
+"""benchmarks/serve_load.py and serve_soak.py read vLLM's and lk_moe's own log lines and counters: the
+parsing, on lines as vLLM 0.33.0 and lk_moe print them (from docs/results/2026-12-02_h200_session17.log)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import serve_load  # noqa: E402
+import serve_soak  # noqa: E402
+
+LOG = """\
+(EngineCore pid=2841) INFO 12-02 18:03:12 [runtime.py:103] lk_moe: experts of 20/48 hybrid MoE layers in host RAM (22.5 GiB, repacked at 7.1 GB/s in 3.4 s)
+(EngineCore pid=2841) INFO 12-02 18:03:12 [runtime.py:103] lk_moe: experts of all 48/48 hybrid MoE layers in host RAM (54.0 GiB, repacked at 7.5 GB/s in 7.7 s)
+(EngineCore pid=2841) INFO 12-02 18:03:13 [model_runner.py:428] Model loading took 3.87 GiB memory and 19.994755 seconds
+(EngineCore pid=2841) INFO 12-02 18:03:15 [monitor.py:62] [backbone] torch.compile took 0.31 s in total
+(EngineCore pid=2841) INFO 12-02 18:03:25 [model_runner.py:1163] Graph capturing finished in 7 secs, took 0.68 GiB
+(EngineCore pid=2841) INFO 12-02 18:03:42 [model_runner.py:1163] Graph capturing finished in 11 secs, took 0.45 GiB
+(EngineCore pid=2841) INFO 12-02 18:03:43 [core.py:405] init engine (profile, create kv cache, warmup model) took 29.38 s (compilation: 0.31 s)
+"""
+
+
+def test_startup_phases_from_the_log():
+    assert serve_load.phases(LOG) == {"lk_moe_repack_s": 7.7, "model_load_s": 19.994755, "compile_s": 0.31,
+                                      "capture_s": 18.0, "engine_init_s": 29.38}
+
+
+def test_counters_from_a_metrics_page():
+    page = ('# HELP lvllm_moe_calls_total x\n# TYPE lvllm_moe_calls_total counter\n'
+            'lvllm_moe_calls_total{path="cpu_decode",rank="0"} 8424.0\n'
+            'lvllm_moe_calls_total{path="cpu_decode",rank="1"} 6.0\n'
+            'lvllm_moe_tokens_total{path="cpu_decode",rank="0"} 5.0\n'
+            'lvllm_moe_tokens_total{path="gpu_prefill",rank="0"} 23552.0\n'
+            'lvllm_moe_calls_created{path="cpu_decode",rank="0"} 1.7e9\n'
+            'vllm:num_requests_running{engine="0"} 0.0\n')
+    samples = serve_load.lvllm_samples(page)
+    assert all(k.startswith("lvllm_moe_") and "_created" not in k for k in samples)
+    assert serve_load.counter_summary(samples).startswith("cpu_decode 8430 calls / 5 tokens / 0.0 s, cpu_prefill 0")
+
+
+def test_the_soaks_decode_rate_counts_each_requests_share_of_a_window():
+    # (start, first token, last token, tokens): 100 tokens over [0, 10) and 100 over [5, 15)
+    done = [(0.0, 0.0, 10.0, 100), (4.0, 5.0, 15.0, 100)]
+    assert serve_soak.decode_rate(done, 0.0, 10.0) == 15.0  # all of the first, half of the second
+    assert serve_soak.decode_rate(done, 10.0, 15.0) == 10.0  # the second's last half
