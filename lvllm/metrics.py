@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from typing import Callable, Dict, Iterable, List, Optional
 
 logger = logging.getLogger("vllm.lvllm")
@@ -146,12 +147,11 @@ class SnapshotCollector:
 
 
 class SnapshotWriter:
-    """A worker's daemon thread: its totals into the directory every `period` seconds, and once more
-    at stop(). read: () -> (lvllm.stats.Totals, errors so far)."""
+    """A worker's daemon thread: its totals into the directory every `period` seconds (it ends with the
+    worker; a scrape then leaves the dead process's file out). read: () -> (lvllm.stats.Totals, errors so far)."""
 
     def __init__(self, directory: str, rank: int, read: Callable[[], tuple], period: float = SNAPSHOT_PERIOD):
         self.directory, self.rank, self.read, self.period = directory, rank, read, period
-        self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def write_now(self) -> None:
@@ -163,17 +163,9 @@ class SnapshotWriter:
             self._thread = threading.Thread(target=self._run, name="lk_moe-metrics", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2 * self.period)
-        try:
-            self.write_now()
-        except OSError:
-            pass  # the first process may have removed the directory at its exit
-
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        while True:
+            time.sleep(self.period)
             try:
                 self.write_now()
             except Exception:  # a failed snapshot must not end the snapshots

@@ -98,3 +98,19 @@ def test_a_worker_process_shows_on_vllms_metrics_route():
     env.update(LVLLM_MOE_NUMA_ENABLED="1", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", SERVER], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "scrape ok" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+
+
+def test_the_writer_thread_keeps_the_snapshot_current(tmp_path):
+    import time
+    totals = [Totals(cpu_decode_calls=1)]
+    w = metrics.SnapshotWriter(str(tmp_path), 0, lambda: (totals[0], 0), period=0.05)
+    w.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and metrics.values(metrics.render(str(tmp_path))).get(
+            'lvllm_moe_calls_total{path="cpu_decode",rank="0"}') != 1:
+        time.sleep(0.05)
+    totals[0] = Totals(cpu_decode_calls=7)  # the worker ran on
+    while time.time() < deadline and metrics.values(metrics.render(str(tmp_path))).get(
+            'lvllm_moe_calls_total{path="cpu_decode",rank="0"}') != 7:
+        time.sleep(0.05)
+    assert metrics.values(metrics.render(str(tmp_path)))['lvllm_moe_calls_total{path="cpu_decode",rank="0"}'] == 7
