@@ -8,6 +8,12 @@ LVLLM_GPU_PREFETCH_WINDOW         layers whose experts are copied ahead during G
 LVLLM_GPU_RESIDENT_MOE_LAYERS     MoE layers kept on the GPU, e.g. "0-3,40" (default: none)
 LVLLM_STATS_INTERVAL              seconds between the runtime statistics log lines of each rank
                                   (default 60; 0 = off)
+LVLLM_GPU_EXPERT_CACHE            GiB of VRAM per rank for the GPU expert cache: copies of hot
+                                  routed experts of the hybrid layers, computed on the GPU while
+                                  the CPU computes the rest (default 0 = off)
+LVLLM_BENCH_ROUTING_REPLAY        benchmark-only: 1 lets benchmarks/expert_cache.py replace the
+                                  router's expert ids with synthetic traces (default 0; never for
+                                  serving: the outputs are then meaningless)
 
 A bad value raises LvllmConfigError (a ValueError) naming the variable and what it accepts.
 """
@@ -29,6 +35,8 @@ class LvllmConfig:
     prefetch_window: int = 1
     resident_layers: FrozenSet[int] = field(default_factory=frozenset)
     stats_interval: int = 60  # seconds; 0 = no statistics
+    expert_cache_gib: float = 0.0  # 0 = no GPU expert cache
+    bench_routing_replay: bool = False
 
     def is_resident(self, layer_index: int) -> bool:
         return layer_index in self.resident_layers
@@ -59,6 +67,19 @@ def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> i
         raise LvllmConfigError(f"{name}={raw!r} is not an integer (expected {lo}..{hi})") from None
     if not lo <= value <= hi:
         raise LvllmConfigError(f"{name}={value} is out of range (expected {lo}..{hi})")
+    return value
+
+
+def _gib(env: Mapping[str, str], name: str, hi: float) -> float:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LvllmConfigError(f"{name}={raw!r} is not a number of GiB (expected 0..{hi:g}; 0 = off)") from None
+    if not 0 <= value <= hi:  # also refuses nan and inf
+        raise LvllmConfigError(f"{name}={raw} is out of range (expected 0..{hi:g} GiB; 0 = off)")
     return value
 
 
@@ -96,4 +117,6 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
         prefetch_window=_int(env, "LVLLM_GPU_PREFETCH_WINDOW", 1, 0, 1),
         resident_layers=parse_layer_set(env.get("LVLLM_GPU_RESIDENT_MOE_LAYERS", "")),
         stats_interval=_int(env, "LVLLM_STATS_INTERVAL", 60, 0, 86_400),
+        expert_cache_gib=_gib(env, "LVLLM_GPU_EXPERT_CACHE", 4096.0),
+        bench_routing_replay=_bool(env, "LVLLM_BENCH_ROUTING_REPLAY"),
     )
