@@ -204,7 +204,6 @@ class ExpertCache:
         self._snap = None       # pinned copy of `counts`, its event, and the steps it covers
         self._snap_event = None
         self._snap_steps = self._steps = 0
-        self.replay: Optional[TraceReplay] = None
         # Totals (read by lvllm's statistics and /metrics).
         self.lookups = self.hits = self.refills = self.refill_bytes = 0
         self.skipped: List[str] = []
@@ -278,8 +277,6 @@ class ExpertCache:
         small copies on the current stream and the refills on the copy stream; never waits for the GPU.
         Step t's counts are taken before step t + 1, read before t + 2, and the refills they start are
         published before t + 3 at the earliest (cache_policy.GPU_LAG)."""
-        if self.replay is not None:
-            self.replay.advance()
         if not self.layers or self.policy is None:
             return
         self._steps += 1

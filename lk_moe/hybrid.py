@@ -342,9 +342,13 @@ class HybridMoE:
         """Whether `forward` of this many tokens runs on the GPU (resident or streamed)."""
         return self.resident or (self.gpu_min_batch > 0 and tokens >= self.gpu_min_batch)
 
-    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, cache=None) -> torch.Tensor:
+        """cache: the layer's lk_moe.expert_cache.LayerCache: its experts are computed from their
+        GPU slots, only the others are streamed (or computed on the CPU)."""
         M = x.shape[0]
         if not self.takes_gpu_path(M):
+            if cache is not None:
+                return cache.forward(x, topk_ids, topk_weights, self.cpu_path)
             return self.cpu_path(x, topk_ids, topk_weights)
         if not x.is_cuda or x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"x must be a CUDA [M, {self.hidden}] {self.dtype} tensor")
@@ -354,9 +358,15 @@ class HybridMoE:
             raise ValueError(f"topk_ids/topk_weights must be [M, {self.top_k}] = [{M}, {self.top_k}]")
         if topk_ids.device != x.device or topk_weights.device != x.device:
             raise ValueError("x, topk_ids and topk_weights must be on the same CUDA device")
+        cached = None
+        if cache is not None:
+            gpu_ids, topk_ids = cache.split(topk_ids)
+            cached = cache.gpu_part(x, gpu_ids, topk_weights)
         batch = RoutedBatch(topk_ids, topk_weights, self.num_experts)
         x_pad = F.pad(x, (0, self.kp1 - self.hidden)) if self.kp1 != self.hidden else x
         acc = torch.zeros(M, self.h_pad, dtype=torch.float32, device=x.device)
+        if cached is not None:
+            acc[:, :self.hidden] += cached.float()
         ids = None
         if self.native is not None:  # vLLM's kernel reads x by rows; -1 ids mapped for its expert maps
             x_pad, ids = x_pad.contiguous(), gpu_native.NativeExperts.map_ids(topk_ids, self.num_experts)

@@ -38,6 +38,8 @@ class HybridMoEMixin:
         self._lk_hybrid = None
         self._lk_runtime = None
         self._lk_dummy = False
+        self._lk_index = 0  # among the model's hybrid layers (expert cache, routing replay)
+        self._lk_cache = None  # lk_moe.expert_cache.LayerCache (LVLLM_GPU_EXPERT_CACHE)
 
     # -- what vLLM's runner and loaders ask the method (forced: no kernel of vLLM's own here).
     # Not monolithic (the router runs first), no EPLB, no modular kernel; shared experts then
@@ -120,6 +122,7 @@ class HybridMoEMixin:
                                     io=rt.io(max_tokens, engine_layer.hidden_size, top_k, dtype))
         self._lk_runtime = rt
         rt.add_layer(plan, self._lk_hybrid)
+        self._lk_index, self._lk_cache = rt.attach_cache(self._lk_hybrid, int(moe.max_num_tokens))
         rt.layer_loaded(engine_layer.nbytes, time.perf_counter() - t0)
 
     # -- forward
@@ -134,17 +137,24 @@ class HybridMoEMixin:
             topk_ids = topk_ids.to(torch.int32)
         if topk_weights.dtype != torch.float32:
             topk_weights = topk_weights.float()
+        replay = self._lk_runtime.replay
+        if replay is not None:  # benchmarks only (LVLLM_BENCH_ROUTING_REPLAY)
+            topk_ids = replay.apply(self._lk_index, topk_ids)
+        cache = self._lk_cache
         capturing = torch.cuda.is_current_stream_capturing()
         if capturing or not hybrid.takes_gpu_path(x.shape[0]):
             # A captured graph replays exactly what was recorded: only the CPU path (copies and a
             # host-function node) is capturable; the streamed GPU path syncs to plan its copies.
             # Rows vLLM padded to a graph size, and the profile run's, cost no expert reads.
-            return hybrid.cpu_path(x, engine_ids(topk_ids), topk_weights)  # counted by the engine (lvllm.stats)
+            ids = engine_ids(topk_ids)
+            if cache is not None:  # the cached experts on the GPU, the rest on the CPU, at once
+                return cache.forward(x, ids, topk_weights, hybrid.cpu_path)
+            return hybrid.cpu_path(x, ids, topk_weights)  # counted by the engine (lvllm.stats)
         stats = self._lk_runtime.stats
         if stats is None:
-            return hybrid.forward(x, topk_ids, topk_weights)
+            return hybrid.forward(x, topk_ids, topk_weights, cache=cache)
         mark = stats.gpu_begin(hybrid, x.shape[0])
-        out = hybrid.forward(x, topk_ids, topk_weights)
+        out = hybrid.forward(x, topk_ids, topk_weights, cache=cache)
         stats.gpu_end(mark)
         return out
 

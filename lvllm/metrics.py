@@ -43,6 +43,11 @@ COUNTERS = {
     "lvllm_h2d_seconds": ("GPU time of the streamed-prefill layers those bytes were copied in", False),
     "lvllm_cpu_expert_errors": ("CPU expert calls whose output was NaN (invalid expert ids, or a "
                                 "kernel-signal call that gave up waiting for the engine)", False),
+    "lvllm_expert_cache_lookups": ("Routed (token, expert) pairs of the hybrid layers looked up in the GPU "
+                                   "expert cache (LVLLM_GPU_EXPERT_CACHE)", False),
+    "lvllm_expert_cache_hits": ("Of those, the pairs computed on the GPU from a cached expert", False),
+    "lvllm_expert_cache_refills": ("Experts copied into GPU expert cache slots", False),
+    "lvllm_expert_cache_refill_bytes": ("Bytes copied host to device by those refills", False),
 }
 
 _dir_owner: Optional[tempfile.TemporaryDirectory] = None  # the first process's directory
@@ -81,6 +86,10 @@ def snapshot_of(totals, errors_total: int, rank: int) -> dict:
         "lvllm_h2d_bytes": totals.gpu_bytes,
         "lvllm_h2d_seconds": totals.gpu_ms / 1e3,
         "lvllm_cpu_expert_errors": errors_total,
+        "lvllm_expert_cache_lookups": totals.cache_lookups,
+        "lvllm_expert_cache_hits": totals.cache_hits,
+        "lvllm_expert_cache_refills": totals.cache_refills,
+        "lvllm_expert_cache_refill_bytes": totals.cache_refill_bytes,
     }
 
 

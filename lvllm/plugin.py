@@ -17,6 +17,10 @@ H2  GPUModelRunner.profile_run, in both of vLLM's model runners (v1/worker/gpu_m
     the V2 runner, v1/worker/gpu/model_runner.py): run inside lvllm.padding.profile_run(), so the
     memory-profile batch costs the CPU engine no expert reads (it still sizes the GPU paths).
 
+H3  GPUModelRunner.execute_model, in both model runners: lvllm.runtime.before_step() first (not for
+    the V2 runner's dummy runs): the GPU expert cache's refills and policy run between steps, never
+    inside one (a captured graph replays with whatever its slots hold then).
+
 Any check that fails raises PluginError naming the vLLM function and version: never a
 half-installed plugin, never a silent fallback to stock vLLM.
 """
@@ -109,7 +113,9 @@ def check_hook_targets() -> str:
     where = f"vLLM {_check_version()}"
     _check(where, _routed_experts_surface(importlib.import_module(ROUTED_EXPERTS)))
     for name in MODEL_RUNNERS:
-        _check(f"{where} ({name})", _profile_run_surface(importlib.import_module(name)))
+        module = importlib.import_module(name)
+        _check(f"{where} ({name})", _profile_run_surface(module))
+        _check(f"{where} ({name})", _execute_model_surface(module))
     return where
 
 
@@ -156,11 +162,43 @@ def _hook_profile_run(where: str, module) -> None:
     runner.profile_run = profile_run
 
 
+# The parameters of execute_model in each runner (H3 passes them through; only their start matters).
+EXECUTE_MODEL_PARAMS = {
+    "vllm.v1.worker.gpu_model_runner": ("self", "scheduler_output", "intermediate_tensors"),
+    "vllm.v1.worker.gpu.model_runner": ("self", "scheduler_output", "intermediate_tensors", "dummy_run",
+                                        "skip_attn_for_dummy_run", "is_profile", "context_len",
+                                        "valid_dummy_state_slots", "randomize_inputs"),
+}
+
+
+def _execute_model_surface(module) -> dict:
+    runner = getattr(module, "GPUModelRunner", None)
+    return {"GPUModelRunner.execute_model": (getattr(runner, "execute_model", None),
+                                             EXECUTE_MODEL_PARAMS[module.__name__])}
+
+
+def _hook_execute_model(where: str, module) -> None:
+    """H3, once vLLM has imported a model runner module in this process."""
+    _check(f"{where} ({module.__name__})", _execute_model_surface(module))
+    runner = module.GPUModelRunner
+    original = runner.execute_model
+
+    @functools.wraps(original)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        if not kwargs.get("dummy_run", False):
+            from .runtime import before_step
+            before_step()
+        return original(self, scheduler_output, *args, **kwargs)
+
+    runner.execute_model = execute_model
+
+
 def _install(cfg: LvllmConfig) -> None:
     where = f"vLLM {_check_version()}"
     when_imported(ROUTED_EXPERTS, functools.partial(_hook_routed_experts, cfg, where))
     for name in MODEL_RUNNERS:
         when_imported(name, functools.partial(_hook_profile_run, where))
+        when_imported(name, functools.partial(_hook_execute_model, where))
 
 
 def register() -> None:

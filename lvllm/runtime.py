@@ -17,6 +17,16 @@ logger = logging.getLogger("vllm.lvllm")
 # Seconds between the checks of the CPU path's error counters while LVLLM_STATS_INTERVAL=0 (with the
 # statistics on, they are checked at every statistics interval).
 ERROR_CHECK_INTERVAL = 60
+# The benchmark routing replay (LVLLM_BENCH_ROUTING_REPLAY): trace steps kept on the GPU (replayed in
+# a loop) and trace rows (a decode batch's requests; row r of a batch follows trace row r mod this).
+REPLAY_STEPS = 1024
+REPLAY_ROWS = 8
+
+
+def before_step() -> None:
+    """Called by lvllm's execute_model hook before every model step of this process."""
+    if _runtime is not None:
+        _runtime.before_step()
 
 
 def _ranges(indices) -> str:
@@ -78,6 +88,10 @@ class WorkerRuntime:
                                    lines=cfg.stats_interval > 0)
         self.stats: Optional[WorkerStats] = self.monitor if cfg.stats_interval > 0 else None  # GPU-path counting
         self.metrics = _metrics_writer(local_rank, self.monitor)
+        self.hybrid_count = 0  # hybrid layers loaded so far: a layer's index in the cache and the replay
+        self.expert_cache = None  # lk_moe.expert_cache.ExpertCache (LVLLM_GPU_EXPERT_CACHE > 0)
+        self.replay = None  # lk_moe.expert_cache.TraceReplay (LVLLM_BENCH_ROUTING_REPLAY=1, benchmarks only)
+        self.refill_gbs = None  # measured at the first forward, for the summary
 
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
@@ -143,6 +157,34 @@ class WorkerRuntime:
             self.gpu_paths.setdefault(hybrid.format, reason)
         self._kernel_unusable = getattr(cpu_path, "kernel_unusable", None)
 
+    def attach_cache(self, hybrid, max_tokens: int):
+        """(the layer's index among the hybrid layers, its lk_moe LayerCache or None). Made with the
+        model's first hybrid layer: the cache (its budget split over every planned hybrid layer) and,
+        for benchmarks, the routing replay."""
+        import torch
+        index = self.hybrid_count
+        self.hybrid_count += 1
+        if self.cfg.bench_routing_replay and self.replay is None:
+            from lk_moe.expert_cache import TraceReplay
+            logger.warning("lk_moe: LVLLM_BENCH_ROUTING_REPLAY=1: benchmarks may replace the router's expert ids "
+                           "with synthetic traces; outputs are meaningless while they do (never set it for serving)")
+            self.replay = TraceReplay(max(1, self.planned_hybrid), REPLAY_STEPS, REPLAY_ROWS, hybrid.top_k,
+                                      max_tokens, torch.device("cuda", torch.cuda.current_device()))
+        if self.cfg.expert_cache_gib <= 0:
+            return index, None
+        if self.expert_cache is None:
+            from lk_moe.expert_cache import ExpertCache
+            self.expert_cache = ExpertCache(int(self.cfg.expert_cache_gib * (1 << 30)), max(1, self.planned_hybrid))
+            self.monitor.cache = self.expert_cache
+        return index, self.expert_cache.add_layer(hybrid)
+
+    def before_step(self) -> None:
+        """Between two model steps (lvllm's hook around the model runners' execute_model)."""
+        if self.replay is not None:
+            self.replay.advance()
+        if self.expert_cache is not None:
+            self.expert_cache.before_step()
+
     def signal_text(self) -> str:
         if self.cpu_signal != "auto":
             return f"{self.cpu_signal} signal"
@@ -167,12 +209,17 @@ class WorkerRuntime:
                    else "prefill on the CPU")
                 + (f" (CPU prefill for {', '.join(self.cpu_prefill_formats)} layers: no GPU path)"
                    if self.cfg.gpu_prefill_min_batch and self.cpu_prefill_formats else "")
-                + "".join(f"; GPU path of {r}" for r in self.gpu_paths.values()))
+                + "".join(f"; GPU path of {r}" for r in self.gpu_paths.values())
+                + (f"; {self.expert_cache.describe()}" if self.expert_cache is not None else "")
+                + (f", refills at {self.refill_gbs:.1f} GB/s" if self.refill_gbs else ""))
 
     def log_summary_once(self) -> None:
         """At the first forward: the summary, and the reporting thread (statistics, errors) starts."""
         if not self._summary_logged:
             self._summary_logged = True
+            if self.expert_cache is not None and self.expert_cache.layers:
+                from lk_moe.expert_cache import measure_refill
+                self.refill_gbs = measure_refill(self.expert_cache)
             logger.info("%s", self.summary())
             self.monitor.start()
             if self.metrics is not None:

@@ -46,6 +46,12 @@ class Totals:
     gpu_calls: int = 0
     gpu_bytes: int = 0  # streamed bytes whose layer time is known (gpu_ms)
     gpu_ms: float = 0.0
+    # GPU expert cache (lk_moe.expert_cache): routed (token, expert) lookups of all hybrid layers,
+    # those served from VRAM slots, refills started and their bytes.
+    cache_lookups: int = 0
+    cache_hits: int = 0
+    cache_refills: int = 0
+    cache_refill_bytes: int = 0
 
     @property
     def steps(self) -> int:
@@ -59,9 +65,15 @@ def format_line(rank: int, seconds: float, d: Totals) -> str:
     engine = f"{d.cpu_ns / d.cpu_steps / 1e6:.1f} ms/step engine" if d.cpu_steps else "no engine time"
     h2d = (f"{d.gpu_bytes / 1e9:.1f} GB at {d.gpu_bytes / d.gpu_ms / 1e6:.1f} GB/s H2D" if d.gpu_ms > 0
            else "no H2D timed")
-    return (f"lk_moe stats (rank {rank}, last {seconds:.0f} s): {d.steps} steps; "
+    line = (f"lk_moe stats (rank {rank}, last {seconds:.0f} s): {d.steps} steps; "
             f"CPU path {d.cpu_steps} steps, {d.cpu_tokens} tokens, {d.cpu_calls} layer calls, {engine}; "
             f"GPU path {d.gpu_steps} steps, {d.gpu_tokens} tokens, {d.gpu_calls} layer calls, {h2d}")
+    if d.cache_lookups:
+        hit = d.cache_hits / d.cache_lookups
+        line += (f"; expert cache hit rate {100 * hit:.1f}% (routed experts on the GPU {100 * hit:.0f}%, "
+                 f"on the CPU {100 * (1 - hit):.0f}%), {d.cache_refills} refills, "
+                 f"{d.cache_refill_bytes / 1e9:.2f} GB at {d.cache_refill_bytes / max(seconds, 1e-9) / 1e9:.2f} GB/s")
+    return line
 
 
 def _timing_event():
@@ -91,6 +103,7 @@ class WorkerStats:
         self._new_event = new_event or _timing_event
         self._layers = []  # (layer index, HybridMoE), in the order they were built
         self.first = None  # the hybrid layer that runs first in a step
+        self.cache = None  # the worker's lk_moe.expert_cache.ExpertCache, if any
         self._gpu = Totals()  # the GPU-path fields only; the CPU ones come from the engine
         self._lock = threading.Lock()  # the reporting thread reads what apply writes
         self._pending = collections.deque()  # (start event, end event, bytes) not yet completed
@@ -151,6 +164,10 @@ class WorkerStats:
             if hybrid is self.first:
                 t.cpu_steps, t.cpu_tokens = dc + pc, dr + pr
                 t.cpu_decode_tokens, t.cpu_prefill_tokens = dr, pr
+        if self.cache is not None:
+            c = self.cache.totals()
+            t.cache_lookups, t.cache_hits = c["lookups"], c["hits"]
+            t.cache_refills, t.cache_refill_bytes = c["refills"], c["refill_bytes"]
         return t
 
     def tick(self) -> Optional[str]:

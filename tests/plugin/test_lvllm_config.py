@@ -8,6 +8,7 @@ def test_defaults_are_stock_vllm():
     cfg = from_env({})
     assert not cfg.enabled and cfg.gpu_prefill_min_batch == 0 and cfg.prefetch_window == 1
     assert cfg.resident_layers == frozenset() and cfg.stats_interval == 60
+    assert cfg.expert_cache_gib == 0 and not cfg.bench_routing_replay
 
 
 def test_values():
@@ -18,6 +19,9 @@ def test_values():
     assert from_env({"LVLLM_MOE_NUMA_ENABLED": "false"}).enabled is False
     assert from_env({"LVLLM_STATS_INTERVAL": "10"}).stats_interval == 10
     assert from_env({"LVLLM_STATS_INTERVAL": "0"}).stats_interval == 0  # off
+    assert from_env({"LVLLM_GPU_EXPERT_CACHE": "12.5"}).expert_cache_gib == 12.5
+    assert from_env({"LVLLM_GPU_EXPERT_CACHE": "0"}).expert_cache_gib == 0  # off
+    assert from_env({"LVLLM_BENCH_ROUTING_REPLAY": "1"}).bench_routing_replay
 
 
 def test_layer_sets():

@@ -121,6 +121,15 @@ def lend_int8_backend():
     int8.select_int8_moe_backend = lambda *a, **k: (Int8MoeBackend.TRITON, None)
 
 
+def lend_plain_cpu_gemm():
+    """On a CPU with AMX tiles, vLLM's CPU platform packs small bf16 GEMMs (routers, norms' neighbours)
+    for its sgl kernels, which live in vLLM's compiled CPU ops; the CUDA wheel installed here has none
+    (`torch.ops._C.convert_weight_packed` is missing). Answer as a CPU without AMX would: the plain
+    torch linear. Only the dense layers' GEMM choice changes; the MoE layers are the plugin's."""
+    from vllm.model_executor.layers import utils
+    utils.check_cpu_sgl_kernel = lambda *a, **k: False
+
+
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 
 
@@ -130,6 +139,7 @@ def main():
         LENDERS[quant]()
     if arch == "gpt_oss":
         lend_mxfp4_backend()
+    lend_plain_cpu_gemm()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
                     load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))
