@@ -137,6 +137,21 @@ class SlotStore:
                                    quant_config=self._quant_config)
 
 
+def split_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor, counts: torch.Tensor, ones: torch.Tensor):
+    """The id split, on any device, with no host sync (capturable). topk_ids int32 [M, K], -1 = none;
+    expert_map int32 [E + 1] (expert -> slot, -1 = not cached; [E] = -1); counts int32 [E + 2]
+    (+= tokens per expert, [E] collects the -1s, [E + 1] the hits); ones int32 [>= M * K].
+    Returns (ids for the GPU part: -1 -> E, which the map sends to no slot; ids for the CPU engine:
+    the cached experts -> -1)."""
+    E = expert_map.shape[0] - 1
+    gpu_ids = torch.where(topk_ids < 0, E, topk_ids)
+    flat = gpu_ids.reshape(-1).long()
+    hit = expert_map.index_select(0, flat).reshape(topk_ids.shape) >= 0
+    counts.index_add_(0, flat, ones[:flat.shape[0]])
+    counts[E + 1:E + 2].add_(hit.sum(dtype=torch.int32).reshape(1))
+    return gpu_ids, topk_ids.masked_fill(hit, -1)
+
+
 class LayerCache:
     """One hybrid layer's slots and its row of the cache's GPU tables."""
 
@@ -149,15 +164,8 @@ class LayerCache:
         self.ones = torch.ones(hybrid.cpu_path.max_tokens * hybrid.top_k, dtype=torch.int32, device=owner.device)
 
     def split(self, topk_ids: torch.Tensor):
-        """(ids for the GPU part: -1 -> num_experts, ids for the CPU engine: cached experts -> -1).
-        Counts every lookup and hit on the GPU (capturable, no host sync)."""
-        E = self.num_experts
-        gpu_ids = torch.where(topk_ids < 0, E, topk_ids)
-        flat = gpu_ids.reshape(-1).long()
-        hit = self.map.index_select(0, flat).reshape(topk_ids.shape) >= 0
-        self.counts.index_add_(0, flat, self.ones[:flat.shape[0]])
-        self.counts[E + 1:E + 2].add_(hit.sum(dtype=torch.int32).reshape(1))
-        return gpu_ids, topk_ids.masked_fill(hit, -1)
+        """split_ids on this layer's row of the map and the counts."""
+        return split_ids(topk_ids, self.map, self.counts, self.ones)
 
     def gpu_part(self, x: torch.Tensor, gpu_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         kp1 = self.store.kp1
