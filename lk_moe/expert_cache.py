@@ -352,7 +352,23 @@ class ExpertCache:
                 self.refills += 1
                 self.refill_bytes += cache.store.layout.expert_bytes
 
-    # -- benchmarks
+    # -- tests and benchmarks
+    def place(self, layer: int, experts: List[int]) -> None:
+        """Put `experts` into the first slots of `layer` now (synchronously; the policy is told), the
+        layer's other slots emptied. Not between-steps safe: for tests and warm starts only."""
+        if len(experts) > self.active_slots or len(set(experts)) != len(experts):
+            raise ValueError(f"place takes at most {self.active_slots} distinct experts")
+        torch.cuda.synchronize(self.device)
+        store = self.layers[layer].store
+        self._map_host[layer, :] = -1
+        self.policy.slot_expert[layer, :] = -1
+        for slot, e in enumerate(experts):
+            store.write(slot, e, self._staging[0])
+            self._map_host[layer, e] = slot
+            self.policy.slot_expert[layer, slot] = e
+        self._upload()
+        torch.cuda.synchronize(self.device)
+
     def set_active_slots(self, n: int) -> None:
         """Use only the first n slots of each layer (a smaller budget, for benchmark sweeps): the cache
         is emptied and the policy starts over."""
