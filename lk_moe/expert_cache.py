@@ -92,6 +92,7 @@ class SlotStore:
             impl = "kernel" if gpu_dequant.kernel_usable() else "torch"
         self.layout = hybrid.copy_layout or GpuCopyLayout(layer, impl)
         self.kind = "native" if self.native is not None else "bf16"
+        self.dtype = hybrid.dtype
         self.device = torch.device(device)
         self.slots = slots
         layer._impl.pin_for_gpu()  # the refills' source: the engine's own copy, page-locked once
@@ -112,7 +113,10 @@ class SlotStore:
 
     def _convert(self, views) -> tuple:
         if self.native is not None:
-            return tuple(self.native.relayout(views))
+            w = self.native.relayout(views)
+            if self.format == "wna16_int4":  # vLLM's int4 kernels take the scales in the model dtype
+                w = w._replace(w1s=w.w1s.to(self.dtype), w2s=w.w2s.to(self.dtype))
+            return tuple(w)
         w13, w2 = self.layout.unpack(views)
         return w13, _pad_rows(w2, self.kp1)
 
