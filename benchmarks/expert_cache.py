@@ -224,6 +224,8 @@ def main() -> int:
     for mode in [m for m in a.modes.split(",") if m]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        # collective_rpc sends `control` (a function) to the engine process pickled: vLLM asks for this.
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill),
                    LVLLM_BENCH_ROUTING_REPLAY="1", LVLLM_STATS_INTERVAL="30",
                    LVLLM_GPU_EXPERT_CACHE=f"{max_budget_gib * 1.02:.3f}" if mode == "cache" else "0")
