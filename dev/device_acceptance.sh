@@ -46,6 +46,10 @@
 #                                             # SOAK_MIN minutes, default 20), then follows it to the run's end
 #   bash dev/device_acceptance.sh soakwait  # follows it again (call back to back, within 30 s); when it has ended:
 #                                             # its report, samples.jsonl, soak.png and the server log into $OUT
+#   bash dev/device_acceptance.sh cache1    # the GPU expert cache: tests/gpu/test_expert_cache.py, then its e2e
+#                                             # tests (switch off vs cache on, bf16 and fp8)
+#   bash dev/device_acceptance.sh cache2    # benchmarks/expert_cache.py on the Qwen3-30B-A3B shape (CACHE_TRACES,
+#                                             # CACHE_BUDGETS): tok/s vs budget per trace, the PNG into $OUT
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -239,6 +243,15 @@ python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts
 > /root/soak/soak.log 2>&1 < /dev/null & echo \$! > /root/soak/pid; $soak_follow" ;;
   soakwait)
     body="$soak_follow" ;;
+  cache1)
+    body="$verdict; timeout 240 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider tests/gpu/test_expert_cache.py \
+> \$OUT/gpu_cache.log 2>&1; verdict \$OUT/gpu_cache.log
+timeout $left $e2e --basetemp=/root/e2e-tmp/cache tests/e2e/test_switch.py -k expert_cache > \$OUT/e2e_cache.log 2>&1
+$e2e_lines \$OUT/e2e_cache.log" ;;
+  cache2)
+    body="timeout $left python3 benchmarks/expert_cache.py --out \$OUT/cache_bench --traces \${CACHE_TRACES:-uniform,lru50,lru67,lru80,shift67} \
+--budgets \${CACHE_BUDGETS:-0,5,10,25,50} > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png \$OUT/ 2>/dev/null
+grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

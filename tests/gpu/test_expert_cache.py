@@ -9,7 +9,7 @@ What is checked, per output:
   (tests/engine/conftest.py::assert_matches_reference);
 - the GPU side (vLLM's kernel on the slots) against the fp32 reference on the pairs it took: relative
   RMS <= 3 * 2^-8 (the kernel rounds the pre-activations, the activation and each weighted expert
-  output to bf16: ~2^-8 each, as derived in tests/gpu/test_native.py), and per element <= 2^-5 of the
+  output to bf16: ~2^-8 each, as derived in tests/gpu/test_native.py), and per element <= 2^-4 of the
   output's RMS (a wrong slot or expert is off by ~100%);
 - the layer's output equals the two sides' sum up to its final bf16 rounding (the streams join right).
 """
@@ -60,7 +60,7 @@ def _check_gpu_side(on_gpu, x, w13, w2, ids, w):
     rms = ref.pow(2).mean().sqrt()
     err = on_gpu.float() - ref
     assert (err.pow(2).mean().sqrt() / rms).item() <= 3 * U
-    assert (err.abs().max() / rms).item() <= 2.0 ** -5
+    assert (err.abs().max() / rms).item() <= 2.0 ** -4
 
 
 def _check_layer(out, lc, hybrid, x, ids, w, w13, w2):
