@@ -60,6 +60,10 @@ inline void amx_configure() {
     cfg.rows[i] = 16;
     cfg.colsb[i] = 64;
   }
+  // GCC 12 does not count the rows/colsb stores as read by _tile_loadconfig and drops them in the
+  // out-of-line copy (zero rows: every tile unconfigured, the first tilezero raises SIGILL; seen on a
+  // Sapphire Rapids VM, 2026-12-03). The barrier keeps them.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 
