@@ -169,6 +169,8 @@ class LayerCache:
 
     def split(self, topk_ids: torch.Tensor):
         """split_ids on this layer's row of the map and the counts."""
+        if topk_ids.numel() > self.ones.numel():  # a streamed-prefill batch (eager; captured ones fit)
+            self.ones = torch.ones(topk_ids.numel(), dtype=torch.int32, device=self.owner.device)
         return split_ids(topk_ids, self.map, self.counts, self.ones)
 
     def gpu_part(self, x: torch.Tensor, gpu_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
