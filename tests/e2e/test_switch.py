@@ -219,6 +219,8 @@ def cache_runs(tmp_path_factory):
     specs = []
     for arch, quant, _ in CACHED:
         specs += [(arch, "off", OFF, KV, quant), (arch, "cache", CACHE, KV, quant)]
+        if quant != "bf16":  # the fp32 truth of a quantized file is its bf16 twin's (tests/e2e/oracle.py)
+            specs += [(arch, "stock", OFF, KV, f"{quant}-twin")]
     return _run_all(tmp_path_factory.mktemp("e2e-cache"), specs)
 
 
@@ -276,6 +278,25 @@ def _check(ref, test, label):
     return c
 
 
+def _check_w8a8(twin, off, on, label):
+    """The criterion for runs whose GPU experts take vLLM's fp8 W8A8 kernels (activations quantized to
+    fp8, as vLLM's own method does with the switch off): teacher-forced, the run may be no farther from
+    the bf16 twin's fp32 truth than the switch-off run (vLLM's kernels on the same file) is; its greedy
+    tokens no farther from the twin than the switch-off run's are."""
+    fp32 = _fp32_truth(twin["model"], twin)
+    tf = compare_runs(off, on, label, fp32=fp32)  # teacher-forced: reference = vLLM's kernels (switch off)
+    greedy, yardstick = compare_runs(twin, on, label), compare_runs(twin, off, "switch off")
+    problems = oracle_problems(*tf.oracle)
+    for what, q, ref, floor in (("p90", greedy.quantile(0.9), yardstick.quantile(0.9), TOL),
+                                ("share beyond TOL", greedy.outlier_fraction(), yardstick.outlier_fraction(), MAX_OUTLIERS)):
+        if q > max(ref * DRIFT_FACTOR + DRIFT_SLACK, floor):
+            problems.append(f"greedy vs twin {what} {q:.3f} > the switch-off run's {ref:.3f} x {DRIFT_FACTOR:g} + {DRIFT_SLACK}")
+    print(f"[e2e] {label}: teacher-forced reference (switch off) {tf.oracle[0].summary()}, test {tf.oracle[1].summary()}; "
+          f"greedy vs twin: {greedy.summary()}; switch off vs twin: {yardstick.summary()}"
+          + (f"; FAIL: {'; '.join(problems)}" if problems else "; ok"))
+    assert not problems, problems
+
+
 def test_kv_cache_gets_the_experts_memory(tmp_path):
     """Alone on the GPU, vLLM sizes the KV cache: with the experts in host RAM it is larger."""
     off = _collect(tmp_path, [_launch(tmp_path, "qwen3_moe", "off", OFF)])["qwen3_moe-off"]
@@ -317,7 +338,8 @@ def test_gpu_prefill_and_resident_match_switch_off(runs, arch):
 def test_expert_cache_matches_switch_off(cache_runs, arch, quant, slots):
     """The cached experts computed on the GPU while the CPU computes the rest, inside vLLM's CUDA graphs
     (decode) and on the streamed prefill path: outputs under the suite's criterion, teacher-forced check
-    included; the cache served lookups."""
+    included; the cache served lookups. FP8 block experts sit in their native slots and take vLLM's W8A8
+    kernel (fp8 activations): the criterion of the native W8A8 prefill test."""
     import re
     tag = arch if quant == "bf16" else f"{arch}-{quant}"
     off, on = _get(cache_runs, f"{tag}-off"), _get(cache_runs, f"{tag}-cache")
@@ -326,7 +348,10 @@ def test_expert_cache_matches_switch_off(cache_runs, arch, quant, slots):
     rates = [float(r) for r in re.findall(r"expert cache hit rate ([\d.]+)%", on["log"])]
     print(f"[e2e] {tag} expert cache hit rates per stats line: {rates}")
     assert rates and max(rates) > 0, "no stats line reported a cache hit"
-    _check(off, on, f"{tag} expert-cache")
+    if quant == "bf16":
+        _check(off, on, f"{tag} expert-cache")
+    else:
+        _check_w8a8(_get(cache_runs, f"{tag}-twin-stock"), off, on, f"{tag} expert cache (native W8A8 slots)")
 
 
 @pytest.mark.parametrize("arch,quant", QUANTIZED)
@@ -380,20 +405,7 @@ def test_quantized_gpu_prefill_native_kernels(quantized_runs, arch, quant):
     if fmt not in W8A8_NATIVE:
         _check(twin, on, f"{arch} {quant} GPU prefill (native) vs bf16 twin")
         return
-    off = _get(quantized_runs, f"{arch}-{quant}-off")
-    fp32 = _fp32_truth(twin["model"], twin)
-    label = f"{arch} {quant} GPU prefill (native W8A8)"
-    tf = compare_runs(off, on, label, fp32=fp32)  # teacher-forced: reference = vLLM's kernels (switch off)
-    greedy, yardstick = compare_runs(twin, on, label), compare_runs(twin, off, "switch off")
-    problems = oracle_problems(*tf.oracle)
-    for what, q, ref, floor in (("p90", greedy.quantile(0.9), yardstick.quantile(0.9), TOL),
-                                ("share beyond TOL", greedy.outlier_fraction(), yardstick.outlier_fraction(), MAX_OUTLIERS)):
-        if q > max(ref * DRIFT_FACTOR + DRIFT_SLACK, floor):
-            problems.append(f"greedy vs twin {what} {q:.3f} > the switch-off run's {ref:.3f} x {DRIFT_FACTOR:g} + {DRIFT_SLACK}")
-    print(f"[e2e] {label}: teacher-forced reference (switch off) {tf.oracle[0].summary()}, test {tf.oracle[1].summary()}; "
-          f"greedy vs twin: {greedy.summary()}; switch off vs twin: {yardstick.summary()}"
-          + (f"; FAIL: {'; '.join(problems)}" if problems else "; ok"))
-    assert not problems, problems
+    _check_w8a8(twin, _get(quantized_runs, f"{arch}-{quant}-off"), on, f"{arch} {quant} GPU prefill (native W8A8)")
 
 
 @pytest.mark.parametrize("arch", NATIVE)
