@@ -183,7 +183,9 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-util", type=float, default=0.85)
     ap.add_argument("--gpu-prefill", type=int, default=1024)
-    ap.add_argument("--out", default="", help="folder for the log, results JSON and the PNG")
+    ap.add_argument("--out", default="", help="folder for the logs, results JSON and the PNG")
+    ap.add_argument("--results", default="", help="JSON file that accumulates results across invocations "
+                    "(e.g. --modes off in one device run, --modes cache in the next)")
     ap.add_argument("--timeout", type=int, default=1200)
     ap.add_argument("--simulate-only", action="store_true")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -220,6 +222,11 @@ def main() -> int:
     print(f"host read bandwidth {bw_before:.1f} GB/s: pure-CPU bound {bw_before * 1e9 / bytes_per_token:.2f} tok/s",
           flush=True)
     results = []
+    if a.results and os.path.exists(a.results):
+        with open(a.results) as f:
+            kept = json.load(f)["results"]
+        new_modes = set(a.modes.split(","))
+        results = [r for r in kept if r["mode"] not in new_modes]
     max_budget_gib = max(budgets) / 100 * L * E * expert_bytes / 2**30
     for mode in [m for m in a.modes.split(",") if m]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
@@ -246,6 +253,9 @@ def main() -> int:
                         print(f"  [{mode} +{time.time() - t:4.0f}s] {ln.strip()[:260]}", flush=True)
                     if ln.startswith("RESULT "):
                         results.append(json.loads(ln[7:]))
+                        if a.results:  # kept as they come: a run cut by its time limit keeps what it measured
+                            with open(a.results, "w") as f:
+                                json.dump({"results": results}, f)
                 rc = p.wait(timeout=a.timeout)
             except subprocess.TimeoutExpired:
                 p.kill()
@@ -255,6 +265,9 @@ def main() -> int:
     bw_after = _read_bandwidth()
     bw = (bw_before + bw_after) / 2
     bound = bw * 1e9 / bytes_per_token
+    if a.results:
+        with open(a.results, "w") as f:
+            json.dump({"results": results}, f)
     with open(os.path.join(out, "expert_cache.json"), "w") as f:
         json.dump({"shape": a.shape, "layers": L, "read_bw": [bw_before, bw_after], "bound_tok_s": bound,
                    "results": results, "simulated": {f"{t}@{b}": v for (t, b), v in sim.items()}}, f, indent=1)

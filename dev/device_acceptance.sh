@@ -49,7 +49,10 @@
 #   bash dev/device_acceptance.sh cache1    # the GPU expert cache: tests/gpu/test_expert_cache.py, then its e2e
 #                                             # tests (switch off vs cache on, bf16 and fp8)
 #   bash dev/device_acceptance.sh cache2    # benchmarks/expert_cache.py on the Qwen3-30B-A3B shape (CACHE_TRACES,
-#                                             # CACHE_BUDGETS): tok/s vs budget per trace, the PNG into $OUT
+#                                             # CACHE_BUDGETS, CACHE_MODES): tok/s vs budget per trace, the PNG into
+#                                             # $OUT; each mode's vLLM start takes 100-200 s there, so run
+#                                             # CACHE_MODES=off and CACHE_MODES=cache as two parts (results add up
+#                                             # in /root/expert_cache.json on the machine)
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -250,7 +253,8 @@ timeout $left $e2e --basetemp=/root/e2e-tmp/cache tests/e2e/test_switch.py -k ex
 $e2e_lines \$OUT/e2e_cache.log" ;;
   cache2)
     body="timeout $left python3 benchmarks/expert_cache.py --out \$OUT/cache_bench --traces \${CACHE_TRACES:-uniform,lru50,lru67,lru80,shift67} \
---budgets \${CACHE_BUDGETS:-0,5,10,25,50} > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png \$OUT/ 2>/dev/null
+--budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache.json \
+> \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
