@@ -37,11 +37,17 @@ fi
 # in-place build if the wheel cannot be built.
 in_place=1
 if [ "${LVLLM_DEVICE_WHEEL:-0}" = "1" ]; then
+  # The wheel is rebuilt when the sources changed since it was built (a fix carried by the next run would
+  # otherwise run the old wheel: session 18 lost a run to that).
+  src_stamp=$(find lk_moe lvllm csrc setup.py pyproject.toml CMakeLists.txt -type f \( -name '*.py' -o -name '*.cpp' \
+    -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.toml' -o -name '*.txt' \) | sort | xargs sha256sum | sha256sum | cut -c1-16)
+  [ "$(cat /root/lvllm-wheel/.src-stamp 2>/dev/null)" = "$src_stamp" ] || rm -rf /root/lvllm-wheel
   if [ ! -d /root/lvllm-wheel/lvllm ]; then
     mkdir -p "$out/wheel"
     t_wheel=$(date +%s)
     if PYTHONPATH=/root/site python3 -m pip wheel . --no-build-isolation --no-deps -w "$out/wheel" > "$out/wheel.log" 2>&1 \
         && python3 -m pip install -q --no-deps --target /root/lvllm-wheel "$out"/wheel/lvllm-*.whl >> "$out/wheel.log" 2>&1; then
+      echo "$src_stamp" > /root/lvllm-wheel/.src-stamp
       echo "[device] built and installed $(basename "$out"/wheel/lvllm-*.whl) ($(du -h "$out"/wheel/lvllm-*.whl | cut -f1)) in $(( $(date +%s) - t_wheel )) s"
     else
       tail -20 "$out/wheel.log"; echo "[device] wheel build failed: falling back to the in-place build"
