@@ -26,10 +26,11 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from harness import read_bandwidth, run_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,17 +79,6 @@ def _worker(a) -> None:
         ts = [gen([prompt(n)], 1) for _ in range(a.reps)]
         res[f"ttft_{n}_s"] = statistics.median(ts)
     print("RESULT " + json.dumps(res), flush=True)
-
-
-def _read_bandwidth() -> float:
-    import lk_moe
-    from lvllm.threads import plan_threads
-    plan = plan_threads(0, 1, None)
-    # Every physical core reads (not just the engine's threads): the bound is the machine's.
-    pool = lk_moe.make_pool(threads=plan.physical_cores, allowed=list(plan.cpus))
-    bw = statistics.median(pool.measure_read_bandwidth(4 << 30, 7))
-    del pool  # its workers must not share the cores with the next mode's engine
-    return bw
 
 
 def _log_figures(log_path: str) -> dict:
@@ -154,7 +144,7 @@ def main() -> int:
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--gpu-util", str(a.gpu_util)]
-        bw_before = _read_bandwidth()
+        bw_before = read_bandwidth()
         t = time.time()
         log_path = os.path.join(a.log_dir or tempfile.gettempdir(), f"e2e_decode-{mode}.log")
         if a.log_dir:
@@ -162,25 +152,13 @@ def main() -> int:
         # The child's log streams to a file, and its milestones to our stdout as they happen.
         milestones = ("Loading weights took", "Model loading took", "lk_moe:", "torch.compile took",
                       "KV cache size", "init engine", "Graph capturing finished", "lk_moe stats", "RESULT", "Error", "error")
-        rc, lines = None, []
-        with open(log_path, "w") as log:
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            try:
-                for ln in p.stdout:
-                    log.write(ln)
-                    if any(m in ln for m in milestones):
-                        print(f"  [{mode} +{time.time() - t:5.0f}s] {ln.strip()[:300]}", flush=True)
-                    if ln.startswith("RESULT "):
-                        lines.append(ln)
-                rc = p.wait(timeout=a.timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        rc, lines = run_child(cmd, env, log_path, mode, milestones, a.timeout)
         if rc != 0 or not lines:
             print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
             continue
-        bw_after = _read_bandwidth()
+        bw_after = read_bandwidth()
         bw = (bw_before + bw_after) / 2
-        r = json.loads(lines[-1][7:])
+        r = lines[-1]
         r.update(_log_figures(log_path), read_bw_gbs=round(bw, 1), read_bw_before_after=[round(bw_before, 1), round(bw_after, 1)],
                  bound_tok_s=round(bw * 1e9 / bytes_per_token, 2))
         results[mode] = r

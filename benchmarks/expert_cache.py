@@ -26,13 +26,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from harness import read_bandwidth, run_child  # noqa: E402
 
 SHAPES = {"qwen3-30b-a3b": "qwen3_moe", "gpt-oss-120b": "gpt_oss"}
 
@@ -114,16 +114,6 @@ def _worker(a) -> None:
             print("RESULT " + json.dumps({"mode": a.mode, "trace": trace, "budget_pct": b, "slots": slots,
                                           "hit": hit, "tok_s_1": r1, "tok_s_4": r4, "refill_gb": refill_gb}),
                   flush=True)
-
-
-def _read_bandwidth() -> float:
-    import lk_moe
-    from lvllm.threads import plan_threads
-    plan = plan_threads(0, 1, None)
-    pool = lk_moe.make_pool(threads=plan.physical_cores, allowed=list(plan.cpus))
-    bw = statistics.median(pool.measure_read_bandwidth(4 << 30, 7))
-    del pool
-    return bw
 
 
 def _simulated(cfg, traces, budgets, steps=300):
@@ -218,7 +208,7 @@ def main() -> int:
         print(f"  {trace:>8}: " + "  ".join(f"{b:g}%: {sim[(trace, b)]:.2f}" for b in budgets), flush=True)
     if a.simulate_only:
         return 0
-    bw_before = _read_bandwidth()
+    bw_before = read_bandwidth()
     print(f"host read bandwidth {bw_before:.1f} GB/s: pure-CPU bound {bw_before * 1e9 / bytes_per_token:.2f} tok/s",
           flush=True)
     results = []
@@ -241,28 +231,18 @@ def main() -> int:
                "--decode-tokens", str(a.decode_tokens), "--warmup-tokens", str(a.warmup_tokens),
                "--max-model-len", str(a.max_model_len), "--gpu-util", str(a.gpu_util)]
         log_path = os.path.join(out, f"expert_cache-{mode}.log")
-        t = time.time()
         marks = ("Model loading took", "lk_moe: hybrid", "KV cache size", "init engine", "Graph capturing finished",
                  "lk_moe stats", "INFO ", "RESULT ", "Error")
-        with open(log_path, "w") as log:
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            try:
-                for ln in p.stdout:
-                    log.write(ln)
-                    if any(m in ln for m in marks):
-                        print(f"  [{mode} +{time.time() - t:4.0f}s] {ln.strip()[:260]}", flush=True)
-                    if ln.startswith("RESULT "):
-                        results.append(json.loads(ln[7:]))
-                        if a.results:  # kept as they come: a run cut by its time limit keeps what it measured
-                            with open(a.results, "w") as f:
-                                json.dump({"results": results}, f)
-                rc = p.wait(timeout=a.timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                rc = "timeout"
+
+        def keep(r):  # as they come: a run cut by its time limit keeps what it measured
+            results.append(r)
+            if a.results:
+                with open(a.results, "w") as f:
+                    json.dump({"results": results}, f)
+        rc, _ = run_child(cmd, env, log_path, mode, marks, a.timeout, on_result=keep)
         if rc != 0:
             print(f"[{mode}] failed (rc {rc}); log: {log_path}", flush=True)
-    bw_after = _read_bandwidth()
+    bw_after = read_bandwidth()
     bw = (bw_before + bw_after) / 2
     bound = bw * 1e9 / bytes_per_token
     if a.results:
