@@ -4,8 +4,11 @@ RESULT lines come back as they happen."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import subprocess
+import threading
 import time
 from typing import Callable, List, Optional
 
@@ -26,11 +29,32 @@ def run_child(cmd: List[str], env: dict, log_path: str, label: str, marks, timeo
               on_result: Optional[Callable[[dict], None]] = None):
     """Run one benchmark child; its output into log_path, lines holding one of `marks` printed with the
     seconds since start, each `RESULT {json}` line parsed and handed to on_result. Returns (rc or
-    "timeout", the parsed results)."""
+    "timeout", the parsed results). A child that outlives `timeout` seconds is stopped with SIGABRT, its
+    processes (vLLM's engine core too) in its own session: PYTHONFAULTHANDLER makes each of them print
+    every thread's Python stack into the log first, so a hang says where it hung."""
     results = []
     t = time.time()
+    env = dict(env, PYTHONFAULTHANDLER="1")
     with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        deadline = t + timeout
+
+        def watchdog():
+            while p.poll() is None:
+                if time.time() > deadline:
+                    try:
+                        os.killpg(p.pid, signal.SIGABRT)
+                    except ProcessLookupError:
+                        return
+                    time.sleep(10)
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    return
+                time.sleep(1)
+        threading.Thread(target=watchdog, daemon=True).start()
         try:
             for ln in p.stdout:
                 log.write(ln)
@@ -40,8 +64,11 @@ def run_child(cmd: List[str], env: dict, log_path: str, label: str, marks, timeo
                     results.append(json.loads(ln[7:]))
                     if on_result is not None:
                         on_result(results[-1])
-            rc = p.wait(timeout=timeout)
+            rc = p.wait(timeout=30)  # its output has ended: it is done, or the watchdog stopped it
         except subprocess.TimeoutExpired:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
+            rc = "killed"
+        if time.time() > deadline:
             rc = "timeout"
+            print(f"  [{label}] stopped after {timeout:.0f} s (SIGABRT: thread stacks in {log_path})", flush=True)
     return rc, results

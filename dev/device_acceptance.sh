@@ -254,7 +254,7 @@ $e2e_lines \$OUT/e2e_cache.log" ;;
   cache2)
     body="timeout $left python3 benchmarks/expert_cache.py --out \$OUT/cache_bench --traces \${CACHE_TRACES:-uniform,lru50,lru67,lru80,shift67} \
 --budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache.json \
-> \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
+--timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
