@@ -1,7 +1,8 @@
 """The GPU expert cache (lk_moe.expert_cache) on a real GPU with vLLM 0.33.0's fused-MoE kernel: the
 cached experts computed from VRAM slots while the CPU engine computes the rest, eager and inside a
 captured CUDA graph whose slots change between replays, refills driven by the policy between steps,
-the streamed prefill path skipping cached experts, and a quantized format in its native slots.
+the streamed prefill path skipping cached experts, and the quantized formats in their slots (native codes
+and scales, or bf16 for nvfp4).
 Qwen3-30B-A3B expert shape (H 2048, I 768, top-8), fewer experts. Needs an NVIDIA GPU and vLLM.
 
 What is checked, per output:
@@ -181,25 +182,33 @@ def test_streamed_prefill_skips_cached_experts(experts):
     assert_close_rms(out, moe_reference(x, w13.cuda(), w2.cuda(), ids, w))
 
 
-def test_fp8_block_in_native_slots():
+# format, zero points, slot kind, relative RMS limit of the GPU side against the dequantized checkpoint:
+# fp8 W8A8 quantizes the activations to fp8 (2^-4, tests/gpu/test_native.py); W8A16 / W4A16 and nvfp4's
+# bf16 slots (each weight rounded to bf16 once) keep bf16 activations (3 * 2^-8).
+QUANTIZED = [("fp8_block", False, "native", 2.0 ** -4), ("int8_channel", False, "native", 3 * U),
+             ("wna16_int4", True, "native", 3 * U), ("nvfp4", False, "bf16", 3 * U)]
+
+
+@pytest.mark.parametrize("fmt,zero_points,kind,limit", QUANTIZED, ids=[q[0] for q in QUANTIZED])
+def test_quantized_slots(fmt, zero_points, kind, limit):
     from lvllm.testing.experts import quantize_experts
     w13f, w2f = make_experts(E, H, I, dtype=torch.float32, seed=4)
-    tensors, d13, d2 = quantize_experts("fp8_block", w13f, w2f)
-    layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
+    tensors, d13, d2 = quantize_experts(fmt, w13f, w2f, optional=zero_points)
+    layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors)
     hybrid = HybridMoE(None, None, layer=layer, max_tokens=16, top_k=K)
     cache = ExpertCache(8 << 30, 1)
     lc = cache.add_layer(hybrid)
-    assert lc.store.kind == "native" and lc.store.slot_bytes < SLOT_BYTES * 0.6
+    assert lc is not None and lc.store.kind == kind, cache.describe()
+    if kind == "native":
+        assert lc.store.slot_bytes < SLOT_BYTES * 0.6  # codes and scales, not bf16
     cache.place(0, list(range(0, E, 2)))
     x, ids, w = _inputs(8, 7)
     out = lc.forward(x, ids, w, hybrid.cpu_path)
     gpu_ids, cpu_ids = lc.split(ids)
     gpu_side = torch.where(lc.map[gpu_ids.long()] >= 0, gpu_ids, -1)
-    ref_gpu = moe_reference(x, d13.cuda(), d2.cuda(), gpu_side, w)
-    on_gpu = lc.gpu_part(x, gpu_ids, w).float()
-    rel = ((on_gpu - ref_gpu).pow(2).mean().sqrt() / ref_gpu.pow(2).mean().sqrt()).item()
-    assert rel <= 2.0 ** -4  # fp8 activations (tests/gpu/test_native.py)
-    assert_close_rms(out, moe_reference(x, d13.cuda(), d2.cuda(), ids, w), limit=2.0 ** -4)
+    assert (gpu_side >= 0).any() and (cpu_ids >= 0).any()
+    assert_close_rms(lc.gpu_part(x, gpu_ids, w), moe_reference(x, d13.cuda(), d2.cuda(), gpu_side, w), limit)
+    assert_close_rms(out, moe_reference(x, d13.cuda(), d2.cuda(), ids, w), max(limit, 3 * U))
 
 
 def test_trace_replay_takes_over_and_hands_back():
