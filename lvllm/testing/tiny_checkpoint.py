@@ -7,7 +7,7 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2 (bf16; --quant fp8, w4a16, nvfp4,
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -28,7 +28,7 @@ import torch
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
-ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2")
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next")
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2")
 
@@ -63,6 +63,15 @@ SHAPES = {
     "minimax_m2": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, V=2048, rot=32),
         "big": dict(H=3072, L=62, nh=48, nkv=8, hd=128, E=256, K=8, I=1536, V=200064, rot=64, ctx=196608),
+    },
+    # Qwen3-Next: Gated DeltaNet linear attention in 3 of every 4 layers (full attention with an output gate
+    # in the 4th: several KV-cache groups), a shared expert behind a sigmoid gate in every MoE layer,
+    # zero-centred RMSNorms (weight 0 = scale 1); big: Qwen/Qwen3-Next-80B-A3B-Instruct's config.json.
+    "qwen3_next": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=2, hd=64, E=16, K=4, I=256, shared_I=256, dense_I=1024, V=2048,
+                     lin_nk=4, lin_nv=8, lin_dk=64, lin_dv=64, conv=4, every=4),
+        "big": dict(H=2048, L=48, nh=16, nkv=2, hd=256, E=512, K=10, I=512, shared_I=512, dense_I=5120, V=151936,
+                    lin_nk=16, lin_nv=32, lin_dk=128, lin_dv=128, conv=4, every=4, ctx=262144),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
@@ -109,6 +118,18 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     num_local_experts=s["E"], num_experts_per_tok=s["K"], scoring_func="sigmoid",
                     use_routing_bias=True, rotary_dim=s["rot"], rope_theta=5000000.0, qk_norm_type="per_layer",
                     use_qk_norm=True, router_aux_loss_coef=0.001)
+    if arch == "qwen3_next":
+        return dict(common, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["dense_I"],
+                    num_experts=s["E"], num_experts_per_tok=s["K"], moe_intermediate_size=s["I"],
+                    shared_expert_intermediate_size=s["shared_I"], norm_topk_prob=True, decoder_sparse_step=1,
+                    mlp_only_layers=[], full_attention_interval=s["every"],
+                    layer_types=["full_attention" if (i + 1) % s["every"] == 0 else "linear_attention"
+                                 for i in range(s["L"])],
+                    linear_conv_kernel_dim=s["conv"], linear_key_head_dim=s["lin_dk"],
+                    linear_value_head_dim=s["lin_dv"], linear_num_key_heads=s["lin_nk"],
+                    linear_num_value_heads=s["lin_nv"], partial_rotary_factor=0.25, rope_theta=10000000.0,
+                    attention_bias=False, attention_dropout=0.0, router_aux_loss_coef=0.001)
     if arch == "gpt_oss":
         return dict(common, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
                     num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
@@ -177,6 +198,8 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
     if arch == "gpt_oss":
         _gpt_oss_weights(s, vocab, w)
         return w.t
+    if arch == "qwen3_next":
+        return _qwen3_next_weights(s, w)
     for i in range(s["L"]):
         p = f"model.layers.{i}"
         w.norm(f"{p}.input_layernorm", H)
@@ -216,6 +239,44 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
         names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE else ("gate_proj", "up_proj", "down_proj")
         for e in range(s["E"]):
             w.mlp(f"{moe}.experts.{e}", H, s["I"], names)
+    return w.t
+
+
+def _qwen3_next_weights(s: dict, w: "_Weights") -> Dict[str, torch.Tensor]:
+    """Hub names and shapes of Qwen3-Next (transformers' Qwen3NextForCausalLM holds the same, with its
+    experts fused): zero-centred norms are 0, the gated DeltaNet's output norm 1."""
+    H = s["H"]
+    zero = lambda name, n: w.t.__setitem__(f"{name}.weight", torch.zeros(n, dtype=torch.bfloat16))  # noqa: E731
+    zero("model.norm", H)
+    key, value = s["lin_nk"] * s["lin_dk"], s["lin_nv"] * s["lin_dv"]
+    for i in range(s["L"]):
+        p = f"model.layers.{i}"
+        zero(f"{p}.input_layernorm", H)
+        zero(f"{p}.post_attention_layernorm", H)
+        if (i + 1) % s["every"]:
+            a = f"{p}.linear_attn"
+            w.linear(f"{a}.in_proj_qkvz", 2 * key + 2 * value, H)
+            w.linear(f"{a}.in_proj_ba", 2 * s["lin_nv"], H)
+            w.t[f"{a}.conv1d.weight"] = (torch.randn(2 * key + value, 1, s["conv"], generator=w.g)
+                                         / math.sqrt(s["conv"])).to(torch.bfloat16)
+            w.t[f"{a}.dt_bias"] = torch.ones(s["lin_nv"], dtype=torch.bfloat16)
+            w.t[f"{a}.A_log"] = torch.log(torch.empty(s["lin_nv"]).uniform_(1, 16, generator=w.g)).to(torch.bfloat16)
+            w.norm(f"{a}.norm", s["lin_dv"])
+            w.linear(f"{a}.out_proj", H, value)
+        else:
+            a = f"{p}.self_attn"
+            w.linear(f"{a}.q_proj", 2 * s["nh"] * s["hd"], H)  # queries and their output gate
+            w.linear(f"{a}.k_proj", s["nkv"] * s["hd"], H)
+            w.linear(f"{a}.v_proj", s["nkv"] * s["hd"], H)
+            w.linear(f"{a}.o_proj", H, s["nh"] * s["hd"])
+            zero(f"{a}.q_norm", s["hd"])
+            zero(f"{a}.k_norm", s["hd"])
+        m = f"{p}.mlp"
+        w.linear(f"{m}.gate", s["E"], H)
+        w.mlp(f"{m}.shared_expert", H, s["shared_I"])
+        w.linear(f"{m}.shared_expert_gate", 1, H)
+        for e in range(s["E"]):
+            w.mlp(f"{m}.experts.{e}", H, s["I"])
     return w.t
 
 

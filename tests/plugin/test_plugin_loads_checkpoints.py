@@ -42,6 +42,8 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("mixtral", "int8_channel", 0, "int8_channel"),  # compressed-tensors INT8 W8A8 per channel
     ("minimax_m2", "bf16", 0, "bf16"),  # w1/w2/w3 names, sigmoid routing with a selection bias
     ("minimax_m2", "fp8", 0, "fp8_block"),  # as MiniMax-M2 is released: FP8 block experts
+    ("qwen3_next", "bf16", 0, "bf16"),  # gated DeltaNet + gated attention layers, gated shared expert
+    ("qwen3_next", "fp8", 0, "fp8_block"),  # as Qwen3-Next-80B-A3B-*-FP8 is released
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
 # The vLLM method the plugin must have recognized (where several could read a format's tensors).

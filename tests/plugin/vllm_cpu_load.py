@@ -122,12 +122,16 @@ def lend_int8_backend():
 
 
 def lend_plain_cpu_gemm():
-    """On a CPU with AMX tiles, vLLM's CPU platform packs small bf16 GEMMs (routers, norms' neighbours)
-    for its sgl kernels, which live in vLLM's compiled CPU ops; the CUDA wheel installed here has none
+    """On a CPU with AMX tiles (and, for causal-conv weights, AVX512-BF16), vLLM's CPU platform packs
+    small bf16 GEMMs (routers, norms' neighbours) for its sgl kernels, which live in vLLM's compiled CPU ops; the CUDA wheel installed here has none
     (`torch.ops._C.convert_weight_packed` is missing). Answer as a CPU without AMX would: the plain
     torch linear. Only the dense layers' GEMM choice changes; the MoE layers are the plugin's."""
+    from vllm import _custom_ops
     from vllm.model_executor.layers import utils
     utils.check_cpu_sgl_kernel = lambda *a, **k: False
+    # The same for the GDN layers' causal-conv weights (Qwen3-Next): no prepack without the compiled op.
+    if hasattr(_custom_ops, "causal_conv1d_weight_pack"):
+        delattr(_custom_ops, "causal_conv1d_weight_pack")
 
 
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
