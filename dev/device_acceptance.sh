@@ -53,6 +53,8 @@
 #                                             # $OUT; each mode's vLLM start takes 100-200 s there, so run
 #                                             # CACHE_MODES=off and CACHE_MODES=cache as two parts (results add up
 #                                             # in /root/expert_cache.json on the machine)
+#   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
+#                                             # Qwen3-Next so far), switch on vs off
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -256,6 +258,9 @@ $e2e_lines \$OUT/e2e_cache.log" ;;
 --budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache.json \
 --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
+  arch1)
+    body="timeout $left $e2e --basetemp=/root/e2e-tmp/archs tests/e2e/test_architectures.py > \$OUT/e2e_archs.log 2>&1
+$e2e_lines \$OUT/e2e_archs.log" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;

@@ -1,0 +1,43 @@
+"""The newer MoE architectures end to end through the real vLLM 0.33.0, switch on vs off, as
+tests/e2e/test_switch.py does for the older ones (its runs, criterion and teacher-forced fp32 check):
+a file of its own so the older suites' device runs keep their size (`pytest tests/e2e/test_architectures.py`).
+
+Qwen3-Next: Gated-DeltaNet linear attention in 3 of 4 layers and gated full attention in the 4th (two
+KV-cache groups: vLLM's padding marks hold for both), a shared expert behind a sigmoid gate in every
+MoE layer (vLLM's, on the GPU, overlapping the CPU call).
+"""
+from __future__ import annotations
+
+import pytest
+
+from .test_switch import CPU, KV, OFF, _check, _get, _run_all, pytestmark  # noqa: F401  (pytestmark: GPU + vLLM)
+
+# architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
+NEW_ARCHS = {"qwen3_next": 0}
+
+
+def _gpu_env(arch):
+    return {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128",
+            "LVLLM_GPU_RESIDENT_MOE_LAYERS": str(NEW_ARCHS[arch])}
+
+
+@pytest.fixture(scope="module")
+def arch_runs(tmp_path_factory):
+    specs = []
+    for arch in NEW_ARCHS:
+        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", _gpu_env(arch), KV)]
+    return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_new_architecture_cpu_experts_match_switch_off(arch_runs, arch):
+    off, on = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-cpu")
+    assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
+    _check(off, on, f"{arch} cpu-prefill")
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_new_architecture_gpu_prefill_and_resident_match_switch_off(arch_runs, arch):
+    off, on = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-gpu")
+    assert f"GPU-resident [{NEW_ARCHS[arch]}]" in on["log"]
+    _check(off, on, f"{arch} gpu-prefill+resident")
