@@ -7,7 +7,7 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next (bf16; --quant fp8, w4a16, nvfp4,
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -28,7 +28,7 @@ import torch
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
-ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next")
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa")
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2")
 
@@ -48,6 +48,15 @@ SHAPES = {
                      nope=128, rope=64, v=128, groups=4, topk_groups=2, shared=1, dense=1),
         "big": dict(H=7168, L=61, nh=128, E=256, K=8, I=2048, dense_I=18432, V=129280, q_lora=1536,
                     kv_lora=512, nope=128, rope=64, v=128, groups=8, topk_groups=4, shared=1, dense=3, ctx=163840),
+    },
+    # GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3's MLA and MoE plus DSA, a lightning indexer per layer that
+    # picks the index_topk keys each query attends to; big: zai-org/GLM-5's shape (transformers' defaults).
+    "glm_moe_dsa": {
+        "tiny": dict(H=512, L=4, nh=16, E=16, K=4, I=256, dense_I=1024, V=2048, q_lora=256, kv_lora=512,
+                     nope=128, rope=64, v=128, shared=1, dense=1, idx_heads=32, idx_dim=128, idx_topk=2048),
+        "big": dict(H=6144, L=78, nh=64, E=256, K=8, I=2048, dense_I=12288, V=154880, q_lora=2048, kv_lora=512,
+                    nope=192, rope=64, v=256, shared=1, dense=3, idx_heads=32, idx_dim=128, idx_topk=2048,
+                    ctx=202752),
     },
     "glm4_moe": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048, shared=1, dense=1),
@@ -100,6 +109,17 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     first_k_dense_replace=s["dense"], q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"],
                     qk_nope_head_dim=s["nope"], qk_rope_head_dim=s["rope"], v_head_dim=s["v"],
                     rope_theta=10000.0, rope_scaling=None, attention_bias=False, num_nextn_predict_layers=0)
+    if arch == "glm_moe_dsa":
+        return dict(common, architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa",
+                    num_key_value_heads=s["nh"], intermediate_size=s["dense_I"], moe_intermediate_size=s["I"],
+                    n_routed_experts=s["E"], n_shared_experts=s["shared"], num_experts_per_tok=s["K"],
+                    routed_scaling_factor=2.5, n_group=1, topk_group=1, topk_method="noaux_tc",
+                    scoring_func="sigmoid", norm_topk_prob=True, first_k_dense_replace=s["dense"],
+                    mlp_layer_types=["dense" if i < s["dense"] else "sparse" for i in range(s["L"])],
+                    q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"], qk_nope_head_dim=s["nope"],
+                    qk_rope_head_dim=s["rope"], v_head_dim=s["v"], head_dim=s["rope"],
+                    index_topk=s["idx_topk"], index_head_dim=s["idx_dim"], index_n_heads=s["idx_heads"],
+                    rope_theta=1000000.0, attention_bias=False, rms_norm_eps=1e-5, num_nextn_predict_layers=0)
     if arch == "glm4_moe":
         return dict(common, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
                     num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["dense_I"],
@@ -205,7 +225,7 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
         w.norm(f"{p}.input_layernorm", H)
         w.norm(f"{p}.post_attention_layernorm", H)
         a = f"{p}.self_attn"
-        if arch == "deepseek_v3":
+        if arch in ("deepseek_v3", "glm_moe_dsa"):
             w.linear(f"{a}.q_a_proj", s["q_lora"], H)
             w.norm(f"{a}.q_a_layernorm", s["q_lora"])
             w.linear(f"{a}.q_b_proj", s["nh"] * (s["nope"] + s["rope"]), s["q_lora"])
@@ -213,6 +233,13 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
             w.norm(f"{a}.kv_a_layernorm", s["kv_lora"])
             w.linear(f"{a}.kv_b_proj", s["nh"] * (s["nope"] + s["v"]), s["kv_lora"])
             w.linear(f"{a}.o_proj", H, s["nh"] * s["v"])
+            if arch == "glm_moe_dsa":  # the lightning indexer: its queries from q_a, keys from the input
+                x = f"{a}.indexer"
+                w.linear(f"{x}.wq_b", s["idx_heads"] * s["idx_dim"], s["q_lora"])
+                w.linear(f"{x}.wk", s["idx_dim"], H)
+                w.norm(f"{x}.k_norm", s["idx_dim"])
+                w.t[f"{x}.k_norm.bias"] = torch.zeros(s["idx_dim"], dtype=torch.bfloat16)
+                w.linear(f"{x}.weights_proj", s["idx_heads"], H)
         else:
             bias = arch == "glm4_moe"
             w.linear(f"{a}.q_proj", s["nh"] * s["hd"], H, bias)
@@ -225,14 +252,14 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
             if arch == "minimax_m2":  # one RMSNorm over all heads' q (and k)
                 w.norm(f"{a}.q_norm", s["nh"] * s["hd"])
                 w.norm(f"{a}.k_norm", s["nkv"] * s["hd"])
-        if arch in ("deepseek_v3", "glm4_moe") and i < s["dense"]:
+        if arch in ("deepseek_v3", "glm4_moe", "glm_moe_dsa") and i < s["dense"]:
             w.mlp(f"{p}.mlp", H, s["dense_I"])
             continue
         moe = f"{p}.block_sparse_moe" if arch in BLOCK_SPARSE else f"{p}.mlp"
         w.linear(f"{moe}.gate", s["E"], H)
         if arch == "minimax_m2":  # on the MoE block itself, fp32 as released
             w.t[f"{moe}.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
-        if arch in ("deepseek_v3", "glm4_moe"):
+        if arch in ("deepseek_v3", "glm4_moe", "glm_moe_dsa"):
             # Real checkpoints store the selection bias in fp32.
             w.t[f"{moe}.gate.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
             w.mlp(f"{moe}.shared_experts", H, s["I"] * s["shared"])

@@ -5,6 +5,8 @@ a file of its own so the older suites' device runs keep their size (`pytest test
 Qwen3-Next: Gated-DeltaNet linear attention in 3 of 4 layers and gated full attention in the 4th (two
 KV-cache groups: vLLM's padding marks hold for both), a shared expert behind a sigmoid gate in every
 MoE layer (vLLM's, on the GPU, overlapping the CPU call).
+GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3's MLA and grouped sigmoid routing plus DSA's lightning indexer,
+under the breakable CUDA graphs vLLM turns on for it; its first layer dense.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from .test_switch import CPU, KV, OFF, _check, _get, _run_all, pytestmark  # noqa: F401  (pytestmark: GPU + vLLM)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
-NEW_ARCHS = {"qwen3_next": 0}
+NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1}
 
 
 def _gpu_env(arch):
