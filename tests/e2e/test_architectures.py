@@ -7,6 +7,7 @@ KV-cache groups: vLLM's padding marks hold for both), a shared expert behind a s
 MoE layer (vLLM's, on the GPU, overlapping the CPU call).
 GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3's MLA and grouped sigmoid routing plus DSA's lightning indexer,
 under the breakable CUDA graphs vLLM turns on for it; its first layer dense.
+MiniMax-M2: w1/w2/w3 expert names, sigmoid routing with a selection bias, q/k norms over all heads.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from .test_switch import CPU, KV, OFF, _check, _get, _run_all, pytestmark  # noqa: F401  (pytestmark: GPU + vLLM)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
-NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1}
+NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0}
 
 
 def _gpu_env(arch):
