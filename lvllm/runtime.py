@@ -92,6 +92,7 @@ class WorkerRuntime:
         self.expert_cache = None  # lk_moe.expert_cache.ExpertCache (LVLLM_GPU_EXPERT_CACHE > 0)
         self.replay = None  # lk_moe.expert_cache.TraceReplay (LVLLM_BENCH_ROUTING_REPLAY=1, benchmarks only)
         self.refill_gbs = None  # measured at the first forward, for the summary
+        self.speculation = _speculation()  # (draft tokens k, method) of vLLM's speculative decoding, or None
 
     def note_planned(self, plan) -> None:
         if plan.kind == "hybrid":
@@ -221,9 +222,35 @@ class WorkerRuntime:
                 from lk_moe.expert_cache import measure_refill
                 self.refill_gbs = measure_refill(self.expert_cache)
             logger.info("%s", self.summary())
+            self._log_speculation()
             self.monitor.start()
             if self.metrics is not None:
                 self.metrics.start()
+
+
+    def _log_speculation(self) -> None:
+        """With speculative decoding on: what a verify step costs the CPU experts here, and whether
+        the configured number of draft tokens can pay (lvllm.speculation)."""
+        if self.speculation is None or self.monitor.first is None:
+            return
+        from . import speculation
+        k, method = self.speculation
+        hybrid = self.monitor.first
+        ratio = speculation.measure_cost_ratio(speculation.engine_step_time(hybrid.layer, hybrid.top_k), k)
+        level, text = speculation.advice(ratio, k, method)
+        (logger.warning if level == "warning" else logger.info)("%s", text)
+
+
+def _speculation():
+    """(k, method) of the speculative decoding vLLM was started with in this worker, or None."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:  # engine-only use
+        return None
+    cfg = get_current_vllm_config_or_none()
+    spec = getattr(cfg, "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None) if spec is not None else None
+    return (int(k), str(getattr(spec, "method", "") or "")) if k else None
 
 
 def _metrics_writer(rank: int, monitor: WorkerStats):
