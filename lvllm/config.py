@@ -11,6 +11,9 @@ LVLLM_STATS_INTERVAL              seconds between the runtime statistics log lin
 LVLLM_GPU_EXPERT_CACHE            GiB of VRAM per rank for the GPU expert cache: copies of hot
                                   routed experts of the hybrid layers, computed on the GPU while
                                   the CPU computes the rest (default 0 = off)
+LVLLM_DRAFT_MOE                   MoE layers of a speculative draft model (MTP / NextN layers): "gpu"
+                                  (default: resident, vLLM's own kernels; one layer) or "cpu" (hybrid,
+                                  experts in host RAM like the target's)
 LVLLM_BENCH_ROUTING_REPLAY        benchmark-only: 1 lets benchmarks/expert_cache.py replace the
                                   router's expert ids with synthetic traces (default 0; never for
                                   serving: the outputs are then meaningless)
@@ -36,6 +39,7 @@ class LvllmConfig:
     resident_layers: FrozenSet[int] = field(default_factory=frozenset)
     stats_interval: int = 60  # seconds; 0 = no statistics
     expert_cache_gib: float = 0.0  # 0 = no GPU expert cache
+    draft_moe: str = "gpu"  # "gpu" | "cpu": where a speculative draft model's MoE layers run
     bench_routing_replay: bool = False
 
     def is_resident(self, layer_index: int) -> bool:
@@ -68,6 +72,15 @@ def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> i
     if not lo <= value <= hi:
         raise LvllmConfigError(f"{name}={value} is out of range (expected {lo}..{hi})")
     return value
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices) -> str:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw not in choices:
+        raise LvllmConfigError(f"{name}={env[name]!r} is not one of {', '.join(choices)}")
+    return raw
 
 
 def _gib(env: Mapping[str, str], name: str, hi: float) -> float:
@@ -118,5 +131,6 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
         resident_layers=parse_layer_set(env.get("LVLLM_GPU_RESIDENT_MOE_LAYERS", "")),
         stats_interval=_int(env, "LVLLM_STATS_INTERVAL", 60, 0, 86_400),
         expert_cache_gib=_gib(env, "LVLLM_GPU_EXPERT_CACHE", 4096.0),
+        draft_moe=_choice(env, "LVLLM_DRAFT_MOE", "gpu", ("gpu", "cpu")),
         bench_routing_replay=_bool(env, "LVLLM_BENCH_ROUTING_REPLAY"),
     )

@@ -130,7 +130,7 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
         from .hybrid_method import make_hybrid
         from .policy import plan_for
         method = original_get_quant_method(self, prefix, quant_config, moe_config)
-        plan = plan_for(prefix, method, self, moe_config, cfg)
+        plan = plan_for(prefix, method, self, moe_config, cfg, _target_layers())
         if plan.kind == "hybrid":
             make_hybrid(method, self, plan, cfg)
         from .runtime import get_runtime
@@ -140,6 +140,18 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
 
     _get_quant_method.__wrapped__ = original_get_quant_method
     RoutedExperts._get_quant_method = _get_quant_method
+
+
+def _target_layers():
+    """The decoder-layer count of the model vLLM is building (MTP draft layers are numbered past it)."""
+    from vllm.config import get_current_vllm_config_or_none
+    vc = get_current_vllm_config_or_none()
+    hf = getattr(getattr(vc, "model_config", None), "hf_config", None)
+    if hf is None:
+        return None
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    n = getattr(text, "num_hidden_layers", None)
+    return int(n) if n else None
 
 
 def _profile_run_surface(module) -> dict:

@@ -31,6 +31,7 @@ class LayerPlan:
     kind: str  # "hybrid" | "gpu_resident"
     format: Optional[str] = None  # engine format id for hybrid layers
     block_size: Optional[tuple] = None  # fp8_block: (rows, cols) of a scale block
+    draft: bool = False  # a layer of a speculative draft model (MTP / NextN)
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -143,16 +144,31 @@ def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
         raise UnsupportedMoELayer(f"{prefix}: lk_moe cannot run this MoE layer: {'; '.join(problems)}")
 
 
-def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig) -> LayerPlan:
+def is_draft_layer(prefix: str, target_layers: Optional[int]) -> bool:
+    """A MoE layer of the draft model vLLM builds for MTP / NextN speculation: under an `mtp.` prefix
+    (Qwen3-Next, Qwen3.5), or numbered past the target's decoder layers (DeepSeek, GLM: the MTP layer
+    of a 61-layer model is model.layers.61)."""
+    if prefix.startswith("mtp.") or ".mtp." in prefix:
+        return True
     idx = layer_index_of(prefix)
-    if idx is not None and cfg.is_resident(idx):
+    return idx is not None and target_layers is not None and idx >= target_layers
+
+
+def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig, target_layers: Optional[int] = None) -> LayerPlan:
+    """target_layers: the target model's decoder-layer count (vLLM's hf_config.num_hidden_layers), which
+    tells MTP / NextN draft layers apart (LVLLM_DRAFT_MOE: GPU-resident by default)."""
+    idx = layer_index_of(prefix)
+    draft = is_draft_layer(prefix, target_layers)
+    if draft and cfg.draft_moe == "gpu":
+        return LayerPlan(prefix, idx, "gpu_resident", draft=True)
+    if idx is not None and not draft and cfg.is_resident(idx):
         return LayerPlan(prefix, idx, "gpu_resident")
     try:
         fmt, block = engine_format(method)
     except UnsupportedMoELayer as e:
         raise UnsupportedMoELayer(f"{prefix}: {e}") from None
     _check_features(layer, moe_config, prefix, fmt)
-    return LayerPlan(prefix, idx, "hybrid", fmt, block)
+    return LayerPlan(prefix, idx, "hybrid", fmt, block, draft=draft)
 
 
 # Engine formats whose routed experts can be streamed to the GPU for prefill (every engine format

@@ -74,6 +74,7 @@ class WorkerRuntime:
         self.streamer = None
         self.hybrid_layers: List[int] = []
         self.resident_layers: List[int] = []
+        self.draft_layers: List[str] = []  # MoE layers of a speculative draft model (prefixes)
         self.host_bytes = 0
         self.gpu_bytes_saved = 0
         self._last = None  # the hybrid layer built last: the next one is linked to it for prefetch
@@ -95,6 +96,10 @@ class WorkerRuntime:
         self.speculation = _speculation()  # (draft tokens k, method) of vLLM's speculative decoding, or None
 
     def note_planned(self, plan) -> None:
+        if plan.draft:
+            self.draft_layers.append(plan.prefix)
+            if plan.kind != "hybrid":  # GPU-resident by the draft rule: not among the target's resident layers
+                return
         if plan.kind == "hybrid":
             self.planned_hybrid += 1
             self._note_cpu_prefill(plan.format)
@@ -148,9 +153,11 @@ class WorkerRuntime:
         if self._last is not None and self.cfg.prefetch_window > 0 and hybrid.streamer is not None:
             self._last.link_next(hybrid)
         self._last = hybrid
-        if plan.layer_index is not None:
-            self.hybrid_layers.append(plan.layer_index)
-        self.monitor.add_layer(plan.layer_index, hybrid)
+        # A draft model's layers (listed apart) may reuse the target's numbers (mtp.layers.0).
+        index = None if plan.draft else plan.layer_index
+        if index is not None:
+            self.hybrid_layers.append(index)
+        self.monitor.add_layer(index, hybrid)
         self.host_bytes += hybrid.layer.nbytes
         self.gpu_bytes_saved += hybrid.layer.expert_bytes
         reason = getattr(hybrid, "gpu_path_reason", None)
@@ -211,6 +218,9 @@ class WorkerRuntime:
                 + (f" (CPU prefill for {', '.join(self.cpu_prefill_formats)} layers: no GPU path)"
                    if self.cfg.gpu_prefill_min_batch and self.cpu_prefill_formats else "")
                 + "".join(f"; GPU path of {r}" for r in self.gpu_paths.values())
+                + (f"; speculative draft MoE layers {', '.join(self.draft_layers)}: "
+                   + ("on the GPU (LVLLM_DRAFT_MOE=gpu)" if self.cfg.draft_moe == "gpu" else "hybrid (LVLLM_DRAFT_MOE=cpu)")
+                   if self.draft_layers else "")
                 + (f"; {self.expert_cache.describe()}" if self.expert_cache is not None else "")
                 + (f", refills at {self.refill_gbs:.1f} GB/s" if self.refill_gbs else ""))
 

@@ -159,3 +159,22 @@ def test_gpu_prefill_per_format():
     assert gpu_prefill_min_batch("fp8_block", ON) == ON.gpu_prefill_min_batch
     import lk_moe.gpu_dequant
     assert GPU_PREFILL_FORMATS == lk_moe.gpu_dequant.GPU_FORMATS  # the policy's literal matches lk_moe
+
+
+def test_draft_model_layers_follow_the_draft_rule():
+    """MTP / NextN layers of a speculative draft model: GPU-resident by default (LVLLM_DRAFT_MOE=gpu),
+    hybrid with LVLLM_DRAFT_MOE=cpu; told apart by an mtp. prefix or a number past the target's layers."""
+    from lvllm.policy import is_draft_layer
+    unq = method("UnquantizedFusedMoEMethod")
+    assert is_draft_layer("mtp.layers.0.mlp.experts", 48) and is_draft_layer("model.mtp.layers.0.mlp.experts", None)
+    assert is_draft_layer("model.layers.61.mlp.experts", 61) and not is_draft_layer("model.layers.60.mlp.experts", 61)
+    assert not is_draft_layer("model.layers.61.mlp.experts", None)  # unknown target depth: a target layer
+    p = plan_for("model.layers.61.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=61)
+    assert p.kind == "gpu_resident" and p.draft and p.layer_index == 61
+    p = plan_for("mtp.layers.0.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=48)
+    assert p.kind == "gpu_resident" and p.draft
+    cpu = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_DRAFT_MOE": "cpu", "LVLLM_GPU_RESIDENT_MOE_LAYERS": "0"})
+    p = plan_for("mtp.layers.0.mlp.experts", unq, LAYER, moe_config(), cpu, target_layers=48)
+    assert p.kind == "hybrid" and p.draft and p.format == "bf16"  # not made resident by the target's layer 0
+    p = plan_for("model.layers.0.mlp.experts", unq, LAYER, moe_config(), cpu, target_layers=48)
+    assert p.kind == "gpu_resident" and not p.draft

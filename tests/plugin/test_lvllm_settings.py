@@ -24,6 +24,7 @@ BAD = [
     ("LVLLM_GPU_EXPERT_CACHE", "8G", "LVLLM_GPU_EXPERT_CACHE='8G' is not a number of GiB"),
     ("LVLLM_GPU_EXPERT_CACHE", "-1", "LVLLM_GPU_EXPERT_CACHE=-1 is out of range (expected 0..4096 GiB"),
     ("LVLLM_GPU_EXPERT_CACHE", "nan", "LVLLM_GPU_EXPERT_CACHE=nan is out of range"),
+    ("LVLLM_DRAFT_MOE", "resident", "LVLLM_DRAFT_MOE='resident' is not one of gpu, cpu"),
     ("LVLLM_BENCH_ROUTING_REPLAY", "trace", "LVLLM_BENCH_ROUTING_REPLAY='trace' is not a boolean"),
     ("LK_THREADS", "lots", "LK_THREADS='lots' is not an integer"),
     ("LK_THREADS", "0", "LK_THREADS=0 is out of range"),

@@ -5,6 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from lvllm.policy import LayerPlan
+
 from lvllm.stats import Totals, WorkerStats, format_line
 
 from .conftest import lvllm_log_records
@@ -245,10 +247,10 @@ def test_runtime_self_checks_each_cpu_path_when_a_layer_is_added():
                             layer=SimpleNamespace(nbytes=0, expert_bytes=0), format="bf16", gpu_path_reason=None)
         return h
 
-    plan = SimpleNamespace(layer_index=3, prefix="model.layers.3.mlp.experts")
+    plan = LayerPlan("model.layers.3.mlp.experts", 3, "hybrid", "bf16")
     rt.add_layer(plan, hybrid())
     assert checked == [None]
-    plan = SimpleNamespace(layer_index=4, prefix="model.layers.4.mlp.experts")
+    plan = LayerPlan("model.layers.4.mlp.experts", 4, "hybrid", "bf16")
     with pytest.raises(RuntimeError, match=r"^model\.layers\.4\.mlp\.experts: engine gave NaN$"):
         rt.add_layer(plan, hybrid("engine gave NaN"))
 
