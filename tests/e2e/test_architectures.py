@@ -13,34 +13,25 @@ from __future__ import annotations
 
 import pytest
 
-from .test_switch import CPU, KV, OFF, _check, _get, _run_all, pytestmark  # noqa: F401  (pytestmark: GPU + vLLM)
+from .test_switch import CPU, KV, OFF, _run_all, check_cpu_run, check_gpu_run, gpu_env, pytestmark  # noqa: F401
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0}
-
-
-def _gpu_env(arch):
-    return {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128",
-            "LVLLM_GPU_RESIDENT_MOE_LAYERS": str(NEW_ARCHS[arch])}
 
 
 @pytest.fixture(scope="module")
 def arch_runs(tmp_path_factory):
     specs = []
     for arch in NEW_ARCHS:
-        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", _gpu_env(arch), KV)]
+        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
     return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
 
 
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
 def test_new_architecture_cpu_experts_match_switch_off(arch_runs, arch):
-    off, on = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-cpu")
-    assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
-    _check(off, on, f"{arch} cpu-prefill")
+    check_cpu_run(arch_runs, arch)
 
 
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
 def test_new_architecture_gpu_prefill_and_resident_match_switch_off(arch_runs, arch):
-    off, on = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-gpu")
-    assert f"GPU-resident [{NEW_ARCHS[arch]}]" in on["log"]
-    _check(off, on, f"{arch} gpu-prefill+resident")
+    check_gpu_run(arch_runs, arch, NEW_ARCHS[arch])

@@ -96,9 +96,10 @@ def _native_here(quant) -> bool:
     return gpu_path(ENGINE_FORMAT[quant], force_fallback=False)[0] == "native"
 
 
-def _gpu_env(arch):
+def gpu_env(resident_layer: int) -> dict:
+    """GPU prefill from 128 tokens, and one MoE layer kept on the GPU with vLLM's kernels."""
     return {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128",
-            "LVLLM_GPU_RESIDENT_MOE_LAYERS": str(ARCHS[arch])}
+            "LVLLM_GPU_RESIDENT_MOE_LAYERS": str(resident_layer)}
 
 
 def _checkpoint(workdir, arch, quant="bf16"):
@@ -193,7 +194,7 @@ def runs(tmp_path_factory):
     together; {tag: result}."""
     specs = [("qwen3_moe", "stock", STOCK, KV)]
     for arch in ARCHS:
-        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", _gpu_env(arch), KV)]
+        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(ARCHS[arch]), KV)]
     return _run_all(tmp_path_factory.mktemp("e2e"), specs)
 
 
@@ -320,18 +321,28 @@ def test_switch_off_is_stock_vllm(runs):
     _check(stock, off, "stock vs switch-off")
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_cpu_experts_match_switch_off(runs, arch):
+def check_cpu_run(runs, arch):
+    """The "cpu" run of `arch` (CPU prefill) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
     _check(off, on, f"{arch} cpu-prefill")
 
 
+def check_gpu_run(runs, arch, resident_layer):
+    """The "gpu" run of `arch` (GPU prefill, one resident layer) against its switch-off run."""
+    off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
+    assert f"GPU-resident [{resident_layer}]" in on["log"]
+    _check(off, on, f"{arch} gpu-prefill+resident")
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_cpu_experts_match_switch_off(runs, arch):
+    check_cpu_run(runs, arch)
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_gpu_prefill_and_resident_match_switch_off(runs, arch):
-    off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
-    assert f"GPU-resident [{ARCHS[arch]}]" in on["log"]
-    _check(off, on, f"{arch} gpu-prefill+resident")
+    check_gpu_run(runs, arch, ARCHS[arch])
 
 
 @pytest.mark.parametrize("arch,quant,slots", CACHED)
