@@ -10,7 +10,7 @@ the map holds at replay time.
 
 Between steps (`ExpertCache.before_step`, called by lvllm before each model step; never inside a
 step), the cache reads the per-expert routing counts that the layers accumulated on the GPU (an
-asynchronous copy; read one step later, so no step waits for it), lets `lk_moe.cache_policy` choose
+asynchronous copy, read two steps later, so no step waits for it), lets `lk_moe.cache_policy` choose
 refills, and carries them out on a copy stream: the expert's bytes travel from the engine's pinned
 host copy (the same bytes streamed prefill reads) into a staging buffer, are turned into the slot's
 layout on the GPU, and the slot is published in the map once its copy has landed. An evicted expert
@@ -29,7 +29,6 @@ router's expert ids inside the MoE op, since random weights route uniformly and 
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import List, Optional
 
@@ -37,8 +36,6 @@ import numpy as np
 import torch
 
 from .cache_policy import CachePolicy, Refill
-
-logger = logging.getLogger(__name__)
 
 # Refills a layer may start per step (the policy's max_refills_per_layer), and all layers together
 # per step, as a multiple of the layers: a refill reads host memory that the CPU decode reads too.
