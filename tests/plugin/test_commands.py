@@ -17,13 +17,14 @@ SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "commands", "*_serve_tp*.sh")))
 SERVE = [s for s in SCRIPTS if not os.path.basename(s).startswith("demo_")]
 REQUIRED = ["deepseek_v3_fp8_serve_tp1", "deepseek_v3_fp8_serve_tp2", "qwen3_30b_a3b_serve_tp1",
             "qwen3_235b_a22b_fp8_serve_tp1", "qwen3_235b_a22b_fp8_serve_tp2", "qwen3_235b_a22b_int4_serve_tp1",
-            "qwen3_235b_a22b_int4_serve_tp2", "qwen3_5_moe_serve_tp2", "glm_4_5_serve_tp2", "minimax_m2_serve_tp2",
+            "qwen3_235b_a22b_int4_serve_tp2", "qwen3_5_moe_serve_tp2", "qwen3_next_80b_fp8_serve_tp1", "glm_4_5_serve_tp2", "minimax_m2_serve_tp2",
             "kimi_k2_int4_serve_tp2", "mixtral_8x22b_serve_tp1", "gpt_oss_120b_serve_tp1", "demo_tiny_serve_tp1"]
 
 
-# What each script ran before the shared launcher (the standalone scripts of 2bef6b3): the vllm serve
-# arguments between the checkpoint and the caller's, LVLLM_GPU_PREFILL_MIN_BATCH_SIZE, whether the
-# script forces it (the environment cannot change it), and the default resident layers.
+# What each script runs (for those older than the shared launcher: what their standalone scripts of
+# 2bef6b3 ran): the vllm serve arguments between the checkpoint and the caller's,
+# LVLLM_GPU_PREFILL_MIN_BATCH_SIZE, whether the script forces it (the environment cannot change it),
+# and the default resident layers.
 OLD = {
     "deepseek_v3_fp8_serve_tp1": ("--served-model-name deepseek-v3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
     "deepseek_v3_fp8_serve_tp2": ("--tensor-parallel-size 2 --served-model-name deepseek-v3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
@@ -37,6 +38,7 @@ OLD = {
     "qwen3_235b_a22b_int4_serve_tp1": ("--served-model-name qwen3-235b-a22b --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
     "qwen3_235b_a22b_int4_serve_tp2": ("--tensor-parallel-size 2 --served-model-name qwen3-235b-a22b --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
     "qwen3_30b_a3b_serve_tp1": ("--served-model-name qwen3-30b-a3b --max-model-len 32768 --max-num-seqs 8 --gpu-memory-utilization 0.90", "1024", False, "0-7"),
+    "qwen3_next_80b_fp8_serve_tp1": ("--served-model-name qwen3-next-80b --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "2048", False, None),
     "qwen3_5_moe_serve_tp2": ("--tensor-parallel-size 2 --served-model-name qwen3.5-moe --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", False, None),
 }
 
