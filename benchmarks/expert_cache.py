@@ -35,6 +35,9 @@ sys.path.insert(0, ROOT)
 from harness import read_bandwidth, run_child  # noqa: E402
 
 SHAPES = {"qwen3-30b-a3b": "qwen3_moe", "gpt-oss-120b": "gpt_oss"}
+# A --traces entry that is no trace: the router's own ids (dummy weights route near-uniformly), to tell
+# what the replay itself costs from what the traces do.
+ROUTER = "router"
 
 
 def control(worker, op, *args):
@@ -50,6 +53,9 @@ def control(worker, op, *args):
     if op == "trace":
         from lk_moe.routing_trace import make_trace
         name, seed, experts = args
+        if name == ROUTER:
+            replay.disable()
+            return True
         steps, layers, rows, top_k = replay.ids.shape
         replay.load(make_trace(name, steps, layers, experts, top_k, rows=rows, seed=seed))
         return True
@@ -121,7 +127,7 @@ def _simulated(cfg, traces, budgets, steps=300):
     from lk_moe.routing_trace import make_trace
     E, K = _experts(cfg), cfg["num_experts_per_tok"]
     out = {}
-    for trace in traces:
+    for trace in [t for t in traces if t != ROUTER]:
         t = make_trace(trace, steps, 4, E, K, rows=4, seed=0)
         for b in budgets:
             out[(trace, b)] = simulate(t, int(round(b / 100 * E)))
@@ -165,7 +171,8 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=list(SHAPES))
     ap.add_argument("--layers", type=int, default=0, help="fewer layers than the real model (the bound scales)")
     ap.add_argument("--budgets", default="0,5,10,25,50", help="%% of the routed-expert bytes")
-    ap.add_argument("--traces", default="uniform,lru50,lru67,lru80,shift67")
+    ap.add_argument("--traces", default="uniform,lru50,lru67,lru80,shift67",
+                    help=f"lk_moe.routing_trace names, and {ROUTER!r}: the router's own ids")
     ap.add_argument("--modes", default="off,cache")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--decode-tokens", type=int, default=48)
@@ -204,7 +211,7 @@ def main() -> int:
           f"token {bytes_per_token / 1e9:.2f} GB, all experts {L * E * expert_bytes / 2**30:.1f} GiB", flush=True)
     sim = _simulated(cfg, traces, budgets)
     print("policy hit rate simulated on the traces (300 steps, 4 layers, 4 rows):")
-    for trace in traces:
+    for trace in [t for t in traces if t != ROUTER]:
         print(f"  {trace:>8}: " + "  ".join(f"{b:g}%: {sim[(trace, b)]:.2f}" for b in budgets), flush=True)
     if a.simulate_only:
         return 0

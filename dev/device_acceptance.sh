@@ -254,7 +254,7 @@ python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts
 timeout $left $e2e --basetemp=/root/e2e-tmp/cache tests/e2e/test_switch.py -k expert_cache > \$OUT/e2e_cache.log 2>&1
 $e2e_lines \$OUT/e2e_cache.log" ;;
   cache2)
-    body="timeout $left python3 benchmarks/expert_cache.py --out \$OUT/cache_bench --traces \${CACHE_TRACES:-uniform,lru50,lru67,lru80,shift67} \
+    body="timeout $left python3 benchmarks/expert_cache.py --out \$OUT/cache_bench --traces \${CACHE_TRACES:-router,uniform,lru67,lru80,shift67} \
 --budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache.json \
 --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
