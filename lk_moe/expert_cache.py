@@ -58,12 +58,13 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class SlotStore:
-    """`slots` experts of one layer on the GPU, in the layout vLLM's fused-MoE kernel reads.
+    """One layer's experts on the GPU, in the layout vLLM's fused-MoE kernel reads: made (its layout and
+    one expert's bytes, `slot_bytes`, known) before the budget is split, then `allocate(slots)`.
 
     kind "native": the format's codes and scales (lk_moe.gpu_native.NativeWeights, one tensor of
     [slots, ...] per field); kind "bf16": w1 [slots, 2*kp2, kp1], w2 [slots, kp1, kp2] bf16."""
 
-    def __init__(self, hybrid, slots: int, device):
+    def __init__(self, hybrid, device):
         from . import gpu_dequant, gpu_native
         from .hybrid import GpuCopyLayout, gpu_sources, quant4_parts
         layer = hybrid.layer
@@ -91,18 +92,24 @@ class SlotStore:
         self.kind = "native" if self.native is not None else "bf16"
         self.dtype = hybrid.dtype
         self.device = torch.device(device)
-        self.slots = slots
+        self.slots = 0
+        self.tensors = []
+        self._quant_config = None
         layer._impl.pin_for_gpu()  # the refills' source: the engine's own copy, page-locked once
         # One expert through the layout conversion tells the slots' shapes.
         probe = self._convert(self._stage(0, torch.empty(self.layout.expert_bytes, dtype=torch.uint8,
                                                          device=self.device)))
-        self.tensors = [None if t is None else torch.zeros((slots,) + tuple(t.shape[1:]), dtype=t.dtype,
-                                                           device=self.device) for t in probe]
-        self.slot_bytes = sum(t[0].numel() * t.element_size() for t in self.tensors if t is not None)
-        self._quant_config = self.native.quant_config(self._weights()) if self.native is not None else None
+        self._fields = [None if t is None else (tuple(t.shape[1:]), t.dtype) for t in probe]
+        self.slot_bytes = sum(t[0].numel() * t.element_size() for t in probe if t is not None)
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
         from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
         self._fused_experts, self._silu = fused_experts, MoEActivation.SILU
+
+    def allocate(self, slots: int) -> None:
+        self.slots = slots
+        self.tensors = [None if f is None else torch.zeros((slots,) + f[0], dtype=f[1], device=self.device)
+                        for f in self._fields]
+        self._quant_config = self.native.quant_config(self._weights()) if self.native is not None else None
 
     def _stage(self, expert: int, buf: torch.Tensor):
         self.layout.copy_chunk(buf, [expert], non_blocking=True)
@@ -230,13 +237,13 @@ class ExpertCache:
             self.skipped.append(f"{E} experts where the cache's other layers have {self.num_experts}")
             return None
         try:
-            probe = SlotStore(hybrid, 1, self.device)
+            store = SlotStore(hybrid, self.device)
         except CacheUnsupported as e:
             self.skipped.append(str(e))
             return None
-        if not self.layers:
+        if self.policy is None:  # the first layer the cache can serve sizes it for every planned layer
             self.num_experts = E
-            self.slots = min(E, self.budget_bytes // (self.planned_layers * probe.slot_bytes))
+            self.slots = min(E, self.budget_bytes // (self.planned_layers * store.slot_bytes))
             self.active_slots = self.slots
             self.slot_map = torch.full((self.planned_layers, E + 1), -1, dtype=torch.int32, device=self.device)
             self.counts = torch.zeros((self.planned_layers, E + 2), dtype=torch.int32, device=self.device)
@@ -245,18 +252,16 @@ class ExpertCache:
             self._snap = torch.zeros((self.planned_layers, E + 2), dtype=torch.int32, pin_memory=True)
             self.policy = CachePolicy(self.planned_layers, E, self.slots, self.policy_name,
                                       max_refills_per_layer=REFILLS_PER_LAYER, **self.policy_args)
-            buf_bytes = probe.layout.expert_bytes
-            self._staging = [torch.empty(buf_bytes, dtype=torch.uint8, device=self.device)
+            self._staging = [torch.empty(store.layout.expert_bytes, dtype=torch.uint8, device=self.device)
                              for _ in range(STAGING_BUFFERS if self.slots else 0)]
         if self.slots == 0:
             self.skipped.append(f"a budget of {self.budget_bytes / 2**30:.2f} GiB over {self.planned_layers} layers "
-                                f"holds no slot of {probe.slot_bytes / 2**20:.1f} MiB")
+                                f"holds no slot of {store.slot_bytes / 2**20:.1f} MiB")
             return None
-        if probe.layout.expert_bytes > self._staging[0].numel():
+        if store.layout.expert_bytes > self._staging[0].numel():
             self.skipped.append("an expert larger than the refill buffers")
             return None
-        del probe
-        store = SlotStore(hybrid, self.slots, self.device)
+        store.allocate(self.slots)
         # One refill now, on the copy stream: its temporaries are allocated (and counted by vLLM's
         # memory profile) before serving, not in the middle of it.
         with torch.cuda.stream(self.copy_stream):
