@@ -54,7 +54,7 @@
 #                                             # CACHE_MODES=off and CACHE_MODES=cache as two parts (results add up
 #                                             # in /root/expert_cache.json on the machine)
 #   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
-#                                             # Qwen3-Next so far), switch on vs off
+#                                             # Qwen3-Next, GLM-5, MiniMax-M2), switch on vs off
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)

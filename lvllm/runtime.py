@@ -237,7 +237,6 @@ class WorkerRuntime:
             if self.metrics is not None:
                 self.metrics.start()
 
-
     def _log_speculation(self) -> None:
         """With speculative decoding on: what a verify step costs the CPU experts here, and whether
         the configured number of draft tokens can pay (lvllm.speculation)."""
