@@ -47,6 +47,7 @@ def control(worker, op, *args):
     cache, replay = rt.expert_cache, rt.replay
     if op == "info":
         return {"layers": rt.hybrid_count, "slots": cache.slots if cache is not None else 0,
+                "slot_bytes": cache.layers[0].store.slot_bytes if cache is not None and cache.layers else 0,
                 "experts": cache.num_experts if cache is not None else None,
                 "cache": cache.describe() if cache is not None else "off",
                 "replay": None if replay is None else list(replay.ids.shape)}
@@ -105,8 +106,8 @@ def _worker(a) -> None:
         rpc("trace", trace, 0, experts)
         for b in budgets:
             slots = 0
-            if a.mode == "cache":
-                slots = min(info["slots"], int(round(b / 100 * experts)))
+            if a.mode == "cache":  # the budget's bytes in slots (bf16 slots of 4-bit experts hold fewer)
+                slots = min(info["slots"], int(b / 100 * experts * a.expert_bytes / info["slot_bytes"] + 1e-6))
                 rpc("slots", slots)
             gen(4, a.warmup_tokens)  # the cache fills from the trace
             before = rpc("totals")
@@ -124,13 +125,15 @@ def _worker(a) -> None:
 
 def _simulated(cfg, traces, budgets, steps=300):
     from lk_moe.cache_policy import simulate
+    from lk_moe.expert_cache import REFILLS_PER_LAYER, REFILLS_PER_STEP_PER_LAYER
     from lk_moe.routing_trace import make_trace
-    E, K = _experts(cfg), cfg["num_experts_per_tok"]
+    E, K, layers = _experts(cfg), cfg["num_experts_per_tok"], 4
     out = {}
     for trace in [t for t in traces if t != ROUTER]:
-        t = make_trace(trace, steps, 4, E, K, rows=4, seed=0)
-        for b in budgets:
-            out[(trace, b)] = simulate(t, int(round(b / 100 * E)))
+        t = make_trace(trace, steps, layers, E, K, rows=4, seed=0)
+        for b in budgets:  # the cache's own refill limits
+            out[(trace, b)] = simulate(t, int(round(b / 100 * E)), max_refills_per_layer=REFILLS_PER_LAYER,
+                                       limit=REFILLS_PER_STEP_PER_LAYER * layers)
     return out
 
 
@@ -183,12 +186,15 @@ def main() -> int:
     ap.add_argument("--out", default="", help="folder for the logs, results JSON and the PNG")
     ap.add_argument("--results", default="", help="JSON file that accumulates results across invocations "
                     "(e.g. --modes off in one device run, --modes cache in the next)")
-    ap.add_argument("--timeout", type=int, default=1200)
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds for all the vLLM processes together: the "
+                    "one running when they are spent is stopped, every thread's stack into its log")
     ap.add_argument("--simulate-only", action="store_true")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="", help=argparse.SUPPRESS)
     ap.add_argument("--experts", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--expert-bytes", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    t_start = time.time()
     if a.mode:
         _worker(a)
         return 0
@@ -234,6 +240,7 @@ def main() -> int:
                    LVLLM_BENCH_ROUTING_REPLAY="1", LVLLM_STATS_INTERVAL="30",
                    LVLLM_GPU_EXPERT_CACHE=f"{max_budget_gib * 1.02:.3f}" if mode == "cache" else "0")
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", model, "--experts", str(E),
+               "--expert-bytes", str(expert_bytes),
                "--budgets", a.budgets, "--traces", a.traces, "--reps", str(a.reps),
                "--decode-tokens", str(a.decode_tokens), "--warmup-tokens", str(a.warmup_tokens),
                "--max-model-len", str(a.max_model_len), "--gpu-util", str(a.gpu_util)]
@@ -246,7 +253,11 @@ def main() -> int:
             if a.results:
                 with open(a.results, "w") as f:
                     json.dump({"results": results}, f)
-        rc, _ = run_child(cmd, env, log_path, mode, marks, a.timeout, on_result=keep)
+        left = a.timeout - (time.time() - t_start)
+        if left < 60:
+            print(f"[{mode}] not started: {left:.0f} s of --timeout left", flush=True)
+            continue
+        rc, _ = run_child(cmd, env, log_path, mode, marks, left, on_result=keep)
         if rc != 0:
             print(f"[{mode}] failed (rc {rc}); log: {log_path}", flush=True)
     bw_after = read_bandwidth()

@@ -20,15 +20,17 @@ A refill therefore never stalls a decode step, and a slot only changes between s
 Slot layouts (`SlotStore`): the formats vLLM's fused-MoE kernel computes from their codes on this GPU
 (lk_moe.gpu_native: fp8_block, fp8_channel from sm_89, int8_channel, wna16_int4 from sm_80) keep
 their codes and scales in the slots; every other format with a GPU path is held as bf16 (bf16
-experts as they are; the FP4 formats dequantized, 4x their bytes). The kernel computes silu experts:
-layers with another activation (swigluoai, silu_clamp) or biases run without a cache (said at
-startup).
+experts as they are; the FP4 formats dequantized, 4x their bytes). The kernel computes silu experts,
+and gpt-oss's swigluoai (its constants alpha 1.702, limit 7.0; gate and up rows interleaved in the
+slots) with expert biases in bf16 slots; layers with another activation (silu_clamp) or other constants
+run without a cache (said at startup).
 
 `TraceReplay` (benchmark-only, LVLLM_BENCH_ROUTING_REPLAY=1): synthetic routing traces replace the
 router's expert ids inside the MoE op, since random weights route uniformly and cannot show a hit rate.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import List, Optional
 
@@ -41,6 +43,8 @@ from .cache_policy import CachePolicy, Refill
 # per step, as a multiple of the layers: a refill reads host memory that the CPU decode reads too.
 REFILLS_PER_LAYER = 2
 REFILLS_PER_STEP_PER_LAYER = 1
+# The activations vLLM's Triton fused-MoE kernel computes, with the (alpha, limit) it hard-codes (None: none).
+KERNEL_ACTIVATIONS = {"silu": None, "swigluoai": (1.702, 7.0)}
 # Staging buffers (one expert each) used in turn by the copy stream: its copies and layout conversions
 # run in stream order, so a buffer is free again once the conversion after it was enqueued.
 STAGING_BUFFERS = 2
@@ -48,6 +52,13 @@ STAGING_BUFFERS = 2
 
 class CacheUnsupported(ValueError):
     """A layer the cache cannot serve (format, activation or biases); it runs without one."""
+
+
+def _interleave(w13: torch.Tensor) -> torch.Tensor:
+    """[n, 2I, ...] rows gate then up -> gate_0, up_0, gate_1, up_1, ..."""
+    n, two_i = w13.shape[:2]
+    gate, up = w13[:, :two_i // 2], w13[:, two_i // 2:]
+    return torch.stack((gate, up), dim=2).reshape((n, two_i) + tuple(w13.shape[2:]))
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -62,22 +73,27 @@ class SlotStore:
     one expert's bytes, `slot_bytes`, known) before the budget is split, then `allocate(slots)`.
 
     kind "native": the format's codes and scales (lk_moe.gpu_native.NativeWeights, one tensor of
-    [slots, ...] per field); kind "bf16": w1 [slots, 2*kp2, kp1], w2 [slots, kp1, kp2] bf16."""
+    [slots, ...] per field); kind "bf16": w1 [slots, 2*kp2, kp1], w2 [slots, kp1, kp2] bf16 (swigluoai: w1's
+    gate and up rows interleaved), and with expert biases b13 [slots, 2*kp2] (w1's row order), b2 [slots, kp1]."""
 
     def __init__(self, hybrid, device):
         from . import gpu_dequant, gpu_native
         from .hybrid import GpuCopyLayout, gpu_sources, quant4_parts
         layer = hybrid.layer
-        if layer.activation != "silu":
-            raise CacheUnsupported(f"the GPU expert cache computes silu experts; this layer's activation is "
-                                   f"{layer.activation}")
+        if layer.activation not in KERNEL_ACTIVATIONS:
+            raise CacheUnsupported(f"the GPU expert cache computes {' and '.join(KERNEL_ACTIVATIONS)} experts; this "
+                                   f"layer's activation is {layer.activation}")
+        constants = KERNEL_ACTIVATIONS[layer.activation]
+        if constants and not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(layer._impl.swiglu, constants)):
+            raise CacheUnsupported(f"vLLM's fused-MoE kernel computes {layer.activation} with (alpha, limit) = "
+                                   f"{constants}; this layer's are {tuple(layer._impl.swiglu)}")
         try:
             gpu_sources(layer)
         except ValueError as e:
             raise CacheUnsupported(str(e)) from None
         parts = quant4_parts(layer) if layer.format in gpu_dequant.FOUR_BIT_FORMATS else ()
-        if "b13" in parts:
-            raise CacheUnsupported("the GPU expert cache takes no expert biases")
+        self.biased = "b13" in parts
+        self.interleaved = layer.activation == "swigluoai"  # vLLM's swigluoai reads gate_0, up_0, gate_1, ...
         self.format = layer.format
         self.kp1, self.kp2, self.h_pad = layer._impl.padded_dims
         path, _ = gpu_dequant.gpu_path(layer.format, activation=layer.activation)
@@ -90,6 +106,8 @@ class SlotStore:
             impl = "kernel" if gpu_dequant.kernel_usable() else "torch"
         self.layout = hybrid.copy_layout or GpuCopyLayout(layer, impl)
         self.kind = "native" if self.native is not None else "bf16"
+        if self.biased and self.native is not None:
+            raise CacheUnsupported(f"vLLM's native {self.format} kernel takes no expert biases")
         self.dtype = hybrid.dtype
         self.device = torch.device(device)
         self.slots = 0
@@ -103,13 +121,17 @@ class SlotStore:
         self.slot_bytes = sum(t[0].numel() * t.element_size() for t in probe if t is not None)
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
         from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
-        self._fused_experts, self._silu = fused_experts, MoEActivation.SILU
+        self._fused_experts, self._activation = fused_experts, MoEActivation(layer.activation)
 
     def allocate(self, slots: int) -> None:
         self.slots = slots
         self.tensors = [None if f is None else torch.zeros((slots,) + f[0], dtype=f[1], device=self.device)
                         for f in self._fields]
-        self._quant_config = self.native.quant_config(self._weights()) if self.native is not None else None
+        if self.native is not None:
+            self._quant_config = self.native.quant_config(self._weights())
+        elif self.biased:
+            from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
+            self._quant_config = biased_moe_quant_config(self.tensors[2], self.tensors[3])
 
     def _stage(self, expert: int, buf: torch.Tensor):
         self.layout.copy_chunk(buf, [expert], non_blocking=True)
@@ -122,7 +144,14 @@ class SlotStore:
                 w = w._replace(w1s=w.w1s.to(self.dtype), w2s=w.w2s.to(self.dtype))
             return tuple(w)
         w13, w2 = self.layout.unpack(views)
-        return w13, _pad_rows(w2, self.kp1)
+        w2 = _pad_rows(w2, self.kp1)
+        b13 = b2 = None
+        if self.biased:
+            b13, b2 = self.layout.biases(views)
+            b2 = torch.nn.functional.pad(b2, (0, w2.shape[1] - b2.shape[1]))
+        if self.interleaved:
+            w13, b13 = _interleave(w13), None if b13 is None else _interleave(b13.unsqueeze(-1)).squeeze(-1)
+        return (w13, w2) + ((b13, b2) if self.biased else ())
 
     def _weights(self):
         from .gpu_native import NativeWeights
@@ -139,8 +168,8 @@ class SlotStore:
         """[M, kp1] in x's dtype: sum over k of w * expert(x) for the (token, k) whose expert the map
         sends to a slot. ids: int32 [M, K], -1 replaced by num_experts (expert_map[num_experts] = -1)."""
         w = self._weights()
-        w1, w2 = (w.w1, w.w2) if self.native is not None else w
-        return self._fused_experts(x_pad, w1, w2, topk_weights, ids, activation=self._silu,
+        w1, w2 = (w.w1, w.w2) if self.native is not None else w[:2]
+        return self._fused_experts(x_pad, w1, w2, topk_weights, ids, activation=self._activation,
                                    global_num_experts=expert_map.shape[0], expert_map=expert_map,
                                    quant_config=self._quant_config)
 

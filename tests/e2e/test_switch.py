@@ -74,10 +74,11 @@ STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver,lora_hf_hub_resolver"}  # eve
 OFF = {"LVLLM_MOE_NUMA_ENABLED": "0"}
 CPU = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "0"}
 # The GPU expert cache: 0.018 GiB over the tiny Qwen3-MoE's 4 layers = 6 of 16 bf16 experts per layer
-# (786 KiB each; fp8_block: 12 in their native slots); stats every 5 s report its hit rate.
+# (786 KiB each; fp8_block: 12 in their native slots; gpt-oss's MXFP4 experts: 6 in bf16 slots with their
+# biases, swigluoai); stats every 5 s report its hit rate. "bf16": the checkpoint as made (gpt-oss: MXFP4).
 CACHE = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "128", "LVLLM_GPU_EXPERT_CACHE": "0.018",
          "LVLLM_STATS_INTERVAL": "5"}
-CACHED = [("qwen3_moe", "bf16", 6), ("qwen3_moe", "fp8", 12)]
+CACHED = [("qwen3_moe", "bf16", 6), ("qwen3_moe", "fp8", 12), ("gpt_oss", "bf16", 6)]
 
 
 def fallback_text(fmt: str) -> str:
@@ -216,7 +217,7 @@ def quantized_runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cache_runs(tmp_path_factory):
-    """Switch off and switch on with the GPU expert cache, bf16 and FP8-block experts."""
+    """Switch off and switch on with the GPU expert cache: bf16, FP8-block and gpt-oss MXFP4 experts."""
     specs = []
     for arch, quant, _ in CACHED:
         specs += [(arch, "off", OFF, KV, quant), (arch, "cache", CACHE, KV, quant)]
@@ -350,7 +351,8 @@ def test_expert_cache_matches_switch_off(cache_runs, arch, quant, slots):
     """The cached experts computed on the GPU while the CPU computes the rest, inside vLLM's CUDA graphs
     (decode) and on the streamed prefill path: outputs under the suite's criterion, teacher-forced check
     included; the cache served lookups. FP8 block experts sit in their native slots and take vLLM's W8A8
-    kernel (fp8 activations): the criterion of the native W8A8 prefill test."""
+    kernel (fp8 activations): the criterion of the native W8A8 prefill test. gpt-oss's MXFP4 experts
+    (exact in bf16) sit in bf16 slots with their biases and take vLLM's swigluoai: the suite's criterion."""
     import re
     tag = arch if quant == "bf16" else f"{arch}-{quant}"
     off, on = _get(cache_runs, f"{tag}-off"), _get(cache_runs, f"{tag}-cache")

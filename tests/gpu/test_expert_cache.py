@@ -1,8 +1,8 @@
 """The GPU expert cache (lk_moe.expert_cache) on a real GPU with vLLM 0.33.0's fused-MoE kernel: the
 cached experts computed from VRAM slots while the CPU engine computes the rest, eager and inside a
 captured CUDA graph whose slots change between replays, refills driven by the policy between steps,
-the streamed prefill path skipping cached experts, and the quantized formats in their slots (native codes
-and scales, or bf16 for nvfp4).
+the streamed prefill path skipping cached experts, the quantized formats in their slots (native codes
+and scales, or bf16 for nvfp4), and gpt-oss's mxfp4 experts (swigluoai, biases) in bf16 slots.
 Qwen3-30B-A3B expert shape (H 2048, I 768, top-8), fewer experts. Needs an NVIDIA GPU and vLLM.
 
 What is checked, per output:
@@ -211,6 +211,37 @@ def test_quantized_slots(fmt, zero_points, kind, limit):
     assert_close_rms(out, moe_reference(x, d13.cuda(), d2.cuda(), ids, w), max(limit, 3 * U))
 
 
+# gpt-oss-120b's expert shape (H = I = 2880, top-4) with vLLM's padding of the MXFP4 tensors (to 3072),
+# fewer experts.
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "vllm_padded"])
+def test_gpt_oss_slots_swigluoai_with_biases(padded):
+    """mxfp4 with swigluoai and expert biases: bf16 slots (rows interleaved for vLLM's swigluoai),
+    the biases in the slots, against the fp32 reference on the dequantized checkpoint: the GPU side
+    within 3 * 2^-8 (mxfp4 values are exact in bf16, so only the kernel's roundings), the layer's output
+    within the same with the engine's half added."""
+    from ..gpu_layout.test_gpu_4bit_layout import make_4bit_layer
+    Eg, Hg, Ig, Kg = 16, 2880, 2880, 4
+    opt = dict(Hp=3072, Ip=3072) if padded else {}
+    layer, _, d13, d2, act = make_4bit_layer("mxfp4", Eg, Hg, Ig, seed=5, **opt)
+    hybrid = HybridMoE(None, None, layer=layer, max_tokens=16, top_k=Kg)
+    cache = ExpertCache(8 << 30, 1)
+    lc = cache.add_layer(hybrid)
+    assert lc is not None and lc.store.kind == "bf16" and lc.store.biased and lc.store.interleaved, cache.describe()
+    cache.place(0, list(range(0, Eg, 2)))
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(8, Hg, generator=g).bfloat16().cuda()
+    ids, w = random_routing(8, Eg, Kg, generator=g)
+    ids, w = ids.cuda(), w.cuda()
+    act = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in act.items()}
+    out = lc.forward(x, ids, w, hybrid.cpu_path)
+    gpu_ids, cpu_ids = lc.split(ids)
+    gpu_side = torch.where(lc.map[gpu_ids.long()] >= 0, gpu_ids, -1)
+    assert (gpu_side >= 0).any() and (cpu_ids >= 0).any()
+    d13, d2 = d13.cuda(), d2.cuda()
+    assert_close_rms(lc.gpu_part(x, gpu_ids, w), moe_reference(x, d13, d2, gpu_side, w, **act))
+    assert_close_rms(out, moe_reference(x, d13, d2, ids, w, **act))
+
+
 def test_trace_replay_takes_over_and_hands_back():
     replay = TraceReplay(layers=2, steps=3, rows=2, top_k=2, max_tokens=8, device="cuda")
     router = torch.tensor([[0, 1]] * 3, dtype=torch.int32, device="cuda")
@@ -230,3 +261,8 @@ def test_layers_the_cache_cannot_serve_are_said(experts):
     cache = ExpertCache(SLOT_BYTES // 2, 1)
     assert cache.add_layer(hybrid) is None
     assert "holds no slot" in cache.describe()
+    w13, w2 = make_experts(4, 256, 128, seed=1)
+    clamped = lk_moe.MoELayer(w13, w2, activation="silu_clamp", swiglu_limit=7.0)  # DeepSeek-V4's experts
+    cache = ExpertCache(1 << 30, 1)
+    assert cache.add_layer(HybridMoE(None, None, layer=clamped, max_tokens=8, top_k=2)) is None
+    assert "activation is silu_clamp" in cache.describe()
