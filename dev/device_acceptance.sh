@@ -53,6 +53,8 @@
 #                                             # $OUT; each mode's vLLM start takes 100-200 s there, so run
 #                                             # CACHE_MODES=off and CACHE_MODES=cache as two parts (results add up
 #                                             # in /root/expert_cache.json on the machine)
+#   bash dev/device_acceptance.sh rotate1   # M=1 decode of one layer rotating over 4 GiB vs ~50 GB of packed copies
+#                                             # (random routing over all the expert memory vs a few GiB of it)
 #   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
 #                                             # Qwen3-Next, GLM-5, MiniMax-M2), switch on vs off
 #   then bf16_1 and quant1 as above
@@ -258,6 +260,12 @@ $e2e_lines \$OUT/e2e_cache.log" ;;
 --budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache.json \
 --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
+  rotate1)  # M=1 decode of one Qwen3-30B-A3B layer rotating over 4 GiB vs ~50 GB of packed copies, random routing:
+    # whether routing spread over all the expert memory reads slower than the read-bandwidth probe (page walks)
+    body="grep -h 'AnonHugePages\|Hugepagesize' /proc/meminfo; cat /sys/kernel/mm/transparent_hugepage/enabled
+for r in 4e9 5e10; do timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 benchmarks/moe_layer.py --shapes qwen3-30b-a3b \
+--tokens 1 --threads all --reps 60 --rotate-bytes \$r --max-copies 48 > \$OUT/rotate_\$r.log 2>&1
+grep -h 'read bandwidth\|^## \|^ *1 ' \$OUT/rotate_\$r.log; grep -h AnonHugePages /proc/meminfo; done" ;;
   arch1)
     body="timeout $left $e2e --basetemp=/root/e2e-tmp/archs tests/e2e/test_architectures.py > \$OUT/e2e_archs.log 2>&1
 $e2e_lines \$OUT/e2e_archs.log" ;;
