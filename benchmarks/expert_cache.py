@@ -124,7 +124,7 @@ def _worker(a) -> None:
 
 
 def _simulated(cfg, traces, budgets, steps=300):
-    from lk_moe.cache_policy import simulate
+    from lk_moe.cache_policy import replay
     from lk_moe.expert_cache import REFILLS_PER_LAYER, REFILLS_PER_STEP_PER_LAYER
     from lk_moe.routing_trace import make_trace
     E, K, layers = _experts(cfg), cfg["num_experts_per_tok"], 4
@@ -132,8 +132,8 @@ def _simulated(cfg, traces, budgets, steps=300):
     for trace in [t for t in traces if t != ROUTER]:
         t = make_trace(trace, steps, layers, E, K, rows=4, seed=0)
         for b in budgets:  # the cache's own refill limits
-            out[(trace, b)] = simulate(t, int(round(b / 100 * E)), max_refills_per_layer=REFILLS_PER_LAYER,
-                                       limit=REFILLS_PER_STEP_PER_LAYER * layers)
+            out[(trace, b)] = replay(t, int(round(b / 100 * E)), max_refills_per_layer=REFILLS_PER_LAYER,
+                                     limit=REFILLS_PER_STEP_PER_LAYER * layers)
     return out
 
 
@@ -216,9 +216,10 @@ def main() -> int:
     print(f"{a.shape}: {L} layers, {E} experts of {expert_bytes / 2**20:.1f} MiB, top-{K}: routed-expert bytes per "
           f"token {bytes_per_token / 1e9:.2f} GB, all experts {L * E * expert_bytes / 2**30:.1f} GiB", flush=True)
     sim = _simulated(cfg, traces, budgets)
-    print("policy hit rate simulated on the traces (300 steps, 4 layers, 4 rows):")
+    print("policy simulated on the traces (300 steps, 4 layers, 4 rows): hit rate / refills per layer and step")
     for trace in [t for t in traces if t != ROUTER]:
-        print(f"  {trace:>8}: " + "  ".join(f"{b:g}%: {sim[(trace, b)]:.2f}" for b in budgets), flush=True)
+        print(f"  {trace:>8}: " + "  ".join(f"{b:g}%: {sim[(trace, b)].hit_rate:.2f} / "
+                                             f"{sim[(trace, b)].refills_per_layer_step:.2f}" for b in budgets), flush=True)
     if a.simulate_only:
         return 0
     bw_before = read_bandwidth()
@@ -268,7 +269,7 @@ def main() -> int:
             json.dump({"results": results}, f)
     with open(os.path.join(out, "expert_cache.json"), "w") as f:
         json.dump({"shape": a.shape, "layers": L, "read_bw": [bw_before, bw_after], "bound_tok_s": bound,
-                   "results": results, "simulated": {f"{t}@{b}": v for (t, b), v in sim.items()}}, f, indent=1)
+                   "results": results, "simulated": {f"{t}@{b}": v._asdict() for (t, b), v in sim.items()}}, f, indent=1)
     print(f"\nhost read bandwidth {bw_before:.1f} / {bw_after:.1f} GB/s (before / after): pure-CPU bound "
           f"{bound:.2f} tok/s at 1 request")
     off = {r["trace"]: r for r in results if r["mode"] == "off"}
@@ -280,6 +281,7 @@ def main() -> int:
         x4 = f"{r['tok_s_4'] / o['tok_s_4']:.2f}" if o else "-"
         hit = r["hit"] if r["hit"] is not None else 0.0
         s = sim.get((r["trace"], r["budget_pct"]))
+        s = None if s is None else s.hit_rate
         print(f"{r['trace']:>8} {r['budget_pct'] if r['mode'] == 'cache' else 'off':>7} {r['slots']:>5} "
               f"{hit:6.3f} {'' if s is None or r['mode'] == 'off' else f'{s:.2f}':>5} {r['tok_s_1']:8.2f} {x1:>6} "
               f"{r['tok_s_4']:8.2f} {x4:>6} {(r['refill_gb'] or 0):9.2f} {bound / max(1e-9, 1 - hit):13.2f}")

@@ -48,11 +48,11 @@
 #                                             # its report, samples.jsonl, soak.png and the server log into $OUT
 #   bash dev/device_acceptance.sh cache1    # the GPU expert cache: tests/gpu/test_expert_cache.py, then its e2e
 #                                             # tests (switch off vs cache on, bf16 and fp8)
-#   bash dev/device_acceptance.sh cache2    # benchmarks/expert_cache.py on the Qwen3-30B-A3B shape (CACHE_TRACES,
+#   bash dev/device_acceptance.sh cache2    # benchmarks/expert_cache.py on the Qwen3-30B-A3B shape (CACHE_SHAPE, CACHE_TRACES,
 #                                             # CACHE_BUDGETS, CACHE_MODES): tok/s vs budget per trace, the PNG into
 #                                             # $OUT; each mode's vLLM start takes 100-200 s there, so run
 #                                             # CACHE_MODES=off and CACHE_MODES=cache as two parts (results add up
-#                                             # in /root/expert_cache.json on the machine)
+#                                             # in /root/expert_cache-<shape>.json on the machine)
 #   bash dev/device_acceptance.sh rotate1   # M=1 decode of one layer rotating over 4 GiB vs ~50 GB of packed copies
 #                                             # (random routing over all the expert memory vs a few GiB of it)
 #   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
@@ -256,9 +256,9 @@ python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts
 timeout $left $e2e --basetemp=/root/e2e-tmp/cache tests/e2e/test_switch.py -k expert_cache > \$OUT/e2e_cache.log 2>&1
 $e2e_lines \$OUT/e2e_cache.log" ;;
   cache2)
-    body="timeout $left python3 benchmarks/expert_cache.py --out \$OUT/cache_bench --traces \${CACHE_TRACES:-router,uniform,lru67,lru80,shift67} \
---budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache.json \
---timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache.json \$OUT/ 2>/dev/null
+    body="timeout $left python3 benchmarks/expert_cache.py --shape \${CACHE_SHAPE:-qwen3-30b-a3b} --out \$OUT/cache_bench --traces \${CACHE_TRACES:-router,uniform,lru67,lru80,shift67} \
+--budgets \${CACHE_BUDGETS:-0,5,10,25,50} --modes \${CACHE_MODES:-off,cache} --results /root/expert_cache-\${CACHE_SHAPE:-qwen3-30b-a3b}.json \
+--timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) > \$OUT/expert_cache.log 2>&1; cp \$OUT/cache_bench/expert_cache.png /root/expert_cache-*.json \$OUT/ 2>/dev/null
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
   rotate1)  # M=1 decode of one Qwen3-30B-A3B layer rotating over 4 GiB vs ~50 GB of packed copies, random routing:
     # whether routing spread over all the expert memory reads slower than the read-bandwidth probe (page walks)

@@ -6,8 +6,8 @@ plain Python model, and `simulate` replays a routing trace through it (hit rates
 Two scores, one mechanism (per layer: an uncached expert replaces the lowest-scored cached one when
 its score is higher by the margin):
   lfu  decayed frequency: score = score * 2^(-steps / half_life) + tokens routed to the expert.
-       Follows a hot set that drifts, ignores one-off visits (the margin), so refills, which read host
-       memory the CPU decode also needs, stay rare. The default.
+       Follows a hot set that drifts, ignores one-off visits (the margin, MIN_SCORE), so refills, which
+       read host memory the CPU decode also needs, stay rare. The default.
   lru  recency: score = the last step the expert was routed to (ties: the lower expert id first).
 
 Published traces of Qwen-class models show little static skew but strong temporal locality, so a
@@ -25,6 +25,17 @@ POLICIES = ("lfu", "lru")
 GPU_LAG = 3
 
 
+# lfu's admission: an uncached expert replaces a cached one when its score is (1 + MARGIN) times higher,
+# and enters at all from MIN_SCORE (two recent visits). Chosen on lk_moe.routing_trace's traces with
+# `replay`'s refill counts (2026-12-03, 32 and 64 of 128 experts, 1 and 4 rows): against margin 0.5 and
+# one visit, half the refills at 1-3% less hit rate, and a modeled 2-9% more decode speed (a refill
+# reads as many host bytes as a CPU expert read); measured on the H200 with margin 0.5 and one visit:
+# the refills' host reads explain the gap between the hit rate's bound and the tok/s
+# (docs/results/2026-12-03_h200_session19.log).
+MARGIN = 2.0
+MIN_SCORE = 2.0
+
+
 class Refill(NamedTuple):
     layer: int
     slot: int
@@ -40,7 +51,7 @@ class CachePolicy:
     from the moment its refill is planned; the cache publishes it when its copy has landed."""
 
     def __init__(self, layers: int, experts: int, slots: int, policy: str = "lfu", half_life: float = 8.0,
-                 margin: float = 0.5, min_score: float = 1.0, max_refills_per_layer: int = 1):
+                 margin: float = MARGIN, min_score: float = MIN_SCORE, max_refills_per_layer: int = 1):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         if layers < 1 or experts < 1 or not 0 <= slots <= experts:
@@ -117,11 +128,23 @@ class CachePolicy:
         return out
 
 
+class Replay(NamedTuple):
+    hit_rate: float
+    refills_per_layer_step: float  # each reads one expert from host memory, as a CPU expert read does
+
+
 def simulate(trace: np.ndarray, slots: int, policy: str = "lfu", lag: int = GPU_LAG, limit: Optional[int] = None,
              **kw) -> float:
-    """Hit rate of the cache on `trace` [steps, layers, rows, top_k] (expert ids, -1 = none): the
-    routing of step t is observed after it ran, and the refills it causes serve step t + lag on
-    (lag >= 1); limit: refills planned per step at most (all layers together)."""
+    """Hit rate of the cache on `trace` (see `replay`)."""
+    return replay(trace, slots, policy, lag, limit, **kw).hit_rate
+
+
+def replay(trace: np.ndarray, slots: int, policy: str = "lfu", lag: int = GPU_LAG, limit: Optional[int] = None,
+           **kw) -> Replay:
+    """The cache on `trace` [steps, layers, rows, top_k] (expert ids, -1 = none): the routing of step t
+    is observed after it ran, and the refills it causes serve step t + lag on (lag >= 1); limit: refills
+    planned per step at most (all layers together). Returns the hit rate and the refills per layer and
+    step."""
     if lag < 1:
         raise ValueError("lag must be >= 1")
     steps, layers, rows, k = trace.shape
@@ -129,7 +152,7 @@ def simulate(trace: np.ndarray, slots: int, policy: str = "lfu", lag: int = GPU_
     pol = CachePolicy(layers, experts, slots, policy, **kw)
     pending: List[List[Refill]] = []
     published = np.full((layers, slots), -1, dtype=np.int64)
-    hits = lookups = 0
+    hits = lookups = refills = 0
     for t in range(steps):
         ids = trace[t].reshape(layers, rows * k)
         cached = np.zeros((layers, experts + 1), dtype=bool)
@@ -146,6 +169,7 @@ def simulate(trace: np.ndarray, slots: int, policy: str = "lfu", lag: int = GPU_
             for f in batch:
                 busy[f.layer, f.slot] = True
         pending.append(pol.plan(busy, limit=limit))
+        refills += len(pending[-1])
         while len(pending) > lag - 1 and pending:
             for f in pending.pop(0):
                 published[f.layer, f.slot] = f.expert
@@ -154,4 +178,4 @@ def simulate(trace: np.ndarray, slots: int, policy: str = "lfu", lag: int = GPU_
             for f in batch:
                 if published[f.layer, f.slot] == f.evicted:
                     published[f.layer, f.slot] = -1
-    return hits / max(lookups, 1)
+    return Replay(hits / max(lookups, 1), refills / (steps * layers))
