@@ -157,7 +157,7 @@ def _plot(path, results, budgets, traces, title):
                 ax.plot(*zip(*sorted(pts)), marker="o", label=trace)
             off = [r[key] for r in results if r["mode"] == "off" and r["trace"] == trace]
             if off and trace == traces[0]:
-                ax.axhline(off[0], color="gray", ls="--", lw=1, label="no cache (uniform)")
+                ax.axhline(off[0], color="gray", ls="--", lw=1, label=f"no cache ({trace})")
         ax.set_xlabel("cache budget, % of the routed-expert bytes")
         ax.set_ylabel("decode tok/s")
         ax.set_title(label)
