@@ -150,7 +150,7 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("name", ["uniform", "lru67"])
 def test_admission_halves_refills_at_the_same_hit_rate(name):
-    """The default admission (a margin of 2x and two recent visits) against margin 0.5 and one visit,
+    """The default admission (a margin of 2, i.e. 3x the victim's score, and two recent visits) against margin 0.5 and one visit,
     32 of 128 experts, one request: refills (host reads, like the CPU's) at most 0.8x as many, the hit
     rate within 0.02. A plain cost model says it pays: CPU reads + refills per layer and step lower."""
     from lk_moe.routing_trace import make_trace
