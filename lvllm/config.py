@@ -10,7 +10,8 @@ LVLLM_STATS_INTERVAL              seconds between the runtime statistics log lin
                                   (default 60; 0 = off)
 LVLLM_GPU_EXPERT_CACHE            GiB of VRAM per rank for the GPU expert cache: copies of hot
                                   routed experts of the hybrid layers, computed on the GPU while
-                                  the CPU computes the rest (default 0 = off)
+                                  the CPU computes the rest (default 0 = off); "auto": what is left
+                                  after the KV cache of two full-context sequences (lvllm.fit)
 LVLLM_DRAFT_MOE                   MoE layers of a speculative draft model (MTP / NextN layers): "gpu"
                                   (default: resident, vLLM's own kernels; one layer) or "cpu" (hybrid,
                                   experts in host RAM like the target's)
@@ -39,6 +40,7 @@ class LvllmConfig:
     resident_layers: FrozenSet[int] = field(default_factory=frozenset)
     stats_interval: int = 60  # seconds; 0 = no statistics
     expert_cache_gib: float = 0.0  # 0 = no GPU expert cache
+    expert_cache_auto: bool = False  # LVLLM_GPU_EXPERT_CACHE=auto: sized by lvllm.fit at load time
     draft_moe: str = "gpu"  # "gpu" | "cpu": where a speculative draft model's MoE layers run
     bench_routing_replay: bool = False
 
@@ -90,7 +92,7 @@ def _gib(env: Mapping[str, str], name: str, hi: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise LvllmConfigError(f"{name}={raw!r} is not a number of GiB (expected 0..{hi:g}; 0 = off)") from None
+        raise LvllmConfigError(f"{name}={raw!r} is not a number of GiB (expected 0..{hi:g}; 0 = off) or auto") from None
     if not 0 <= value <= hi:  # also refuses nan and inf
         raise LvllmConfigError(f"{name}={raw} is out of range (expected 0..{hi:g} GiB; 0 = off)")
     return value
@@ -124,13 +126,15 @@ def parse_layer_set(text: str, name: str = "LVLLM_GPU_RESIDENT_MOE_LAYERS") -> F
 
 def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
     env = os.environ if env is None else env
+    cache_auto = env.get("LVLLM_GPU_EXPERT_CACHE", "").strip().lower() == "auto"
     return LvllmConfig(
         enabled=_bool(env, "LVLLM_MOE_NUMA_ENABLED"),
         gpu_prefill_min_batch=_int(env, "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE", 0, 0, 1 << 24),
         prefetch_window=_int(env, "LVLLM_GPU_PREFETCH_WINDOW", 1, 0, 1),
         resident_layers=parse_layer_set(env.get("LVLLM_GPU_RESIDENT_MOE_LAYERS", "")),
         stats_interval=_int(env, "LVLLM_STATS_INTERVAL", 60, 0, 86_400),
-        expert_cache_gib=_gib(env, "LVLLM_GPU_EXPERT_CACHE", 4096.0),
+        expert_cache_gib=0.0 if cache_auto else _gib(env, "LVLLM_GPU_EXPERT_CACHE", 4096.0),
+        expert_cache_auto=cache_auto,
         draft_moe=_choice(env, "LVLLM_DRAFT_MOE", "gpu", ("gpu", "cpu")),
         bench_routing_replay=_bool(env, "LVLLM_BENCH_ROUTING_REPLAY"),
     )

@@ -178,13 +178,33 @@ class WorkerRuntime:
                            "with synthetic traces; outputs are meaningless while they do (never set it for serving)")
             self.replay = TraceReplay(max(1, self.planned_hybrid), REPLAY_STEPS, REPLAY_ROWS, hybrid.top_k,
                                       max_tokens, torch.device("cuda", torch.cuda.current_device()))
-        if self.cfg.expert_cache_gib <= 0:
+        if self.cfg.expert_cache_gib <= 0 and not self.cfg.expert_cache_auto:
             return index, None
         if self.expert_cache is None:
             from lk_moe.expert_cache import ExpertCache
-            self.expert_cache = ExpertCache(int(self.cfg.expert_cache_gib * (1 << 30)), max(1, self.planned_hybrid))
+            budget = self._auto_cache_bytes() if self.cfg.expert_cache_auto else int(self.cfg.expert_cache_gib * (1 << 30))
+            self.expert_cache = ExpertCache(budget, max(1, self.planned_hybrid))
             self.monitor.cache = self.expert_cache
         return index, self.expert_cache.add_layer(hybrid)
+
+    def _auto_cache_bytes(self) -> int:
+        """LVLLM_GPU_EXPERT_CACHE=auto: lvllm.fit's plan from vLLM's settings and the VRAM in use now."""
+        import torch
+        from vllm.config import get_current_vllm_config
+
+        from .fit import auto_cache_plan
+        vc = get_current_vllm_config()
+        free, total = torch.cuda.mem_get_info()
+        kv_dtype = str(vc.cache_config.cache_dtype)
+        plan = auto_cache_plan(vc.model_config.hf_text_config.to_dict(), total_bytes=total, free_bytes=free,
+                               gpu_memory_utilization=vc.cache_config.gpu_memory_utilization,
+                               max_model_len=vc.model_config.max_model_len,
+                               tp=vc.parallel_config.tensor_parallel_size,
+                               kv_dtype_bytes=1 if kv_dtype.startswith("fp8") else vc.model_config.dtype.itemsize,
+                               gpu_prefill=self.cfg.gpu_prefill_min_batch > 0)
+        for line in plan.lines:
+            logger.info("lk_moe: LVLLM_GPU_EXPERT_CACHE=auto: %s", line)
+        return plan.cache_bytes
 
     def before_step(self) -> None:
         """Between two model steps (lvllm's hook around the model runners' execute_model)."""

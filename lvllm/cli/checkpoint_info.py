@@ -29,6 +29,7 @@ class CheckpointInfo:
     other_bytes: int = 0  # everything else: attention, dense/shared MLPs, embeddings, norms
     expert_dtypes: Dict[str, int] = field(default_factory=dict)  # dtype -> bytes of expert tensors
     estimated: bool = False  # from config.json arithmetic, not from weight files
+    config: dict = field(default_factory=dict)  # config.json (its text config for multimodal models)
 
     @property
     def expert_bytes_per_layer(self) -> int:
@@ -91,7 +92,7 @@ def read_checkpoint(path: str) -> CheckpointInfo:
         cfg = json.load(f)
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     info = CheckpointInfo(path=path, architecture=(cfg.get("architectures") or ["?"])[0],
-                          model_type=cfg.get("model_type", "?"))
+                          model_type=cfg.get("model_type", "?"), config=cfg)
     q = cfg.get("quantization_config") or {}
     info.quant_method = q.get("quant_method") if isinstance(q, dict) else None
     if info.quant_method == "modelopt" and q.get("quant_algo"):

@@ -1,5 +1,6 @@
-"""`lvllm doctor [--model DIR] [--tp N]`: what this machine offers lvllm, what will fail, and (with a
-checkpoint) a suggested configuration printed as the env lines to use.
+"""`lvllm doctor [--model DIR] [--tp N] [--max-model-len L]`: what this machine offers lvllm, what will
+fail, and (with a checkpoint) a suggested configuration printed as the env lines to use, with the plan
+of one GPU's VRAM (lvllm.fit: weights, reserve, KV cache, GPU expert cache).
 
 Each check prints one line: "ok", "warn" (works, but slower or fragile) or "FAIL" (startup or
 serving will fail), with what to do. Exit status 1 if anything FAILs.
@@ -177,7 +178,7 @@ def plugin_check() -> Line:
     return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; {hooks}; switch {state}")
 
 
-def model_checks(path: str, tp: int) -> List[Line]:
+def model_checks(path: str, tp: int, max_model_len: int = 0) -> List[Line]:
     from .checkpoint_info import CheckpointError, read_checkpoint
     try:
         info = read_checkpoint(path)
@@ -201,11 +202,11 @@ def model_checks(path: str, tp: int) -> List[Line]:
                       f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(engine_bytes)} in the "
                       f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
-    lines += suggest(info, tp)
+    lines += suggest(info, tp, max_model_len)
     return lines
 
 
-def suggest(info, tp: int) -> List[Line]:
+def suggest(info, tp: int, max_model_len: int = 0) -> List[Line]:
     cpus = os.sched_getaffinity(0)
     share = physical_cores(sorted(cpus)) // max(tp, 1)
     threads = max(1, share - reserved_cores(share))
@@ -214,32 +215,47 @@ def suggest(info, tp: int) -> List[Line]:
     try:
         import torch
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        free = min(torch.cuda.mem_get_info(i)[0] for i in range(gpus)) if gpus else 0
+        free, total = min(torch.cuda.mem_get_info(i) for i in range(gpus)) if gpus else (0, 0)
     except ImportError:
-        gpus, free = 0, 0
+        gpus, free, total = 0, 0, 0
     if gpus:
-        per_rank_other = info.other_bytes / tp
-        # Of the VRAM left after the other weights, two thirds may hold resident layers; a third
-        # (and the 10% margin) stays for the KV cache, activations and CUDA graphs.
-        left = free * 0.9 - per_rank_other
-        if left <= 0:
-            out.append(Line("FAIL", "VRAM", f"the non-expert weights ({per_rank_other / GiB:.1f} GiB per GPU) do not fit "
-                                            f"in {free / GiB:.1f} GiB free: use more GPUs (--tensor-parallel-size)"))
-        per_layer = info.expert_bytes_per_layer / tp
-        resident = int(max(0.0, left * 2 / 3) // per_layer) if per_layer and left > 0 else 0
-        resident = min(resident, info.moe_layers)
-        out.append(Line("info", "VRAM", f"{_size(free)} free per GPU; non-expert weights {_size(per_rank_other)} "
-                                        f"per GPU; one layer's experts {_size(per_layer)} per GPU; room for "
-                                        f"{resident} resident MoE layer(s)"))
-        if resident:
-            first = info.num_layers - info.moe_layers  # MoE layers usually start after the dense ones
-            env.append(f"LVLLM_GPU_RESIDENT_MOE_LAYERS={first}-{first + resident - 1}")
+        out += vram_plan(info, tp, max_model_len, usable=min(free, int(total * VLLM_GPU_UTIL)), env=env)
         env.append("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=" + ("1024" if info.quant_method in (None, "") else "0"))
     else:
         env.append("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0")
     out.append(Line("info", "suggested", "environment for `vllm serve " + info.path +
                     (f" --tensor-parallel-size {tp}" if tp > 1 else "") + "`:\n    " + "\n    ".join(env)))
     return out
+
+
+VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
+FP4_AS_BF16 = ("mxfp4", "modelopt/NVFP4", "modelopt_fp4")  # quant methods whose cache slots are bf16
+
+
+def vram_plan(info, tp: int, max_model_len: int, usable: int, env: List[str]) -> List[Line]:
+    """lvllm.fit's plan of one GPU's VRAM for this checkpoint (the runtime's LVLLM_GPU_EXPERT_CACHE=auto),
+    as doctor lines; appends the suggested setting to `env`."""
+    from ..fit import FitError, VramRequest, kv_bytes_per_token, plan_vram
+    ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
+    per_rank_other = int(info.other_bytes / tp)
+    experts = int(info.config.get("num_experts") or info.config.get("n_routed_experts")
+                  or info.config.get("num_local_experts") or 0)
+    slot = info.expert_bytes_per_layer // experts // tp if experts else 0
+    if info.quant_method in FP4_AS_BF16:  # the cache holds these experts dequantized (lk_moe.expert_cache)
+        cfg = info.config
+        slot = 3 * int(cfg.get("hidden_size", 0)) * int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size", 0)) * 2 // tp
+    req = VramRequest(usable_bytes=usable, weight_bytes=per_rank_other,
+                      kv_bytes_per_token=kv_bytes_per_token(info.config, ctx, tp), max_model_len=ctx,
+                      expert_slot_bytes=slot, cache_slots_max=experts * info.moe_layers)
+    head = (f"{_size(usable)} usable per GPU (vLLM's default --gpu-memory-utilization {VLLM_GPU_UTIL}); "
+            f"non-expert weights {_size(per_rank_other)} per GPU; context {ctx} tokens")
+    try:
+        plan = plan_vram(req)
+    except FitError as e:
+        return [Line("FAIL", "VRAM", f"{head}. {e}")]
+    if plan.cache_bytes:
+        env.append("LVLLM_GPU_EXPERT_CACHE=auto")
+    return [Line("info", "VRAM", head)] + [Line("info", "VRAM plan", ln) for ln in plan.lines]
 
 
 def render(lines: List[Line]) -> str:
@@ -251,12 +267,16 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="checkpoint directory (config.json + safetensors, or config only)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size you plan to serve with")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="context you plan to serve (default: the model's max_position_embeddings)")
     a = ap.parse_args(argv)
     if a.tp < 1:
         ap.error("--tp must be >= 1")
+    if a.max_model_len < 0:
+        ap.error("--max-model-len must be >= 1 (0: the model's own)")
     lines = machine_checks()
     if a.model:
-        lines += model_checks(a.model, a.tp)
+        lines += model_checks(a.model, a.tp, a.max_model_len)
     print(render(lines))
     return 1 if any(ln.level == "FAIL" for ln in lines) else 0
 
