@@ -56,7 +56,7 @@
 #   bash dev/device_acceptance.sh rotate1   # M=1 decode of one layer rotating over 4 GiB vs ~50 GB of packed copies
 #                                             # (random routing over all the expert memory vs a few GiB of it)
 #   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
-#                                             # Qwen3-Next, GLM-5, MiniMax-M2), switch on vs off
+#                                             # Qwen3-Next, GLM-5, MiniMax-M2, Qwen3.5-MoE), switch on vs off
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)

@@ -7,7 +7,8 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa (bf16; --quant fp8, w4a16, nvfp4,
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe (bf16; --quant
+fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -28,7 +29,8 @@ import torch
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
-ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa")
+ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
+         "qwen3_5_moe")
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2")
 
@@ -80,6 +82,15 @@ SHAPES = {
         "tiny": dict(H=512, L=4, nh=8, nkv=2, hd=64, E=16, K=4, I=256, shared_I=256, dense_I=1024, V=2048,
                      lin_nk=4, lin_nv=8, lin_dk=64, lin_dv=64, conv=4, every=4),
         "big": dict(H=2048, L=48, nh=16, nkv=2, hd=256, E=512, K=10, I=512, shared_I=512, dense_I=5120, V=151936,
+                    lin_nk=16, lin_nv=32, lin_dk=128, lin_dv=128, conv=4, every=4, ctx=262144),
+    },
+    # Qwen3.5-MoE (text model): Qwen3-Next's layers with the GDN input projections split as released
+    # (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); big: Qwen/Qwen3.5-35B-A3B (transformers' defaults
+    # of Qwen3_5MoeTextConfig).
+    "qwen3_5_moe": {
+        "tiny": dict(H=512, L=4, nh=8, nkv=2, hd=64, E=16, K=4, I=256, shared_I=256, dense_I=1024, V=2048,
+                     lin_nk=4, lin_nv=8, lin_dk=64, lin_dv=64, conv=4, every=4),
+        "big": dict(H=2048, L=40, nh=16, nkv=2, hd=256, E=256, K=8, I=512, shared_I=512, dense_I=5120, V=248320,
                     lin_nk=16, lin_nv=32, lin_dk=128, lin_dv=128, conv=4, every=4, ctx=262144),
     },
     "mixtral": {
@@ -150,6 +161,18 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     linear_value_head_dim=s["lin_dv"], linear_num_key_heads=s["lin_nk"],
                     linear_num_value_heads=s["lin_nv"], partial_rotary_factor=0.25, rope_theta=10000000.0,
                     attention_bias=False, attention_dropout=0.0, router_aux_loss_coef=0.001)
+    if arch == "qwen3_5_moe":
+        return dict(common, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text",
+                    num_key_value_heads=s["nkv"], head_dim=s["hd"], num_experts=s["E"],
+                    num_experts_per_tok=s["K"], moe_intermediate_size=s["I"],
+                    shared_expert_intermediate_size=s["shared_I"],
+                    layer_types=["full_attention" if (i + 1) % s["every"] == 0 else "linear_attention"
+                                 for i in range(s["L"])],
+                    linear_conv_kernel_dim=s["conv"], linear_key_head_dim=s["lin_dk"],
+                    linear_value_head_dim=s["lin_dv"], linear_num_key_heads=s["lin_nk"],
+                    linear_num_value_heads=s["lin_nv"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+                    attention_bias=False, attention_dropout=0.0, router_aux_loss_coef=0.001)
     if arch == "gpt_oss":
         return dict(common, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
                     num_key_value_heads=s["nkv"], head_dim=s["hd"], intermediate_size=s["I"],
@@ -218,8 +241,8 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
     if arch == "gpt_oss":
         _gpt_oss_weights(s, vocab, w)
         return w.t
-    if arch == "qwen3_next":
-        return _qwen3_next_weights(s, w)
+    if arch in ("qwen3_next", "qwen3_5_moe"):
+        return _qwen3_next_weights(s, w, split_in_proj=arch == "qwen3_5_moe")
     for i in range(s["L"]):
         p = f"model.layers.{i}"
         w.norm(f"{p}.input_layernorm", H)
@@ -269,9 +292,10 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
     return w.t
 
 
-def _qwen3_next_weights(s: dict, w: "_Weights") -> Dict[str, torch.Tensor]:
+def _qwen3_next_weights(s: dict, w: "_Weights", split_in_proj: bool = False) -> Dict[str, torch.Tensor]:
     """Hub names and shapes of Qwen3-Next (transformers' Qwen3NextForCausalLM holds the same, with its
-    experts fused): zero-centred norms are 0, the gated DeltaNet's output norm 1."""
+    experts fused): zero-centred norms are 0, the gated DeltaNet's output norm 1. split_in_proj: the GDN
+    input projections one per output as Qwen3.5 releases them (Qwen3-Next fuses qkvz and ba)."""
     H = s["H"]
     zero = lambda name, n: w.t.__setitem__(f"{name}.weight", torch.zeros(n, dtype=torch.bfloat16))  # noqa: E731
     zero("model.norm", H)
@@ -282,8 +306,14 @@ def _qwen3_next_weights(s: dict, w: "_Weights") -> Dict[str, torch.Tensor]:
         zero(f"{p}.post_attention_layernorm", H)
         if (i + 1) % s["every"]:
             a = f"{p}.linear_attn"
-            w.linear(f"{a}.in_proj_qkvz", 2 * key + 2 * value, H)
-            w.linear(f"{a}.in_proj_ba", 2 * s["lin_nv"], H)
+            if split_in_proj:
+                w.linear(f"{a}.in_proj_qkv", 2 * key + value, H)
+                w.linear(f"{a}.in_proj_z", value, H)
+                w.linear(f"{a}.in_proj_b", s["lin_nv"], H)
+                w.linear(f"{a}.in_proj_a", s["lin_nv"], H)
+            else:
+                w.linear(f"{a}.in_proj_qkvz", 2 * key + 2 * value, H)
+                w.linear(f"{a}.in_proj_ba", 2 * s["lin_nv"], H)
             w.t[f"{a}.conv1d.weight"] = (torch.randn(2 * key + value, 1, s["conv"], generator=w.g)
                                          / math.sqrt(s["conv"])).to(torch.bfloat16)
             w.t[f"{a}.dt_bias"] = torch.ones(s["lin_nv"], dtype=torch.bfloat16)
