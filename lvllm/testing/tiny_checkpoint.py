@@ -7,8 +7,8 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
     python tools/make_tiny_checkpoint.py --arch qwen3_moe --size big --out /tmp/q30b   # config only:
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
-Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe (bf16; --quant
-fp8, w4a16, nvfp4,
+Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
+qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only) (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -30,7 +30,20 @@ from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
-         "qwen3_5_moe")
+         "qwen3_5_moe", "qwen3_5_moe_vl")
+# Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
+VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe"}
+# Their tokenizer's vision tokens (ids right after SPECIAL's: image, video, vision start, vision end) and
+# image / video processor settings (Qwen3-VL's: 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5).
+VISION_SPECIAL = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+_PIXELS = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
+               image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 4096, "longest_edge": 1048576})
+VL_PROCESSOR_FILES = {
+    "preprocessor_config.json": dict(_PIXELS, image_processor_type="Qwen2VLImageProcessor",
+                                     processor_class="Qwen3VLProcessor"),
+    "video_preprocessor_config.json": dict(_PIXELS, video_processor_type="Qwen3VLVideoProcessor",
+                                           processor_class="Qwen3VLProcessor", fps=2, min_frames=4, max_frames=16),
+}
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2")
 
@@ -92,6 +105,11 @@ SHAPES = {
                      lin_nk=4, lin_nv=8, lin_dk=64, lin_dv=64, conv=4, every=4),
         "big": dict(H=2048, L=40, nh=16, nkv=2, hd=256, E=256, K=8, I=512, shared_I=512, dense_I=5120, V=248320,
                     lin_nk=16, lin_nv=32, lin_dk=128, lin_dv=128, conv=4, every=4, ctx=262144),
+    },
+    # vision tower: patch 16 x 16 x 2 frames, 2 x 2 merge; big: transformers' Qwen3_5MoeVisionConfig defaults
+    "qwen3_5_moe_vl": {
+        "tiny": dict(vis_depth=1, vis_H=64, vis_I=128, vis_heads=2, vis_pos=64),
+        "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=2304),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
@@ -185,7 +203,43 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     quantization_config={"quant_method": "mxfp4",
                                          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                                                     "model.embed_tokens", "lm_head"]})
+    if arch in VL_TEXT:
+        text = dict(_config(VL_TEXT[arch], s, vocab), architectures=None)
+        vision = dict(model_type="qwen3_5_moe_vision", depth=s["vis_depth"], hidden_size=s["vis_H"],
+                      intermediate_size=s["vis_I"], num_heads=s["vis_heads"], hidden_act="gelu_pytorch_tanh",
+                      in_channels=3, patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+                      out_hidden_size=s["H"], num_position_embeddings=s["vis_pos"], initializer_range=0.02)
+        ids = {f"{name}_token_id": len(SPECIAL) + i for i, name in enumerate(("image", "video", "vision_start",
+                                                                            "vision_end"))}
+        return dict(architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+                    text_config=text, vision_config=vision, tie_word_embeddings=False, torch_dtype="bfloat16", **ids)
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+def _vision_tower(s: dict, w: "_Weights") -> None:
+    """Qwen3.5's vision tower under model.visual. (its Hub names): a 3-D patch embedding, learned
+    positions, pre-norm blocks (fused qkv), a 2 x 2 patch merger into the text model's width."""
+    Hv, merged = s["vis_H"], s["vis_H"] * 4
+    v = "model.visual"
+
+    def layer_norm(name, n):
+        w.norm(name, n)
+        w.t[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
+    w.t[f"{v}.patch_embed.proj.weight"] = (torch.randn(Hv, 3, 2, 16, 16, generator=w.g) / math.sqrt(3 * 2 * 16 * 16)
+                                           ).to(torch.bfloat16)
+    w.t[f"{v}.patch_embed.proj.bias"] = torch.zeros(Hv, dtype=torch.bfloat16)
+    w.t[f"{v}.pos_embed.weight"] = (0.02 * torch.randn(s["vis_pos"], Hv, generator=w.g)).to(torch.bfloat16)
+    for i in range(s["vis_depth"]):
+        b = f"{v}.blocks.{i}"
+        layer_norm(f"{b}.norm1", Hv)
+        layer_norm(f"{b}.norm2", Hv)
+        w.linear(f"{b}.attn.qkv", 3 * Hv, Hv, bias=True)
+        w.linear(f"{b}.attn.proj", Hv, Hv, bias=True)
+        w.linear(f"{b}.mlp.linear_fc1", s["vis_I"], Hv, bias=True)
+        w.linear(f"{b}.mlp.linear_fc2", Hv, s["vis_I"], bias=True)
+    layer_norm(f"{v}.merger.norm", Hv)
+    w.linear(f"{v}.merger.linear_fc1", merged, merged, bias=True)
+    w.linear(f"{v}.merger.linear_fc2", s["H"], merged, bias=True)
 
 
 def _gpt_oss_weights(s: dict, vocab: int, w) -> None:
@@ -232,6 +286,12 @@ class _Weights:
 
 
 def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
+    if arch in VL_TEXT:
+        text = _weights(VL_TEXT[arch], s, vocab, seed)
+        w = _Weights(seed + 1)
+        w.t = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): t for k, t in text.items()}
+        _vision_tower(s, w)
+        return w.t
     w = _Weights(seed)
     H = s["H"]
     w.t["model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
@@ -347,13 +407,14 @@ def _corpus():
         yield " ".join(words[i] for i in idx) + ". 0123456789 ,;:!?"
 
 
-def write_tokenizer(out: str, vocab_size: int) -> int:
+def write_tokenizer(out: str, vocab_size: int, extra_special=()) -> int:
+    """extra_special: more special tokens, ids right after SPECIAL's (vision tokens of VL models)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL + list(extra_special),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(), trainer)
     tok.save(os.path.join(out, "tokenizer.json"))
@@ -385,11 +446,16 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in ("tiny", "big"):
         raise ValueError("size must be tiny or big")
-    s = dict(SHAPES[arch][size])
+    s = dict(SHAPES[VL_TEXT[arch]][size], **SHAPES[arch][size]) if arch in VL_TEXT else dict(SHAPES[arch][size])
+    if arch in VL_TEXT and quant != "bf16":
+        raise ValueError(f"{arch}: bf16 only (the quantizers do not know the vision tower's layers)")
     if layers:
         s["L"] = layers
     os.makedirs(out, exist_ok=True)
-    n_tok = write_tokenizer(out, min(s["V"], 2048))
+    n_tok = write_tokenizer(out, min(s["V"], 2048), VISION_SPECIAL if arch in VL_TEXT else ())
+    for name, content in (VL_PROCESSOR_FILES.items() if arch in VL_TEXT else ()):
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(content, f, indent=1)
     vocab = max(s["V"], n_tok)
     config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
@@ -403,6 +469,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
                 json.dump(content, f, indent=1)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
+    if "text_config" in config:
+        config["text_config"].update(bos_token_id=eos, eos_token_id=eos)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(out, "generation_config.json"), "w") as f:

@@ -14,12 +14,14 @@ teacher-forced forward in fp32 over prompt + generated prefix, with forward hook
 layer's router, and the same forward in bf16 to measure the per-layer noise of the router scores.
 
 Router modules hooked (transformers 5.24): Qwen3MoeTopKRouter, MixtralTopKRouter, GptOssTopKRouter,
-DeepseekV3TopkRouter and Glm4MoeTopkRouter. Each returns (router_logits [T, E], topk_weights,
-topk_indices); we take router_logits (output 0) and derive the selection score ourselves:
-- qwen3_moe, mixtral: softmax then top-k; softmax is monotone, so the boundary is the same on the
-  logits, and logit differences are what bf16 rounding perturbs. Score = logit.
+Qwen3NextTopKRouter, Qwen3_5MoeTopKRouter, DeepseekV3TopkRouter, Glm4MoeTopkRouter and
+GlmMoeDsaTopkRouter (not MiniMaxM2TopKRouter: its selection bias is a forward argument). Each returns
+(router_logits [T, E], topk_weights, topk_indices); we take router_logits (output 0) and derive the
+selection score ourselves:
+- qwen3_moe, qwen3_next, qwen3_5_moe, mixtral: softmax then top-k; softmax is monotone, so the
+  boundary is the same on the logits, and logit differences are what bf16 rounding perturbs. Score = logit.
 - gpt_oss: top-k on the logits (router bias included). Score = logit.
-- deepseek_v3, glm4_moe: score = sigmoid(logit) + e_score_correction_bias; groups ranked by the
+- deepseek_v3, glm4_moe, glm_moe_dsa: score = sigmoid(logit) + e_score_correction_bias; groups ranked by the
   sum of their top-2 scores, the topk_group best groups kept, then top-k among their experts. The
   boundary gap is the min of the expert-level gap (within the kept groups) and the group-level gap
   (topk_group-th vs next group score; a group score sums two scores, so its noise is up to twice
@@ -51,9 +53,9 @@ from typing import Dict, List, Sequence
 
 import torch
 
-ROUTER_CLASSES = ("Qwen3MoeTopKRouter", "MixtralTopKRouter", "GptOssTopKRouter",
-                  "DeepseekV3TopkRouter", "Glm4MoeTopkRouter")
-GROUPED = ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter")
+ROUTER_CLASSES = ("Qwen3MoeTopKRouter", "MixtralTopKRouter", "GptOssTopKRouter", "Qwen3NextTopKRouter",
+                  "Qwen3_5MoeTopKRouter", "DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "GlmMoeDsaTopkRouter")
+GROUPED = ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "GlmMoeDsaTopkRouter")
 ORACLE_MARGIN = 0.5  # nats: compare.py's FLIP_MARGIN, a near-tie at the output
 
 
@@ -99,19 +101,22 @@ def _check_tokens(token_ids: Sequence[int], vocab: int) -> List[int]:
 
 def _vocab(model_dir: str) -> int:
     from transformers import AutoConfig
-    return AutoConfig.from_pretrained(model_dir).vocab_size
+    return AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
 
 
 def _load(model_dir: str, dtype: torch.dtype, device: str):
     """The checkpoint in HF transformers at `dtype`. MXFP4 experts (gpt-oss) are dequantized on load
     (transformers would otherwise want its own MXFP4 GPU kernels)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     extra = {}
-    quant = getattr(AutoConfig.from_pretrained(model_dir), "quantization_config", None) or {}
+    config = AutoConfig.from_pretrained(model_dir)
+    quant = getattr(config, "quantization_config", None) or {}
     if (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)) == "mxfp4":
         from transformers import Mxfp4Config
         extra["quantization_config"] = Mxfp4Config(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **extra)
+    # vision-language releases (a vision tower beside the text model): the whole model, text prompts
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    model = auto.from_pretrained(model_dir, dtype=dtype, **extra)
     # transformers 5.17 (the GPU machine's) leaves dequantized MXFP4 experts in bf16 when fp32 is asked
     # for, and its grouped_mm then runs those experts in bf16: a "fp32" gpt-oss truth 0.03 nats off,
     # shape-dependent. bf16 -> fp32 is exact (and so is MXFP4 -> bf16), so cast what was left behind.

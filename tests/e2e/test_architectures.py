@@ -8,7 +8,9 @@ MoE layer (vLLM's, on the GPU, overlapping the CPU call).
 GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3's MLA and grouped sigmoid routing plus DSA's lightning indexer,
 under the breakable CUDA graphs vLLM turns on for it; its first layer dense.
 MiniMax-M2: w1/w2/w3 expert names, sigmoid routing with a selection bias, q/k norms over all heads.
-Qwen3.5-MoE (its text model): Qwen3-Next's layers with the GDN input projections split as released.
+Qwen3.5-MoE (its text model): Qwen3-Next's layers with the GDN input projections split as released;
+and as released (qwen3_5_moe_vl): the text model under model.language_model. beside a vision tower (text
+prompts here; vLLM profiles the vision tower at startup with its own dummy images).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from .test_switch import CPU, KV, OFF, _run_all, check_cpu_run, check_gpu_run, gpu_env, pytestmark  # noqa: F401
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
-NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0}
+NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0}
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_next", "fp8", 0, "fp8_block"),  # as Qwen3-Next-80B-A3B-*-FP8 is released
     ("qwen3_5_moe", "bf16", 0, "bf16"),  # Qwen3.5-MoE's text model: the GDN input projections split
     ("qwen3_5_moe", "fp8", 0, "fp8_block"),  # as Qwen3.5-*-FP8 is released
+    ("qwen3_5_moe_vl", "bf16", 0, "bf16"),  # as Qwen3.5-MoE is released: the text model beside a vision tower
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
 # The vLLM method the plugin must have recognized (where several could read a format's tensors).

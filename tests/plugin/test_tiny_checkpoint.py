@@ -9,7 +9,7 @@ import torch
 from lk_moe.reference import dequantize_nvfp4, dequantize_per_channel
 from lvllm.testing.checkpoint_quant import _w8a8_channel_config, decode_mxfp4, decode_projection, write_dequantized_twin
 from lvllm.testing.quantizers import quantize_mxfp4, quantize_nvfp4, quantize_w8a8_channel
-from lvllm.testing.tiny_checkpoint import ARCHS, make_checkpoint
+from lvllm.testing.tiny_checkpoint import ARCHS, VL_TEXT, make_checkpoint
 
 from ..engine.conftest import vllm_dequantize_nvfp4
 
@@ -20,14 +20,36 @@ pytest.importorskip("safetensors")
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gpt_oss"])
 def test_transformers_loads_every_weight(tmp_path, arch):
     path = make_checkpoint(arch, str(tmp_path / arch))
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
-                                                                    dtype=torch.bfloat16)
+    auto = transformers.AutoModelForImageTextToText if arch in VL_TEXT else transformers.AutoModelForCausalLM
+    model, info = auto.from_pretrained(path, output_loading_info=True, dtype=torch.bfloat16)
     assert not any(info.values()), info
     logits = model(torch.tensor([list(range(3, 40))])).logits
     assert torch.isfinite(logits).all() and 1.0 < logits.float().std() < 10.0
     tok = transformers.AutoTokenizer.from_pretrained(path)
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     assert len(ids if isinstance(ids, list) else ids["input_ids"]) > 3
+
+
+@pytest.mark.parametrize("arch", list(VL_TEXT))
+def test_vision_language_checkpoint_takes_an_image(tmp_path, arch):
+    """The released layout of a vision-language MoE: transformers' own processor (from the checkpoint's
+    processor files and tokenizer) turns a prompt and an image into the model's inputs, and the model
+    (vision tower + text model) runs them."""
+    pytest.importorskip("PIL")
+    import numpy as np
+    from PIL import Image
+    path = make_checkpoint(arch, str(tmp_path / arch))
+    proc = transformers.AutoProcessor.from_pretrained(path)
+    cfg = json.load(open(f"{path}/config.json"))
+    assert proc.image_token_id == cfg["image_token_id"] and proc.vision_start_token_id == cfg["vision_start_token_id"]
+    image = Image.fromarray((np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8))
+    text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what is it<|im_end|>\n<|im_start|>assistant\n"
+    inputs = proc(text=[text], images=[image], return_tensors="pt")
+    # 64 x 96 pixels: 4 x 6 patches of 16, merged 2 x 2 -> 6 image tokens in the prompt
+    assert int((inputs["input_ids"] == cfg["image_token_id"]).sum()) == 6
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16)
+    logits = model(**inputs).logits
+    assert torch.isfinite(logits).all() and 1.0 < logits.float().std() < 10.0
 
 
 def test_gpt_oss_mxfp4_matches_transformers(tmp_path):

@@ -41,7 +41,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
-from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE  # noqa: E402
+from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, VL_TEXT  # noqa: E402
 
 
 def expert_weight(t, base, quant):
@@ -60,12 +60,19 @@ def dummy_reference(model_dir, arch):
                 w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float())
 
 
+def text_config(model_dir):
+    """config.json, or its text model's part (vision-language releases)."""
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    return cfg.get("text_config", cfg)
+
+
 def reference_layer(model_dir, arch, quant, layer_idx):
     if quant == "dummy":
         return dummy_reference(model_dir, arch)
     t = load_file(os.path.join(model_dir, "model.safetensors"))
-    cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    prefix = f"model.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
+    cfg = text_config(model_dir)
+    base = "model.language_model" if arch in VL_TEXT else "model"
+    prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
     if arch == "gpt_oss":
         def mx(name):
             return decode_mxfp4(t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"])
@@ -166,7 +173,7 @@ def main():
     w13, w2 = ref.pop("w13"), ref.pop("w2")
     g = torch.Generator().manual_seed(0)
     M = 37
-    K = json.load(open(os.path.join(model_dir, "config.json")))["num_experts_per_tok"]
+    K = text_config(model_dir)["num_experts_per_tok"]
     x = torch.randn(M, w2.shape[1], generator=g).to(torch.bfloat16)
     ids, wts = random_routing(M, w13.shape[0], K, generator=g)
     out = engine.forward(x, ids, wts).float()
