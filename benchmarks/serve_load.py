@@ -91,6 +91,17 @@ def counter_summary(samples: dict) -> str:
     return ", ".join(parts)
 
 
+def lvllm_env(pairs) -> dict:
+    """--lvllm-env KEY=VALUE entries (lvllm's and the engine's settings for the hybrid server)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith(("LVLLM_", "LK_")):
+            raise SystemExit(f"--lvllm-env takes LVLLM_*=value or LK_*=value, got {pair!r}")
+        out[key] = value
+    return out
+
+
 class Server:
     def __init__(self, a, mode: str, log_path: str):
         self.port = _free_port()
@@ -100,6 +111,7 @@ class Server:
         if mode == "hybrid":
             env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill),
                        LVLLM_STATS_INTERVAL="30")
+            env.update(lvllm_env(getattr(a, "lvllm_env", [])))
         cmd = a.vllm + ["serve", a.model, "--load-format", "dummy", "--port", str(self.port),
                "--served-model-name", "m", "--disable-uvicorn-access-log"]
         if mode == "offload":

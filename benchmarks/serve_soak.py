@@ -6,6 +6,8 @@ end, and decode tok/s of the first vs the last --window minutes (target: within 
 samples (JSON lines) and, where matplotlib is importable, a PNG of memory and tok/s over time.
 
     python benchmarks/serve_soak.py --shape qwen3-30b-a3b --minutes 20 --streams 8 --out /tmp/soak
+    python benchmarks/serve_soak.py --minutes 10 --streams 4 --serve-arg=--gpu-memory-utilization=0.17 \
+        --lvllm-env LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 2400   # a 24 GB VRAM cap (of 141 GB)
 
 The same numbers again from a samples file (e.g. to draw the PNG on another machine):
     python benchmarks/serve_soak.py --report /tmp/soak/samples.jsonl
@@ -68,11 +70,13 @@ class Clients:
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(streams)]
 
-    def _one(self, rng) -> tuple:
+    def _one(self, rng, prompt_words: int = 0, max_tokens: int = 0) -> tuple:
+        """(sent, first token, last token, completion tokens, prompt tokens) of one streamed request."""
         import http.client
+        prompt_words, max_tokens = prompt_words or self.prompt_words, max_tokens or self.max_tokens
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        words = " ".join(str(rng.randrange(10**6)) for _ in range(self.prompt_words))
-        body = json.dumps({"model": "m", "prompt": words, "max_tokens": self.max_tokens, "stream": True,
+        words = " ".join(str(rng.randrange(10**6)) for _ in range(prompt_words))
+        body = json.dumps({"model": "m", "prompt": words, "max_tokens": max_tokens, "stream": True,
                            "ignore_eos": True, "stream_options": {"include_usage": True}})
         t0 = time.time()
         c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -80,7 +84,7 @@ class Clients:
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
         first = last = None
-        chunks = tokens = 0
+        chunks = tokens = prompt = 0
         for raw in r:
             line = raw.strip()
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -88,21 +92,31 @@ class Clients:
             msg = json.loads(line[6:])
             if msg.get("usage"):
                 tokens = msg["usage"].get("completion_tokens", tokens)
+                prompt = msg["usage"].get("prompt_tokens", prompt)
             if msg.get("choices"):
                 now = time.time()
                 first = first or now
                 last = now
                 chunks += 1
         c.close()
-        if tokens != self.max_tokens:
-            raise RuntimeError(f"{tokens} of {self.max_tokens} tokens")
-        return t0, first, last, tokens
+        if tokens != max_tokens:
+            raise RuntimeError(f"{tokens} of {max_tokens} tokens")
+        return t0, first, last, tokens, prompt
+
+    def long_prompt(self, words: int) -> dict:
+        """One request with a long prompt (sent while the streams run): its prompt tokens and TTFT, or
+        the error."""
+        try:
+            t0, first, _, _, prompt = self._one(random.Random(-1), words, 16)
+            return dict(ok=True, prompt_tokens=prompt, ttft_s=round(first - t0, 3))
+        except Exception as e:
+            return dict(ok=False, error=str(e)[:300])
 
     def _loop(self, i: int) -> None:
         rng = random.Random(i)
         while not self.stop.is_set():
             try:
-                rec = self._one(rng)
+                rec = self._one(rng)[:4]
                 with self.lock:
                     self.done.append(rec)
             except Exception as e:  # a failed request is counted and the stream goes on
@@ -142,6 +156,10 @@ def report(samples: list, summary: dict, png: str = "") -> str:
         a, b = warm[key], end[key]
         lines.append(f"{what}: {a / GiB:.2f} GiB after warm-up (t={warm['t']:.0f} s) -> {b / GiB:.2f} GiB at the end "
                      f"({(b - a) / GiB:+.3f} GiB, {(b - a) / max(a, 1) * 100:+.2f}%)")
+    lp = summary.get("long_prompt")
+    if lp:
+        lines.append(f"long prompt: {lp['prompt_tokens']} tokens, TTFT {lp['ttft_s']} s next to the streams"
+                     if lp.get("ok") else f"long prompt FAILED: {lp.get('error', 'no answer before the end')}")
     r0, r1 = summary["rate_first"], summary["rate_last"]
     lines.append(f"decode: {r0:.1f} tok/s in the first {summary['window_min']} min, {r1:.1f} in the last "
                  f"({(r1 - r0) / max(r0, 1e-9) * 100:+.1f}%; target within 5%)")
@@ -183,6 +201,11 @@ def main() -> int:
     ap.add_argument("--gpu-prefill", type=int, default=1024)
     ap.add_argument("--offload-gb", type=float, default=58)
     ap.add_argument("--serve-arg", action="append", default=[])
+    ap.add_argument("--lvllm-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an LVLLM_* / LK_* setting of the hybrid server, e.g. LVLLM_GPU_EXPERT_CACHE=auto")
+    ap.add_argument("--long-prompt-words", type=int, default=0,
+                    help="one more request at the start with a prompt of this many words (~3-4 tokens each with "
+                         "the dummy model's tokenizer): a long prefill next to the streams")
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--out", default="/tmp/soak")
     ap.add_argument("--vllm", default="")
@@ -208,6 +231,10 @@ def main() -> int:
     samples_path = os.path.join(a.out, "samples.jsonl")
     t0 = time.time()
     clients.start()
+    long_result = {}
+    if a.long_prompt_words:
+        threading.Thread(target=lambda: long_result.update(clients.long_prompt(a.long_prompt_words)),
+                         daemon=True).start()
     samples = []
     with open(samples_path, "w") as out:
         last_t, last_n = t0, 0
@@ -236,13 +263,15 @@ def main() -> int:
         summary = dict(summary=True, shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
                        requests=len(clients.done), failed=len(clients.failed), failures=clients.failed[:10],
                        warmup_s=a.warmup, window_min=a.window,
-                       rate_first=decode_rate(clients.done, t0, t0 + w), rate_last=decode_rate(clients.done, end - w, end))
+                       rate_first=decode_rate(clients.done, t0, t0 + w), rate_last=decode_rate(clients.done, end - w, end),
+                       long_prompt=dict(long_result) if a.long_prompt_words else None)
         out.write(json.dumps(summary) + "\n")
     exited, rc, gone, killed = srv.stop(60)
     print(report(samples, summary, os.path.join(a.out, "soak.png")))
     print(f"SIGINT -> API server exited in {exited} s, exit code {rc}; every process gone after {gone} s"
           + ("; survivors killed" if killed else ""))
-    return 0 if summary["failed"] == 0 else 1
+    long_ok = not a.long_prompt_words or summary["long_prompt"].get("ok", False)
+    return 0 if summary["failed"] == 0 and long_ok else 1
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@
 #                                             # disconnects, /metrics, SIGINT exit; then stock's startup
 #   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline)
 #   bash dev/device_acceptance.sh soak1     # starts benchmarks/serve_soak.py detached (setsid: it outlives the run;
-#                                             # SOAK_MIN minutes, default 20), then follows it to the run's end
+#                                             # SOAK_MIN minutes, default 20; SOAK_ARGS more of its options, e.g. the
+#                                             # 24 GB cap of the expert cache issue: SOAK_MIN=10 SOAK_ARGS="--streams 4
+#                                             # --serve-arg=--gpu-memory-utilization=0.17 --lvllm-env
+#                                             # LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 2400"), then follows it
 #   bash dev/device_acceptance.sh soakwait  # follows it again (call back to back, within 30 s); when it has ended:
 #                                             # its report, samples.jsonl, soak.png and the server log into $OUT
 #   bash dev/device_acceptance.sh cache1    # the GPU expert cache: tests/gpu/test_expert_cache.py, then its e2e
@@ -246,7 +249,7 @@ timeout $left python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cpu_path.p
 python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts-per-conc 1 --results \$OUT/serve.json \
 --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
   soak1)
-    body="mkdir -p /root/soak; setsid nohup python3 benchmarks/serve_soak.py --minutes \${SOAK_MIN:-20} --out /root/soak \
+    body="mkdir -p /root/soak; setsid nohup python3 benchmarks/serve_soak.py --minutes \${SOAK_MIN:-20} \${SOAK_ARGS:-} --out /root/soak \
 > /root/soak/soak.log 2>&1 < /dev/null & echo \$! > /root/soak/pid; $soak_follow" ;;
   soakwait)
     body="$soak_follow" ;;

@@ -3,10 +3,14 @@ parsing, on lines as vLLM 0.33.0 and lk_moe print them (from docs/results/2026-1
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import serve_load  # noqa: E402
 import serve_soak  # noqa: E402
+
+GiB = 1 << 30
 
 LOG = """\
 (EngineCore pid=2841) INFO 12-02 18:03:12 [runtime.py:103] lk_moe: experts of 20/48 hybrid MoE layers in host RAM (22.5 GiB, repacked at 7.1 GB/s in 3.4 s)
@@ -42,3 +46,20 @@ def test_the_soaks_decode_rate_counts_each_requests_share_of_a_window():
     done = [(0.0, 0.0, 10.0, 100), (4.0, 5.0, 15.0, 100)]
     assert serve_soak.decode_rate(done, 0.0, 10.0) == 15.0  # all of the first, half of the second
     assert serve_soak.decode_rate(done, 10.0, 15.0) == 10.0  # the second's last half
+
+
+def test_lvllm_env_takes_only_lvllm_and_engine_settings():
+    assert serve_load.lvllm_env(["LVLLM_GPU_EXPERT_CACHE=auto", "LK_THREADS=12"]) == {
+        "LVLLM_GPU_EXPERT_CACHE": "auto", "LK_THREADS": "12"}
+    for bad in ("VLLM_X=1", "LVLLM_GPU_EXPERT_CACHE"):
+        with pytest.raises(SystemExit, match="--lvllm-env"):
+            serve_load.lvllm_env([bad])
+
+
+def test_the_soak_report_says_how_the_long_prompt_went():
+    sample = dict(t=0.0, rss=GiB, pinned=GiB, gpu=GiB)
+    summary = dict(minutes=10, streams=4, requests=40, failed=0, warmup_s=0, window_min=5, rate_first=20.0,
+                   rate_last=19.5, long_prompt=dict(ok=True, prompt_tokens=8312, ttft_s=2.5))
+    assert "long prompt: 8312 tokens, TTFT 2.5 s" in serve_soak.report([sample, sample], summary)
+    summary["long_prompt"] = dict(ok=False, error="HTTP 500")
+    assert "long prompt FAILED: HTTP 500" in serve_soak.report([sample, sample], summary)
