@@ -8,7 +8,8 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
-qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only) (bf16; --quant fp8, w4a16, nvfp4,
+qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 only so far)
+(bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -30,7 +31,7 @@ from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
-         "qwen3_5_moe", "qwen3_5_moe_vl")
+         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4")
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe"}
 # Their tokenizer's vision tokens (ids right after SPECIAL's: image, video, vision start, vision end) and
@@ -72,6 +73,22 @@ SHAPES = {
         "big": dict(H=6144, L=78, nh=64, E=256, K=8, I=2048, dense_I=12288, V=154880, q_lora=2048, kv_lora=512,
                     nope=192, rope=64, v=256, shared=1, dense=3, idx_heads=32, idx_dim=128, idx_topk=2048,
                     ctx=202752),
+    },
+    # DeepSeek-V4: the inference release's names (layers.N.attn.wq_a, ffn.experts.E.w1, embed, head), mHC
+    # residual streams (hc_mult copies, fp32 mixing weights), a single 512-wide KV head with a compressor
+    # per layer (sliding window only / CSA: 4 tokens per entry, overlapping, with a lightning indexer /
+    # HCA: 128 per entry), grouped low-rank output, hash-routed first MoE layers (a token -> experts table),
+    # sqrtsoftplus routing with a selection bias after them, a shared expert, clamped SwiGLU experts.
+    # vLLM's compressor needs head_dim 512 (the indexer's: 128). big: deepseek-ai/DeepSeek-V4-Flash-Base
+    # (transformers' defaults of DeepseekV4Config).
+    "deepseek_v4": {
+        "tiny": dict(H=256, L=4, nh=4, hd=512, q_lora=128, o_groups=2, o_lora=64, E=16, K=4, I=128, V=2048,
+                     idx_heads=4, idx_dim=128, idx_topk=16, hc=4, hash_layers=1, swiglu_limit=10.0,
+                     layer_types=["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention",
+                                  "compressed_sparse_attention"]),
+        "big": dict(H=4096, L=43, nh=64, hd=512, q_lora=1024, o_groups=8, o_lora=1024, E=256, K=6, I=2048,
+                    V=129280, idx_heads=64, idx_dim=128, idx_topk=512, hc=4, hash_layers=3, swiglu_limit=10.0,
+                    layer_types=None, ctx=1048576),
     },
     "glm4_moe": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=16, K=4, I=256, dense_I=1024, V=2048, shared=1, dense=1),
@@ -203,6 +220,19 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
                     quantization_config={"quant_method": "mxfp4",
                                          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                                                     "model.embed_tokens", "lm_head"]})
+    if arch == "deepseek_v4":
+        cfg = dict(common, architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4",
+                   num_key_value_heads=1, head_dim=s["hd"], q_lora_rank=s["q_lora"], o_groups=s["o_groups"],
+                   o_lora_rank=s["o_lora"], n_routed_experts=s["E"], n_shared_experts=1,
+                   num_experts_per_tok=s["K"], moe_intermediate_size=s["I"], scoring_func="sqrtsoftplus",
+                   topk_method="noaux_tc", norm_topk_prob=True, routed_scaling_factor=1.5,
+                   swiglu_limit=s["swiglu_limit"], hc_mult=s["hc"], index_n_heads=s["idx_heads"],
+                   index_head_dim=s["idx_dim"], index_topk=s["idx_topk"], sliding_window=128,
+                   mlp_layer_types=["hash_moe" if i < s["hash_layers"] else "moe" for i in range(s["L"])],
+                   num_nextn_predict_layers=0, rope_theta=10000.0, compress_rope_theta=160000.0)
+        if s["layer_types"]:
+            cfg["layer_types"] = s["layer_types"]
+        return cfg
     if arch in VL_TEXT:
         text = dict(_config(VL_TEXT[arch], s, vocab), architectures=None)
         vision = dict(model_type="qwen3_5_moe_vision", depth=s["vis_depth"], hidden_size=s["vis_H"],
@@ -214,6 +244,70 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
         return dict(architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
                     text_config=text, vision_config=vision, tie_word_embeddings=False, torch_dtype="bfloat16", **ids)
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+# DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
+_V4_COMPRESS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def _deepseek_v4_weights(s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
+    """The inference release's names and shapes (see SHAPES): fp32 mHC mixing weights and sink logits,
+    bf16 projections, int32 hash tables."""
+    w = _Weights(seed)
+    H, hc, hd = s["H"], s["hc"], s["hd"]
+    f32 = lambda name, *shape, scale=0.02: w.t.__setitem__(name, scale * torch.randn(*shape, generator=w.g))  # noqa: E731
+    w.t["embed.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
+    w.linear("head", vocab, H, gain=3.0)
+    w.norm("norm", H)
+    f32("hc_head_fn", hc, hc * H)
+    f32("hc_head_base", hc)
+    w.t["hc_head_scale"] = torch.ones(1)
+    mix = (2 + hc) * hc  # pre and post weights per stream, then the hc x hc residual mix
+    for i in range(s["L"]):
+        p = f"layers.{i}"
+        for part in ("attn", "ffn"):
+            f32(f"{p}.hc_{part}_fn", mix, hc * H)
+            f32(f"{p}.hc_{part}_base", mix)
+            w.t[f"{p}.hc_{part}_scale"] = torch.ones(3)
+        w.norm(f"{p}.attn_norm", H)
+        w.norm(f"{p}.ffn_norm", H)
+        a = f"{p}.attn"
+        f32(f"{a}.attn_sink", s["nh"], scale=1.0)
+        w.linear(f"{a}.wq_a", s["q_lora"], H)
+        w.norm(f"{a}.q_norm", s["q_lora"])
+        w.linear(f"{a}.wq_b", s["nh"] * hd, s["q_lora"])
+        w.linear(f"{a}.wkv", hd, H)
+        w.norm(f"{a}.kv_norm", hd)
+        w.linear(f"{a}.wo_a", s["o_groups"] * s["o_lora"], s["nh"] * hd // s["o_groups"])
+        w.linear(f"{a}.wo_b", H, s["o_groups"] * s["o_lora"])
+        kind = (s["layer_types"] or ["heavily_compressed_attention"])[i]
+        ratio = _V4_COMPRESS[kind]
+        if ratio:
+            width = hd * (2 if ratio == 4 else 1)  # CSA entries overlap their neighbours
+            c = f"{a}.compressor"
+            f32(f"{c}.ape", ratio, width)
+            w.linear(f"{c}.wkv", width, H)
+            w.linear(f"{c}.wgate", width, H)
+            w.norm(f"{c}.norm", hd)
+        if ratio == 4:  # the lightning indexer picks index_topk entries per query
+            x = f"{a}.indexer"
+            w.linear(f"{x}.wq_b", s["idx_heads"] * s["idx_dim"], s["q_lora"])
+            w.linear(f"{x}.weights_proj", s["idx_heads"], H)
+            f32(f"{x}.compressor.ape", ratio, 2 * s["idx_dim"])
+            w.linear(f"{x}.compressor.wkv", 2 * s["idx_dim"], H)
+            w.linear(f"{x}.compressor.wgate", 2 * s["idx_dim"], H)
+            w.norm(f"{x}.compressor.norm", s["idx_dim"])
+        f = f"{p}.ffn"
+        w.linear(f"{f}.gate", s["E"], H)
+        if i < s["hash_layers"]:  # token id -> its experts
+            w.t[f"{f}.gate.tid2eid"] = torch.stack([torch.randperm(s["E"], generator=w.g)[:s["K"]]
+                                                   for _ in range(vocab)]).to(torch.int32)
+        else:
+            w.t[f"{f}.gate.bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
+        w.mlp(f"{f}.shared_experts", H, s["I"], ("w1", "w3", "w2"))
+        for e in range(s["E"]):
+            w.mlp(f"{f}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))
+    return w.t
 
 
 def _vision_tower(s: dict, w: "_Weights") -> None:
@@ -286,6 +380,8 @@ class _Weights:
 
 
 def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
+    if arch == "deepseek_v4":
+        return _deepseek_v4_weights(s, vocab, seed)
     if arch in VL_TEXT:
         text = _weights(VL_TEXT[arch], s, vocab, seed)
         w = _Weights(seed + 1)
@@ -449,6 +545,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     s = dict(SHAPES[VL_TEXT[arch]][size], **SHAPES[arch][size]) if arch in VL_TEXT else dict(SHAPES[arch][size])
     if arch in VL_TEXT and quant != "bf16":
         raise ValueError(f"{arch}: bf16 only (the quantizers do not know the vision tower's layers)")
+    if arch == "deepseek_v4" and quant != "bf16":
+        raise ValueError(f"{arch}: bf16 only so far (its release's MXFP4 experts and FP8 layers are not written yet)")
     if layers:
         s["L"] = layers
     os.makedirs(out, exist_ok=True)

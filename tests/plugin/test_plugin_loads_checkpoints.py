@@ -47,8 +47,12 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_5_moe", "bf16", 0, "bf16"),  # Qwen3.5-MoE's text model: the GDN input projections split
     ("qwen3_5_moe", "fp8", 0, "fp8_block"),  # as Qwen3.5-*-FP8 is released
     ("qwen3_5_moe_vl", "bf16", 0, "bf16"),  # as Qwen3.5-MoE is released: the text model beside a vision tower
+    ("deepseek_v4", "bf16", 0, "bf16"),  # hash-routed layer 0: the engine sees ids and weights only
+    ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
+# The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
+ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors).
 VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod"}
 
@@ -68,6 +72,7 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     r = json.loads(lines[-1][7:])
     print(f"{arch} {quant}: {r}")
     assert r["format"] == fmt and r["hybrid_layers"] >= 3
+    assert r["activation"] == ACTIVATIONS.get(arch, "silu"), r
     assert r["method"] == VLLM_METHODS.get(fmt, r["method"]), r
     assert r["rel_rms"] <= 0.01, r
 

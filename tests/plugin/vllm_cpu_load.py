@@ -73,6 +73,10 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     cfg = text_config(model_dir)
     base = "model.language_model" if arch in VL_TEXT else "model"
     prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
+    act = {}
+    if arch == "deepseek_v4":  # the inference release's names; clamped SwiGLU experts
+        prefix = f"layers.{layer_idx}.ffn.experts"
+        act = dict(activation="silu_clamp", swiglu_limit=cfg["swiglu_limit"])
     if arch == "gpt_oss":
         def mx(name):
             return decode_mxfp4(t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"])
@@ -80,11 +84,11 @@ def reference_layer(model_dir, arch, quant, layer_idx):
                     w2_bias=t[f"{prefix}.down_proj_bias"].float(), activation="swigluoai", interleaved=True,
                     swiglu_limit=cfg.get("swiglu_limit", 7.0))
     E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg["num_local_experts"]
-    names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE else ("gate_proj", "up_proj", "down_proj")
+    names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE + ("deepseek_v4",) else ("gate_proj", "up_proj", "down_proj")
     w13 = torch.stack([torch.cat([expert_weight(t, f"{prefix}.{e}.{names[0]}.", quant),
                                   expert_weight(t, f"{prefix}.{e}.{names[1]}.", quant)]) for e in range(E)])
     w2 = torch.stack([expert_weight(t, f"{prefix}.{e}.{names[2]}.", quant) for e in range(E)])
-    return dict(w13=w13, w2=w2)
+    return dict(w13=w13, w2=w2, **act)
 
 
 def lend_marlin_backend():
@@ -141,15 +145,25 @@ def lend_plain_cpu_gemm():
         delattr(_custom_ops, "causal_conv1d_weight_pack")
 
 
+def lend_deepseek_v4_cpu_attention():
+    """vLLM's CPU DeepSeek-V4 attention packs its wo_a weight with a compiled CPU op of vLLM's
+    (`torch.ops._C.convert_weight_packed`, missing from the CUDA wheel installed here) when weights are
+    processed; leave wo_a as it was loaded. Only the attention's inference speed path changes; the MoE
+    layers are the plugin's."""
+    from vllm.models.deepseek_v4.cpu import cpu_sparse
+    cpu_sparse.DeepseekV4CPUAttention._wrap_wo_a_process_weights_after_loading = lambda self: None
+
+
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
+ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention}
 
 
 def main():
     model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     if quant in LENDERS:
         LENDERS[quant]()
-    if arch == "gpt_oss":
-        lend_mxfp4_backend()
+    if arch in ARCH_LENDERS:
+        ARCH_LENDERS[arch]()
     lend_plain_cpu_gemm()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
@@ -174,7 +188,10 @@ def main():
     g = torch.Generator().manual_seed(0)
     M = 37
     K = text_config(model_dir)["num_experts_per_tok"]
-    x = torch.randn(M, w2.shape[1], generator=g).to(torch.bfloat16)
+    x = torch.randn(M, w2.shape[1], generator=g)
+    if ref.get("activation") == "silu_clamp":  # pre-activations of ~limit: the clamps engage (and are checked)
+        x *= ref["swiglu_limit"]
+    x = x.to(torch.bfloat16)
     ids, wts = random_routing(M, w13.shape[0], K, generator=g)
     out = engine.forward(x, ids, wts).float()
     if world > 1:
@@ -187,7 +204,7 @@ def main():
     want = moe_reference(x, w13, w2, ids, wts, **ref)
     rel = ((out - want).norm() / want.norm()).item()
     print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rel_rms": rel,
-                                  "method": type(method).__name__}))
+                                  "method": type(method).__name__, "activation": engine.activation}))
 
 
 if __name__ == "__main__":
