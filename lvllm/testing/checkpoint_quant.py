@@ -184,12 +184,16 @@ def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
     """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
-    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel), read from the file's
-    own tensors."""
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel, DeepSeek-V4's MXFP4), read
+    from the file's own tensors."""
     if base + "weight_packed" in tensors:  # [N, K/8] and [N, K/group]: the reference reads them K-first
         packed, scale = tensors[base + "weight_packed"], tensors[base + "weight_scale"]
         return dequantize_wna16_int4(packed.t()[None], scale.t()[None])[0]
     w = tensors[base + "weight"]
+    if base + "scale" in tensors and tensors[base + "scale"].dtype == torch.float8_e8m0fnu:
+        # DeepSeek-V4's MXFP4 experts: codes two per byte [N, K/2], e8m0 scales [N, K/32] named "scale"
+        N = w.shape[0]
+        return decode_mxfp4(w.view(torch.uint8).reshape(N, -1, 16), tensors[base + "scale"].view(torch.uint8))
     if base + "weight_scale_inv" in tensors:
         return dequantize_fp8_block(w[None], tensors[base + "weight_scale_inv"][None], block=(128, 128))[0]
     if w.dtype == torch.uint8 and base + "weight_scale_2" in tensors:
@@ -221,6 +225,7 @@ def write_dequantized_twin(src: str, out: str) -> str:
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
     config.pop("quantization_config", None)
+    config.pop("expert_dtype", None)  # DeepSeek-V4's: its experts' format
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):

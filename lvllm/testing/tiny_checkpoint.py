@@ -310,6 +310,32 @@ def _deepseek_v4_weights(s: dict, vocab: int, seed: int) -> Dict[str, torch.Tens
     return w.t
 
 
+def _deepseek_v4_mxfp4(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[str, torch.Tensor]:
+    """DeepSeek-V4's release layout of its routed experts: MXFP4 codes two per byte (int8 [N, K/2]) and
+    an e8m0 scale per 32 inputs (float8_e8m0fnu [N, K/32], named "scale"); the other layers stay bf16
+    here, listed as not converted in the FP8 quantization config the release carries (vLLM's CPU
+    platform has no FP8 linear kernels). config gets that quantization_config and expert_dtype "fp4"."""
+    out, keep_bf16 = {}, set()
+    for name, t in tensors.items():
+        if ".experts." in name and name.endswith(".weight"):
+            blocks, scales = quantize_mxfp4(t.float())
+            base = name[:-len("weight")]
+            out[base + "weight"] = blocks.reshape(t.shape[0], -1).view(torch.int8)
+            out[base + "scale"] = scales.view(torch.float8_e8m0fnu)
+            continue
+        out[name] = t
+        if name.endswith(".weight") and t.dim() == 2 and name not in ("embed.weight", "head.weight"):
+            keep_bf16.add(name[:-len(".weight")])
+    # vLLM fuses wq_a + wkv and each compressor's wkv + wgate: their fused names are listed too
+    fused = {n.rsplit(".", 1)[0] + ".fused_wqa_wkv" for n in keep_bf16 if n.endswith(".attn.wq_a")}
+    fused |= {n.rsplit(".", 1)[0] + ".fused_wkv_wgate" for n in keep_bf16 if n.endswith("compressor.wkv")}
+    config["expert_dtype"] = "fp4"
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
+                                     "ignored_layers": sorted(keep_bf16 | fused)}
+    return out
+
+
 def _vision_tower(s: dict, w: "_Weights") -> None:
     """Qwen3.5's vision tower under model.visual. (its Hub names): a 3-D patch embedding, learned
     positions, pre-norm blocks (fused qkv), a 2 x 2 patch merger into the text model's width."""
@@ -532,8 +558,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels)."""
-    if quant not in QUANTS:
-        raise ValueError(f"quant must be one of {', '.join(QUANTS)}")
+    if quant not in QUANTS + ("mxfp4",):
+        raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
     if quant != "bf16" and size != "tiny":
         raise ValueError("quantized variants are written for --size tiny only")
     if arch == "gpt_oss" and quant != "bf16":
@@ -545,8 +571,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     s = dict(SHAPES[VL_TEXT[arch]][size], **SHAPES[arch][size]) if arch in VL_TEXT else dict(SHAPES[arch][size])
     if arch in VL_TEXT and quant != "bf16":
         raise ValueError(f"{arch}: bf16 only (the quantizers do not know the vision tower's layers)")
-    if arch == "deepseek_v4" and quant != "bf16":
-        raise ValueError(f"{arch}: bf16 only so far (its release's MXFP4 experts and FP8 layers are not written yet)")
+    if arch == "deepseek_v4" and quant not in ("bf16", "mxfp4"):
+        raise ValueError(f"{arch}: bf16, or mxfp4 (the release's MXFP4 experts; the other layers bf16)")
+    if quant == "mxfp4" and arch != "deepseek_v4":
+        raise ValueError("quant mxfp4 is DeepSeek-V4's expert layout (gpt_oss holds MXFP4 experts as released)")
     if layers:
         s["L"] = layers
     os.makedirs(out, exist_ok=True)
@@ -558,7 +586,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
     experts_only = experts_only or fp8_experts_only
-    if tensors is not None:
+    if tensors is not None and quant == "mxfp4":
+        tensors = _deepseek_v4_mxfp4(tensors, config)
+    elif tensors is not None:
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
         if qc is not None:
             config["quantization_config"] = qc
@@ -586,7 +616,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="tiny", choices=("tiny", "big"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
-    ap.add_argument("--quant", default="bf16", choices=QUANTS, help="expert/projection format (tiny only)")
+    ap.add_argument("--quant", default="bf16", choices=QUANTS + ("mxfp4",),
+                    help="expert/projection format (tiny only; mxfp4: DeepSeek-V4's release layout)")
     ap.add_argument("--experts-only", action="store_true",
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")

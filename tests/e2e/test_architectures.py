@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import pytest
 
-from .test_switch import CPU, KV, OFF, _run_all, check_cpu_run, check_gpu_run, gpu_env, pytestmark  # noqa: F401
+from .test_switch import (CPU, KV, OFF, _check, _get, _run_all, check_cpu_run, check_gpu_run, gpu_env,  # noqa: F401
+                          pytestmark)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1}
+
+
+# Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;
+# vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16).
+NEW_QUANTIZED = [("deepseek_v4", "mxfp4")]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +35,8 @@ def arch_runs(tmp_path_factory):
     specs = []
     for arch in NEW_ARCHS:
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
+    for arch, quant in NEW_QUANTIZED:
+        specs += [(arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
     return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
 
 
@@ -40,3 +48,10 @@ def test_new_architecture_cpu_experts_match_switch_off(arch_runs, arch):
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
 def test_new_architecture_gpu_prefill_and_resident_match_switch_off(arch_runs, arch):
     check_gpu_run(arch_runs, arch, NEW_ARCHS[arch])
+
+
+@pytest.mark.parametrize("arch,quant", NEW_QUANTIZED)
+def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch, quant):
+    on = _get(arch_runs, f"{arch}-{quant}-cpu")
+    assert "lk_moe: hybrid MoE layers" in on["log"]
+    _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} switch on vs bf16 twin")

@@ -49,6 +49,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_5_moe_vl", "bf16", 0, "bf16"),  # as Qwen3.5-MoE is released: the text model beside a vision tower
     ("deepseek_v4", "bf16", 0, "bf16"),  # hash-routed layer 0: the engine sees ids and weights only
     ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
+    ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).

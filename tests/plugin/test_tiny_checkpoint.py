@@ -200,3 +200,29 @@ def test_twin_refuses_quantized_non_expert_projections(tmp_path):
     src = make_checkpoint("qwen3_moe", str(tmp_path / "q"), quant="fp8")  # attention FP8 too
     with pytest.raises(ValueError, match="outside the routed experts"):
         write_dequantized_twin(src, str(tmp_path / "twin"))
+
+
+def test_deepseek_v4_mxfp4_experts_decode_and_twin(tmp_path):
+    """DeepSeek-V4's release layout of its experts (int8 codes two per byte, float8_e8m0fnu scales named
+    "scale"): each projection decodes to within MXFP4's rounding of the bf16 weight it was made from
+    (e2m1: nearest code, so within a quarter of its group's largest value), and the bf16 twin holds the
+    decoded experts, no scales, no quantization config, loadable by transformers."""
+    from safetensors.torch import load_file
+    src = make_checkpoint("deepseek_v4", str(tmp_path / "q"), quant="mxfp4")
+    ref = load_file(f"{make_checkpoint('deepseek_v4', str(tmp_path / 'b'))}/model.safetensors")
+    q = load_file(f"{src}/model.safetensors")
+    cfg = json.load(open(f"{src}/config.json"))
+    assert cfg["expert_dtype"] == "fp4" and "layers.2.attn.fused_wqa_wkv" in cfg["quantization_config"]["ignored_layers"]
+    base = "layers.1.ffn.experts.5.w2."
+    assert q[base + "weight"].dtype == torch.int8 and q[base + "scale"].dtype == torch.float8_e8m0fnu
+    w = ref[base + "weight"].float()
+    decoded = decode_projection(q, base)
+    group_max = w.abs().reshape(w.shape[0], -1, 32).amax(-1).repeat_interleave(32, 1)
+    assert ((decoded - w).abs() <= group_max / 4 + 1e-6).all()
+    twin = write_dequantized_twin(src, str(tmp_path / "twin"))
+    t = load_file(f"{twin}/model.safetensors")
+    assert torch.equal(t[base + "weight"], decoded.to(torch.bfloat16)) and not any(n.endswith(".scale") for n in t)
+    twin_cfg = json.load(open(f"{twin}/config.json"))
+    assert "quantization_config" not in twin_cfg and "expert_dtype" not in twin_cfg
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(twin, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]

@@ -156,6 +156,7 @@ def lend_deepseek_v4_cpu_attention():
 
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention}
+QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_mxfp4_backend}
 
 
 def main():
@@ -164,6 +165,8 @@ def main():
         LENDERS[quant]()
     if arch in ARCH_LENDERS:
         ARCH_LENDERS[arch]()
+    if (arch, quant) in QUANT_LENDERS:
+        QUANT_LENDERS[(arch, quant)]()
     lend_plain_cpu_gemm()
     load_general_plugins()
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
