@@ -12,9 +12,9 @@ Each case runs in its own process (vLLM's distributed state is per process). vLL
 stands in for the GPU one during construction (and answers the W4A16 and NVFP4 backend questions as
 a CUDA machine would: Marlin; on the CPU platform ModelOptNvFp4FusedMoE's constructor finds no NVFP4
 backend and raises, see vllm_cpu_load.lend_nvfp4_backend; the compressed-tensors W8A8 FP8 / INT8
-per-channel methods need no such help); MLA models (DeepSeek: no CPU MLA) and models with dense MLP
-layers (GLM-4.5: the CPU platform wants vLLM's compiled SiluAndMul) are covered by tests/e2e on the
-GPU machine instead."""
+per-channel methods need no such help); MLA models take vLLM's reference CPU_MLA backend (the AMX one
+packs its weights with a compiled op of vLLM's CPU build, see vllm_cpu_load.lend_plain_cpu_gemm); GLM-5's
+DSA sparse attention has no CPU backend (tests/e2e on the GPU machine covers it)."""
 import json
 import os
 import subprocess
@@ -51,6 +51,10 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
     ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
+    ("deepseek_v3", "bf16", 1, "bf16"),  # MLA (vLLM's reference CPU_MLA backend), grouped sigmoid routing
+    ("deepseek_v3", "fp8", 1, "fp8_block"),  # as DeepSeek-V3 / R1 are released
+    ("deepseek_v3", "w4a16", 1, "wna16_int4"),  # Kimi-K2-Thinking's int4 experts on its DeepSeek-V3 architecture
+    ("glm4_moe", "bf16", 1, "bf16"),  # a dense first layer, partial rotary, attention biases
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
 ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp"}

@@ -143,6 +143,10 @@ def lend_plain_cpu_gemm():
     # The same for the GDN layers' causal-conv weights (Qwen3-Next): no prepack without the compiled op.
     if hasattr(_custom_ops, "causal_conv1d_weight_pack"):
         delattr(_custom_ops, "causal_conv1d_weight_pack")
+    # And for MLA (DeepSeek-V3, GLM-5, Kimi): on an AMX CPU vLLM picks its AMX_MLA backend, whose weight
+    # processing packs with the same missing op; a CPU without AMX gets the reference CPU_MLA backend.
+    import vllm.platforms.cpu as cpu_platform
+    cpu_platform.torch.cpu._is_amx_tile_supported = lambda: False
 
 
 def lend_deepseek_v4_cpu_attention():
