@@ -159,8 +159,18 @@ def lend_deepseek_v4_cpu_attention():
 
 
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
+def lend_deepseek_v4_mxfp4_backend():
+    """DeepSeek-V4's MXFP4 experts pick their backend through their own oracle
+    (select_deepseek_v4_mxfp4_moe_backend), which finds none on the CPU platform (a CPU without AMX,
+    or with AMX hidden by lend_plain_cpu_gemm). Answer as a Hopper GPU would (Marlin: the model's
+    sizes stay unpadded at these shapes); the method, its create_weights and the loader stay vLLM's."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+    from vllm.model_executor.layers.quantization import mxfp4
+    mxfp4.select_deepseek_v4_mxfp4_moe_backend = lambda *a, **k: (Mxfp4MoeBackend.MARLIN, None)
+
+
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention}
-QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_mxfp4_backend}
+QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
 
 def main():
