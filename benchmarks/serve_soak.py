@@ -7,7 +7,7 @@ samples (JSON lines) and, where matplotlib is importable, a PNG of memory and to
 
     python benchmarks/serve_soak.py --shape qwen3-30b-a3b --minutes 20 --streams 8 --out /tmp/soak
     python benchmarks/serve_soak.py --minutes 10 --streams 4 --serve-arg=--gpu-memory-utilization=0.17 \
-        --lvllm-env LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 2400   # a 24 GB VRAM cap (of 141 GB)
+        --lvllm-env LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 1230   # a 24 GB VRAM cap (of 141 GB), an 8K-token prompt
 
 The same numbers again from a samples file (e.g. to draw the PNG on another machine):
     python benchmarks/serve_soak.py --report /tmp/soak/samples.jsonl
@@ -204,7 +204,7 @@ def main() -> int:
     ap.add_argument("--lvllm-env", action="append", default=[], metavar="KEY=VALUE",
                     help="an LVLLM_* / LK_* setting of the hybrid server, e.g. LVLLM_GPU_EXPERT_CACHE=auto")
     ap.add_argument("--long-prompt-words", type=int, default=0,
-                    help="one more request at the start with a prompt of this many words (~3-4 tokens each with "
+                    help="one more request at the start with a prompt of this many words (~6.7 tokens each with "
                          "the dummy model's tokenizer): a long prefill next to the streams")
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--out", default="/tmp/soak")

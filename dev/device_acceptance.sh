@@ -46,7 +46,7 @@
 #                                             # SOAK_MIN minutes, default 20; SOAK_ARGS more of its options, e.g. the
 #                                             # 24 GB cap of the expert cache issue: SOAK_MIN=10 SOAK_ARGS="--streams 4
 #                                             # --serve-arg=--gpu-memory-utilization=0.17 --lvllm-env
-#                                             # LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 2400"), then follows it
+#                                             # LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 1230"), then follows it
 #   bash dev/device_acceptance.sh soakwait  # follows it again (call back to back, within 30 s); when it has ended:
 #                                             # its report, samples.jsonl, soak.png and the server log into $OUT
 #   bash dev/device_acceptance.sh cache1    # the GPU expert cache: tests/gpu/test_expert_cache.py, then its e2e
