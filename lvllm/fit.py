@@ -1,5 +1,6 @@
 """How a hybrid model's VRAM is shared on one rank: the KV cache vLLM needs for the requested context,
-what the runtime itself needs, and what is left for the GPU expert cache (or resident MoE layers).
+what the runtime itself needs, and what is left for the GPU expert cache. (Resident MoE layers are not
+planned here: they stay an explicit setting, counted among the weights in use.)
 Pure arithmetic on described machines and models (no GPU, no torch): the runtime's
 `LVLLM_GPU_EXPERT_CACHE=auto` and `lvllm doctor --model` call the same `plan_vram`.
 
@@ -37,7 +38,8 @@ def kv_bytes_per_token(cfg: Mapping, context: int, tp: int = 1, dtype_bytes: int
     config): MLA (kv_lora_rank: one latent of kv_lora_rank + qk_rope_head_dim per layer, the same on
     every rank), else K and V of the rank's KV heads per attention layer. Linear-attention layers keep
     a fixed state (none per token); sliding-window layers hold at most `sliding_window` tokens, so at a
-    longer context they count by window / context."""
+    longer context they count by window / context. An upper bound for attention that compresses its
+    cache further (DeepSeek-V4's CSA / HCA entries): those layers count as full ones."""
     layers = int(cfg.get("num_hidden_layers", 0))
     types = list(cfg.get("layer_types") or [])
     if not types and cfg.get("full_attention_interval"):
