@@ -34,6 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from harness import read_bandwidth, run_child  # noqa: E402
 
+from lvllm.cli.checkpoint_info import expert_shape  # noqa: E402
+
 SHAPES = {"qwen3-30b-a3b": "qwen3_moe", "gpt-oss-120b": "gpt_oss"}
 # A --traces entry that is no trace: the router's own ids (dummy weights route near-uniformly), to tell
 # what the replay itself costs from what the traces do.
@@ -127,7 +129,7 @@ def _simulated(cfg, traces, budgets, steps=300):
     from lk_moe.cache_policy import replay
     from lk_moe.expert_cache import REFILLS_PER_LAYER, REFILLS_PER_STEP_PER_LAYER
     from lk_moe.routing_trace import make_trace
-    E, K, layers = _experts(cfg), cfg["num_experts_per_tok"], 4
+    E, K, layers = expert_shape(cfg)[0], cfg["num_experts_per_tok"], 4
     out = {}
     for trace in [t for t in traces if t != ROUTER]:
         t = make_trace(trace, steps, layers, E, K, rows=4, seed=0)
@@ -135,10 +137,6 @@ def _simulated(cfg, traces, budgets, steps=300):
             out[(trace, b)] = replay(t, int(round(b / 100 * E)), max_refills_per_layer=REFILLS_PER_LAYER,
                                      limit=REFILLS_PER_STEP_PER_LAYER * layers)
     return out
-
-
-def _experts(cfg):
-    return cfg.get("num_experts") or cfg.get("num_local_experts")
 
 
 def _plot(path, results, budgets, traces, title):
@@ -204,9 +202,8 @@ def main() -> int:
                             "big", layers=a.layers)
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
-    H, K, L = cfg["hidden_size"], cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
-    I = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    E = _experts(cfg)
+    E, H, I = expert_shape(cfg)
+    K, L = cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
     expert_bytes = 3 * H * I * 2 if arch != "gpt_oss" else 3 * H * I * 17 // 32  # bf16; mxfp4: 4.25 bits
     bytes_per_token = L * K * expert_bytes
     budgets = [float(b) for b in a.budgets.split(",")]

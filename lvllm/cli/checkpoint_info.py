@@ -71,11 +71,17 @@ _BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 0.53, "mode
                      "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0}
 
 
-def _estimate(info: CheckpointInfo, cfg: dict) -> None:
-    """Expert bytes from the config's shapes (bf16 unless the config says otherwise)."""
+def expert_shape(cfg: dict) -> tuple:
+    """(routed experts, hidden size, an expert's intermediate size) of a config (the text config of a
+    multimodal one), under the names each family uses; 0 where the config has none."""
     E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0
     I = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
-    H = cfg.get("hidden_size", 0)
+    return int(E), int(cfg.get("hidden_size", 0)), int(I)
+
+
+def _estimate(info: CheckpointInfo, cfg: dict) -> None:
+    """Expert bytes from the config's shapes (bf16 unless the config says otherwise)."""
+    E, H, I = expert_shape(cfg)
     per_weight = _BYTES_PER_WEIGHT.get(info.quant_method or "", 2.0)
     info.expert_bytes = int(info.moe_layers * E * 3 * H * I * per_weight)
     V = cfg.get("vocab_size", 0)

@@ -236,14 +236,13 @@ def vram_plan(info, tp: int, max_model_len: int, usable: int, env: List[str]) ->
     """lvllm.fit's plan of one GPU's VRAM for this checkpoint (the runtime's LVLLM_GPU_EXPERT_CACHE=auto),
     as doctor lines; appends the suggested setting to `env`."""
     from ..fit import FitError, VramRequest, kv_bytes_per_token, plan_vram
+    from .checkpoint_info import expert_shape
     ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
     per_rank_other = int(info.other_bytes / tp)
-    experts = int(info.config.get("num_experts") or info.config.get("n_routed_experts")
-                  or info.config.get("num_local_experts") or 0)
+    experts, H, I = expert_shape(info.config)
     slot = info.expert_bytes_per_layer // experts // tp if experts else 0
     if info.quant_method in FP4_AS_BF16:  # the cache holds these experts dequantized (lk_moe.expert_cache)
-        cfg = info.config
-        slot = 3 * int(cfg.get("hidden_size", 0)) * int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size", 0)) * 2 // tp
+        slot = 3 * H * I * 2 // tp
     req = VramRequest(usable_bytes=usable, weight_bytes=per_rank_other,
                       kv_bytes_per_token=kv_bytes_per_token(info.config, ctx, tp), max_model_len=ctx,
                       expert_slot_bytes=slot, cache_slots_max=experts * info.moe_layers)

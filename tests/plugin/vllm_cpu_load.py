@@ -41,6 +41,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
+from lvllm.cli.checkpoint_info import expert_shape  # noqa: E402
 from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, VL_TEXT  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def dummy_reference(model_dir, arch):
     tensor gets the same deterministic tile, so the reference is that fill of each full shape."""
     from lvllm.dummy_weights import fill_
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    E, H, I = cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    E, H, I = expert_shape(cfg)
     return dict(w13=fill_(torch.empty(E, 2 * I, H, dtype=torch.bfloat16)).float(),
                 w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float())
 
@@ -83,7 +84,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
         return dict(w13=mx("gate_up_proj"), w2=mx("down_proj"), w13_bias=t[f"{prefix}.gate_up_proj_bias"].float(),
                     w2_bias=t[f"{prefix}.down_proj_bias"].float(), activation="swigluoai", interleaved=True,
                     swiglu_limit=cfg.get("swiglu_limit", 7.0))
-    E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg["num_local_experts"]
+    E = expert_shape(cfg)[0]
     names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE + ("deepseek_v4",) else ("gate_proj", "up_proj", "down_proj")
     w13 = torch.stack([torch.cat([expert_weight(t, f"{prefix}.{e}.{names[0]}.", quant),
                                   expert_weight(t, f"{prefix}.{e}.{names[1]}.", quant)]) for e in range(E)])
