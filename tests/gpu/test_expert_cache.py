@@ -202,13 +202,19 @@ def test_quantized_slots(fmt, zero_points, kind, limit):
     if kind == "native":
         assert lc.store.slot_bytes < SLOT_BYTES * 0.6  # codes and scales, not bf16
     cache.place(0, list(range(0, E, 2)))
-    x, ids, w = _inputs(8, 7)
+    _check_both_sides(lc, hybrid, *_inputs(8, 7), d13, d2, limit)
+
+
+def _check_both_sides(lc, hybrid, x, ids, w, d13, d2, limit=3 * U, **act):
+    """The cache's layer output, and its GPU side alone, against the fp32 reference on the dequantized
+    checkpoint (d13, d2; act: the activation and bias arguments); both sides must have work."""
     out = lc.forward(x, ids, w, hybrid.cpu_path)
     gpu_ids, cpu_ids = lc.split(ids)
     gpu_side = torch.where(lc.map[gpu_ids.long()] >= 0, gpu_ids, -1)
     assert (gpu_side >= 0).any() and (cpu_ids >= 0).any()
-    assert_close_rms(lc.gpu_part(x, gpu_ids, w), moe_reference(x, d13.cuda(), d2.cuda(), gpu_side, w), limit)
-    assert_close_rms(out, moe_reference(x, d13.cuda(), d2.cuda(), ids, w), max(limit, 3 * U))
+    d13, d2 = d13.cuda(), d2.cuda()
+    assert_close_rms(lc.gpu_part(x, gpu_ids, w), moe_reference(x, d13, d2, gpu_side, w, **act), limit)
+    assert_close_rms(out, moe_reference(x, d13, d2, ids, w, **act), max(limit, 3 * U))
 
 
 # gpt-oss-120b's expert shape (H = I = 2880, top-4) with vLLM's padding of the MXFP4 tensors (to 3072),
@@ -233,13 +239,7 @@ def test_gpt_oss_slots_swigluoai_with_biases(padded):
     ids, w = random_routing(8, Eg, Kg, generator=g)
     ids, w = ids.cuda(), w.cuda()
     act = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in act.items()}
-    out = lc.forward(x, ids, w, hybrid.cpu_path)
-    gpu_ids, cpu_ids = lc.split(ids)
-    gpu_side = torch.where(lc.map[gpu_ids.long()] >= 0, gpu_ids, -1)
-    assert (gpu_side >= 0).any() and (cpu_ids >= 0).any()
-    d13, d2 = d13.cuda(), d2.cuda()
-    assert_close_rms(lc.gpu_part(x, gpu_ids, w), moe_reference(x, d13, d2, gpu_side, w, **act))
-    assert_close_rms(out, moe_reference(x, d13, d2, ids, w, **act))
+    _check_both_sides(lc, hybrid, x, ids, w, d13, d2, **act)
 
 
 def test_trace_replay_takes_over_and_hands_back():
