@@ -135,8 +135,8 @@ def lend_int8_backend():
 
 def lend_plain_cpu_gemm():
     """On a CPU with AMX tiles (and, for causal-conv weights, AVX512-BF16), vLLM's CPU platform packs
-    small bf16 GEMMs (routers, norms' neighbours) for its sgl kernels, which live in vLLM's compiled CPU ops; the CUDA wheel installed here has none
-    (`torch.ops._C.convert_weight_packed` is missing). Answer as a CPU without AMX would: the plain
+    small bf16 GEMMs (routers, norms' neighbours) for its sgl kernels, which live in vLLM's compiled CPU
+    ops; the CUDA wheel installed here has none (`torch.ops._C.convert_weight_packed` is missing). Answer as a CPU without AMX would: the plain
     torch linear. Only the dense layers' GEMM choice changes; the MoE layers are the plugin's."""
     from vllm import _custom_ops
     from vllm.model_executor.layers import utils
@@ -159,7 +159,6 @@ def lend_deepseek_v4_cpu_attention():
     cpu_sparse.DeepseekV4CPUAttention._wrap_wo_a_process_weights_after_loading = lambda self: None
 
 
-LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 def lend_deepseek_v4_mxfp4_backend():
     """DeepSeek-V4's MXFP4 experts pick their backend through their own oracle
     (select_deepseek_v4_mxfp4_moe_backend), which finds none on the CPU platform (a CPU without AMX,
@@ -170,6 +169,7 @@ def lend_deepseek_v4_mxfp4_backend():
     mxfp4.select_deepseek_v4_mxfp4_moe_backend = lambda *a, **k: (Mxfp4MoeBackend.MARLIN, None)
 
 
+LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention}
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
