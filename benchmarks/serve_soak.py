@@ -50,13 +50,23 @@ def group_memory(pgid: int) -> dict:
     return {"rss": rss, "pinned": pin}
 
 
-def gpu_memory() -> int:
+def gpu_memory(field: str = "memory.used") -> int:
+    """Bytes of `field` (memory.used or memory.total) over the machine's GPUs (nvidia-smi); -1 if unknown."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20).stdout
         return sum(int(v) for v in out.split()) << 20
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return -1
+
+
+def vram_cap(serve_args: list, total: int) -> int:
+    """The VRAM vLLM may use: --gpu-memory-utilization (vLLM's default 0.9) x the GPUs' total."""
+    util = 0.9
+    for i, arg in enumerate(serve_args):
+        if arg.startswith("--gpu-memory-utilization"):
+            util = float(arg.split("=", 1)[1] if "=" in arg else serve_args[i + 1])
+    return int(util * total) if total > 0 else -1
 
 
 class Clients:
@@ -156,6 +166,12 @@ def report(samples: list, summary: dict, png: str = "") -> str:
         a, b = warm[key], end[key]
         lines.append(f"{what}: {a / GiB:.2f} GiB after warm-up (t={warm['t']:.0f} s) -> {b / GiB:.2f} GiB at the end "
                      f"({(b - a) / GiB:+.3f} GiB, {(b - a) / max(a, 1) * 100:+.2f}%)")
+    cap = summary.get("vram_cap", -1)
+    if cap > 0:
+        peak = max(s["gpu"] for s in samples)
+        lines.append(f"GPU memory peak {peak / GiB:.2f} GiB against the cap of {cap / GiB:.2f} GiB "
+                     f"(--gpu-memory-utilization x {summary['gpu_total'] / GiB:.1f} GiB): "
+                     + ("held" if peak <= cap else "EXCEEDED"))
     lp = summary.get("long_prompt")
     if lp:
         lines.append(f"long prompt: {lp['prompt_tokens']} tokens, TTFT {lp['ttft_s']} s next to the streams"
@@ -262,9 +278,10 @@ def main() -> int:
         w = a.window * 60
         summary = dict(summary=True, shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
                        requests=len(clients.done), failed=len(clients.failed), failures=clients.failed[:10],
-                       warmup_s=a.warmup, window_min=a.window,
+                       warmup_s=a.warmup, window_min=a.window, gpu_total=gpu_memory("memory.total"),
                        rate_first=decode_rate(clients.done, t0, t0 + w), rate_last=decode_rate(clients.done, end - w, end),
                        long_prompt=dict(long_result) if a.long_prompt_words else None)
+        summary["vram_cap"] = vram_cap(a.serve_arg, summary["gpu_total"])
         out.write(json.dumps(summary) + "\n")
     exited, rc, gone, killed = srv.stop(60)
     print(report(samples, summary, os.path.join(a.out, "soak.png")))

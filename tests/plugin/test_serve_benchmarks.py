@@ -63,3 +63,16 @@ def test_the_soak_report_says_how_the_long_prompt_went():
     assert "long prompt: 8312 tokens, TTFT 2.5 s" in serve_soak.report([sample, sample], summary)
     summary["long_prompt"] = dict(ok=False, error="HTTP 500")
     assert "long prompt FAILED: HTTP 500" in serve_soak.report([sample, sample], summary)
+
+
+def test_the_soak_checks_gpu_memory_against_the_vram_cap():
+    total = 140 * GiB
+    assert serve_soak.vram_cap(["--gpu-memory-utilization=0.17"], total) == int(0.17 * total)
+    assert serve_soak.vram_cap(["--gpu-memory-utilization", "0.5"], total) == int(0.5 * total)
+    assert serve_soak.vram_cap([], total) == int(0.9 * total)  # vLLM's default
+    summary = dict(minutes=10, streams=4, requests=40, failed=0, warmup_s=0, window_min=5, rate_first=20.0,
+                   rate_last=19.5, gpu_total=total, vram_cap=serve_soak.vram_cap(["--gpu-memory-utilization=0.17"], total))
+    low, high = (dict(t=float(t), rss=GiB, pinned=GiB, gpu=g) for t, g in ((0, 20 * GiB), (30, 24 * GiB)))
+    assert "peak 20.00 GiB against the cap of 23.80 GiB" in serve_soak.report([low, low], summary)
+    assert "held" in serve_soak.report([low, low], summary)
+    assert "EXCEEDED" in serve_soak.report([low, high], summary)
