@@ -6,6 +6,9 @@
 # (that took ~4 minutes of device time in session 14), and fewer parts to carry (zstd -10 over the
 # unpacked files beats the wheels' per-file deflate on torch, vLLM and triton).
 #   bash dev/make_site_payload.sh [WHEEL_PAYLOAD_DIR]     (default .payload; the result replaces .payload/)
+# SITE_EXTRA_WHEELS=DIR adds that folder's wheels to the lean list's: tilelang 0.1.12 + z3-solver 4.15.4.0
+# (vLLM 0.33.0's pins; the lean list leaves them out) run DeepSeek-V4's mHC kernels, which vLLM imports
+# unconditionally on CUDA for that model (session 20: "tilelang is required for mhc").
 # Needs a CPython 3.12 (PY312, else python3.12 or pyenv's 3.12.x) and zstd here.
 set -euo pipefail
 root="$(git rev-parse --show-toplevel)"
@@ -29,6 +32,10 @@ command -v zstd > /dev/null || { echo "zstd is needed here (apt install zstd)" >
 
 rm -rf "$work" && mkdir -p "$work/wheels" "$work/meta"
 cat "$src"/p?? | tar x -C "$work/wheels"
+if [ -n "${SITE_EXTRA_WHEELS:-}" ]; then
+  cp "$SITE_EXTRA_WHEELS"/*.whl "$work/wheels/"
+  echo "added $(ls "$SITE_EXTRA_WHEELS"/*.whl | xargs -n1 basename | tr '\n' ' ')"
+fi
 cp "$src/VERSION" "$work/VERSION"
 cp -r "$src/meta/." "$work/meta/"
 echo "installing $(ls "$work/wheels" | wc -l) wheels with $("$py" -V) into $work/site"

@@ -108,9 +108,11 @@ SHAPES = {
     # Qwen3-Next: Gated DeltaNet linear attention in 3 of every 4 layers (full attention with an output gate
     # in the 4th: several KV-cache groups), a shared expert behind a sigmoid gate in every MoE layer,
     # zero-centred RMSNorms (weight 0 = scale 1); big: Qwen/Qwen3-Next-80B-A3B-Instruct's config.json.
+    # GDN heads of 128 as released: FlashInfer's SM90 chunked delta rule (vLLM's prefill path on Hopper)
+    # takes no other head size (64 failed there: "DSL kernel only supports D=128").
     "qwen3_next": {
         "tiny": dict(H=512, L=4, nh=8, nkv=2, hd=64, E=16, K=4, I=256, shared_I=256, dense_I=1024, V=2048,
-                     lin_nk=4, lin_nv=8, lin_dk=64, lin_dv=64, conv=4, every=4),
+                     lin_nk=2, lin_nv=4, lin_dk=128, lin_dv=128, conv=4, every=4),
         "big": dict(H=2048, L=48, nh=16, nkv=2, hd=256, E=512, K=10, I=512, shared_I=512, dense_I=5120, V=151936,
                     lin_nk=16, lin_nv=32, lin_dk=128, lin_dv=128, conv=4, every=4, ctx=262144),
     },
@@ -119,7 +121,7 @@ SHAPES = {
     # of Qwen3_5MoeTextConfig).
     "qwen3_5_moe": {
         "tiny": dict(H=512, L=4, nh=8, nkv=2, hd=64, E=16, K=4, I=256, shared_I=256, dense_I=1024, V=2048,
-                     lin_nk=4, lin_nv=8, lin_dk=64, lin_dv=64, conv=4, every=4),
+                     lin_nk=2, lin_nv=4, lin_dk=128, lin_dv=128, conv=4, every=4),
         "big": dict(H=2048, L=40, nh=16, nkv=2, hd=256, E=256, K=8, I=512, shared_I=512, dense_I=5120, V=248320,
                     lin_nk=16, lin_nv=32, lin_dk=128, lin_dv=128, conv=4, every=4, ctx=262144),
     },

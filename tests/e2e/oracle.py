@@ -104,6 +104,18 @@ def _vocab(model_dir: str) -> int:
     return AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
 
 
+def _partial_rope_from_rotary_dim(config) -> None:
+    """MiniMax-M2 releases say partial RoPE as `rotary_dim` (64 of head_dim 128). transformers 5.20 turns it
+    into rope_parameters' partial_rotary_factor; 5.17 (the GPU machine's) ignores it and rotates every
+    dimension, a truth that vLLM (which reads rotary_dim) and stock vLLM alike missed by ~1.2 nats (session
+    20). Give such a config the factor it implies, as the newer transformers does."""
+    rotary_dim = getattr(config, "rotary_dim", None)
+    rope = getattr(config, "rope_parameters", None)
+    head_dim = getattr(config, "head_dim", None)
+    if rotary_dim and head_dim and isinstance(rope, dict) and "partial_rotary_factor" not in rope:
+        rope["partial_rotary_factor"] = rotary_dim / head_dim
+
+
 def _load(model_dir: str, dtype: torch.dtype, device: str):
     """The checkpoint in HF transformers at `dtype`. MXFP4 experts (gpt-oss) are dequantized on load
     (transformers would otherwise want its own MXFP4 GPU kernels)."""
@@ -114,9 +126,10 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
     if (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)) == "mxfp4":
         from transformers import Mxfp4Config
         extra["quantization_config"] = Mxfp4Config(dequantize=True)
+    _partial_rope_from_rotary_dim(config)
     # vision-language releases (a vision tower beside the text model): the whole model, text prompts
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-    model = auto.from_pretrained(model_dir, dtype=dtype, **extra)
+    model = auto.from_pretrained(model_dir, config=config, dtype=dtype, **extra)
     # transformers 5.17 (the GPU machine's) leaves dequantized MXFP4 experts in bf16 when fp32 is asked
     # for, and its grouped_mm then runs those experts in bf16: a "fp32" gpt-oss truth 0.03 nats off,
     # shape-dependent. bf16 -> fp32 is exact (and so is MXFP4 -> bf16), so cast what was left behind.

@@ -266,3 +266,21 @@ def test_the_teacher_forced_check_passes_rounding_noise_and_fails_a_wrong_expert
     assert ref.positions == 4 * 299 and ref.flips > 0
     assert not oracle_problems(ref, benign), oracle_problems(ref, benign)
     assert any("teacher-forced flips" in p for p in oracle_problems(ref, bug)), bug.summary()
+
+
+def test_minimax_partial_rope_survives_a_transformers_that_ignores_rotary_dim(tmp_path):
+    """MiniMax-M2's `rotary_dim` (the release's spelling of partial RoPE) must reach the fp32 truth even
+    where transformers (5.17) does not turn it into partial_rotary_factor: rotating every dimension gave
+    a truth ~1.2 nats from vLLM's on the GPU machine."""
+    from transformers import AutoConfig
+
+    from tests.e2e.oracle import _load, _partial_rope_from_rotary_dim
+    d = make_checkpoint("minimax_m2", str(tmp_path / "minimax_m2"))
+    cfg = AutoConfig.from_pretrained(d)
+    want = _config(d)["rotary_dim"] / cfg.head_dim
+    cfg.rope_parameters.pop("partial_rotary_factor", None)  # as transformers 5.17 leaves it
+    _partial_rope_from_rotary_dim(cfg)
+    assert cfg.rope_parameters["partial_rotary_factor"] == want
+    model = _load(d, torch.float32, "cpu")
+    inv_freq = model.model.rotary_emb.inv_freq
+    assert inv_freq.numel() * 2 == _config(d)["rotary_dim"]  # rotates rotary_dim of head_dim dimensions
