@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
+from lvllm.hugepages import huge_page_text  # noqa: E402
 from lvllm.threads import plan_threads  # noqa: E402
 from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_channel, moe_torch_baseline_fp8,  # noqa: E402
                                moe_torch_baseline_mxfp4, moe_torch_baseline_nvfp4, moe_torch_baseline_wna16,
@@ -257,6 +258,8 @@ def bench_shape(name, args, results):
         t0 = time.perf_counter()
         layers = [build(pool) for _ in range(copies)]
         repack_s = (time.perf_counter() - t0) / copies
+        # whether the copies got 2 MiB pages (decode over tens of GiB of 4 KiB pages walks page tables)
+        print(f"packed copies {copies * layer_bytes / 2**30:.2f} GiB: {huge_page_text(copies * layer_bytes)}", flush=True)
         which = " (serve default)" if threads_arg == "serve" else ""
         print(f"threads={threads}{which} isa={lk_moe.isa()} read bandwidth {read_bw:.1f} GB/s "
               f"(median of {len(bw)}; min {min(bw):.1f} max {max(bw):.1f}); repack "

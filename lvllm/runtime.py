@@ -225,13 +225,15 @@ class WorkerRuntime:
             self.resident_layers.append(plan.layer_index)
 
     def summary(self) -> str:
+        from .hugepages import huge_page_text
         pinned = sum(io.nbytes for io in self._io.values())
         staging = self.streamer.nbytes if self.streamer is not None else 0
         gib = 1 << 30
         return (f"lk_moe: hybrid MoE layers [{_ranges(self.hybrid_layers)}], GPU-resident [{_ranges(self.resident_layers)}]; "
                 f"rank {self.local_rank}/{self.local_world}: {self.threads.threads} engine threads on CPUs "
                 f"{self.threads.cpus[0]}-{self.threads.cpus[-1]} ({self.threads.physical_cores} cores), ISA {self.isa}, {self.signal_text()}; "
-                f"experts in host RAM {self.host_bytes / gib:.2f} GiB, GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
+                f"experts in host RAM {self.host_bytes / gib:.2f} GiB ({huge_page_text(self.host_bytes)}), "
+                f"GPU memory saved {self.gpu_bytes_saved / gib:.2f} GiB; "
                 f"pinned I/O {pinned / (1 << 20):.1f} MiB, GPU staging {staging / (1 << 20):.1f} MiB; "
                 + (f"GPU prefill from {self.cfg.gpu_prefill_min_batch} tokens" if self.cfg.gpu_prefill_min_batch
                    else "prefill on the CPU")

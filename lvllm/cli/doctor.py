@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from .. import pins
+from ..hugepages import thp_mode
 from ..threads import physical_cores, reserved_cores
 
 PINS = {"vllm": pins.VLLM, "torch": pins.TORCH}
@@ -99,8 +100,7 @@ def machine_checks() -> List[Line]:
     mem = _meminfo()
     lines.append(Line("info", "memory", f"{mem.get('MemTotal', 0) / GiB:.1f} GiB total, "
                                         f"{mem.get('MemAvailable', 0) / GiB:.1f} GiB available"))
-    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
-    mode = thp[thp.find("[") + 1:thp.find("]")] if "[" in thp else (thp or "unknown")
+    mode = thp_mode()
     lines.append(Line("ok" if mode in ("always", "madvise") else "warn", "hugepages",
                       f"transparent hugepages: {mode}" + ("" if mode in ("always", "madvise") else
                                                          " (expert reads are faster with 'madvise' or 'always')")))
