@@ -90,10 +90,12 @@ timeout 120 python3 -m lvllm doctor > \$OUT/doctor.log 2>&1; echo \"doctor rc \$
 pin_checks="$pin_versions
 timeout 240 $e2e --basetemp=/root/e2e-tmp/serve tests/e2e/test_serve.py > \$OUT/e2e_serve.log 2>&1
 $e2e_lines \$OUT/e2e_serve.log"
-# the soak's progress until it ends or the run's deadline, then (once ended) its files into $OUT
+# the soak's progress until it ends or the run's deadline; its files so far into $OUT on every follow (session 20
+# lost a machine between two follows, and the soak's samples and server log with it)
 soak_follow='while kill -0 $(cat /root/soak/pid) 2> /dev/null && [ $(date +%s) -lt $((LVLLM_DEVICE_DEADLINE - 25)) ]; do sleep 5; done
-tail -4 /root/soak/soak.log; if ! kill -0 $(cat /root/soak/pid) 2> /dev/null; then tail -12 /root/soak/soak.log
-cp /root/soak/samples.jsonl /root/soak/soak.log /root/soak/serve.log $OUT/ 2>/dev/null; cp /root/soak/soak.png $OUT/ 2>/dev/null || true; fi'
+tail -4 /root/soak/soak.log; kill -0 $(cat /root/soak/pid) 2> /dev/null || tail -12 /root/soak/soak.log
+grep -h "LVLLM_GPU_EXPERT_CACHE=auto\|lk_moe: hybrid\|KV cache\|Traceback\|Error" /root/soak/serve.log 2>/dev/null | cut -c1-400 | head -12
+cp /root/soak/samples.jsonl /root/soak/soak.log /root/soak/serve.log $OUT/ 2>/dev/null; cp /root/soak/soak.png $OUT/ 2>/dev/null || true'
 case "$part" in
   decode)
     body="(CUDA_VISIBLE_DEVICES=0 $half0 timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 120)) python3 benchmarks/e2e_decode.py \
@@ -265,10 +267,11 @@ $e2e_lines \$OUT/e2e_cache.log" ;;
 grep -v '^ *\$' \$OUT/expert_cache.log | grep -v '^  \[' | tail -40" ;;
   rotate1)  # M=1 decode of one Qwen3-30B-A3B layer rotating over 4 GiB vs ~50 GB of packed copies, random routing:
     # whether routing spread over all the expert memory reads slower than the read-bandwidth probe (page walks)
-    body="grep -h 'AnonHugePages\|Hugepagesize' /proc/meminfo; cat /sys/kernel/mm/transparent_hugepage/enabled
+    # (moe_layer.py prints the huge pages behind its copies: the suspect is 4 KiB pages over tens of GiB)
+    body="cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag
 for r in 4e9 5e10; do timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 20)) python3 benchmarks/moe_layer.py --shapes qwen3-30b-a3b \
 --tokens 1 --threads all --reps 60 --rotate-bytes \$r --max-copies 48 > \$OUT/rotate_\$r.log 2>&1
-grep -h 'read bandwidth\|^## \|^ *1 ' \$OUT/rotate_\$r.log; grep -h AnonHugePages /proc/meminfo; done" ;;
+grep -h 'read bandwidth\|^## \|^ *1 \|huge pages' \$OUT/rotate_\$r.log; done" ;;
   arch1)
     body="timeout $left $e2e --basetemp=/root/e2e-tmp/archs tests/e2e/test_architectures.py > \$OUT/e2e_archs.log 2>&1
 $e2e_lines \$OUT/e2e_archs.log" ;;
