@@ -56,13 +56,18 @@ def _read_header(path: str) -> dict:
             raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
 
 
-def _layer_counts(cfg: dict) -> tuple:
+def moe_layer_indices(cfg: dict) -> list:
+    """The decoder layers that have routed experts (dense first layers, mlp_only_layers and a sparse step
+    left out)."""
     layers = int(cfg.get("num_hidden_layers", 0))
     dense = int(cfg.get("first_k_dense_replace", 0) or 0)
     only = set(cfg.get("mlp_only_layers", []) or [])
     step = int(cfg.get("decoder_sparse_step", 1) or 1)
-    moe = sum(1 for i in range(layers) if i >= dense and i not in only and (i + 1) % step == 0)
-    return layers, moe
+    return [i for i in range(layers) if i >= dense and i not in only and (i + 1) % step == 0]
+
+
+def _layer_counts(cfg: dict) -> tuple:
+    return int(cfg.get("num_hidden_layers", 0)), len(moe_layer_indices(cfg))
 
 
 # Rough bytes per expert weight by quantization method (scales included); ModelOpt names its

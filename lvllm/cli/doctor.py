@@ -178,7 +178,8 @@ def plugin_check() -> Line:
     return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; {hooks}; switch {state}")
 
 
-def model_checks(path: str, tp: int, max_model_len: int = 0) -> List[Line]:
+def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
+                 util: float = 0.9) -> List[Line]:
     from .checkpoint_info import CheckpointError, read_checkpoint
     try:
         info = read_checkpoint(path)
@@ -195,66 +196,106 @@ def model_checks(path: str, tp: int, max_model_len: int = 0) -> List[Line]:
         lines.append(Line("FAIL", "model", "no MoE layers found: lvllm has nothing to offload"))
         return lines
     avail = _meminfo().get("MemAvailable", 0)
-    process_bytes = 8 * GiB  # vLLM's and torch's processes themselves
-    engine_bytes = info.expert_bytes * 1.05  # the engine's copy is <= 1.05x the expert bytes
+    from ..autofit import ENGINE_OVERHEAD, PROCESS_HOST_BYTES
+    process_bytes = PROCESS_HOST_BYTES * tp  # vLLM's and torch's processes themselves
+    engine_bytes = info.expert_bytes * ENGINE_OVERHEAD  # the engine's packed copy of the experts
     need = engine_bytes + process_bytes
     lines.append(Line("ok" if avail >= need else "FAIL", "host RAM",
                       f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(engine_bytes)} in the "
                       f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
-    lines += suggest(info, tp, max_model_len)
+    lines += suggest(info, tp, max_model_len, max_num_seqs, gpu_gib, util)
     return lines
 
 
-def suggest(info, tp: int, max_model_len: int = 0) -> List[Line]:
-    cpus = os.sched_getaffinity(0)
-    share = physical_cores(sorted(cpus)) // max(tp, 1)
-    threads = max(1, share - reserved_cores(share))
-    env = ["LVLLM_MOE_NUMA_ENABLED=1", f"LK_THREADS={threads}"]
-    out = []
+# quantization method -> lk_moe engine format (the checkpoint's experts as the engine holds them)
+ENGINE_FORMATS = {None: "bf16", "": "bf16", "fp8": "fp8_block", "modelopt/FP8": "fp8_channel",
+                  "compressed-tensors": "wna16_int4", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4", "modelopt/NVFP4": "nvfp4"}
+VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
+
+
+def describe_model(info, tp: int, max_model_len: int):
+    """lvllm.autofit's description of a checkpoint (doctor's reading of its files or config)."""
+    from ..autofit import Model, slot_bytes
+    from ..fit import kv_bytes_per_token
+    from .checkpoint_info import expert_shape
+    cfg = info.config
+    experts, H, I = expert_shape(cfg)
+    fmt = ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
+    activation = ("swigluoai" if info.model_type == "gpt_oss" else "silu_clamp" if cfg.get("swiglu_limit")
+                  else "silu")
+    layer = info.expert_bytes_per_layer
+    return Model(name=info.architecture, moe_layers=info.moe_layers, experts=experts,
+                 top_k=int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 8), hidden=H,
+                 expert_intermediate=I, layer_expert_bytes=layer, other_bytes=info.other_bytes,
+                 kv_bytes_per_token=kv_bytes_per_token(cfg, max_model_len, tp), fmt=fmt,
+                 slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation))
+
+
+def describe_machine(tp: int, gpu_gib: float, util: float):
+    """lvllm.autofit's description of this machine: GPU memory (or --gpu-gib), host RAM available, physical
+    cores, and the two bandwidths measured here (the engine's read probe, a pinned host-to-device copy)."""
+    from ..autofit import Machine
+    cpus = sorted(os.sched_getaffinity(0))
+    gpu_bytes, h2d, isa, read = int(gpu_gib * GiB), 25.0, "avx512_bf16", 60.0
     try:
         import torch
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        free, total = min(torch.cuda.mem_get_info(i) for i in range(gpus)) if gpus else (0, 0)
-    except ImportError:
-        gpus, free, total = 0, 0, 0
-    if gpus:
-        out += vram_plan(info, tp, max_model_len, usable=min(free, int(total * VLLM_GPU_UTIL)), env=env)
-        env.append("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=" + ("1024" if info.quant_method in (None, "") else "0"))
-    else:
-        env.append("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0")
-    out.append(Line("info", "suggested", "environment for `vllm serve " + info.path +
-                    (f" --tensor-parallel-size {tp}" if tp > 1 else "") + "`:\n    " + "\n    ".join(env)))
-    return out
-
-
-VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
-FP4_AS_BF16 = ("mxfp4", "modelopt/NVFP4", "modelopt_fp4")  # quant methods whose cache slots are bf16
-
-
-def vram_plan(info, tp: int, max_model_len: int, usable: int, env: List[str]) -> List[Line]:
-    """lvllm.fit's plan of one GPU's VRAM for this checkpoint (the runtime's LVLLM_GPU_EXPERT_CACHE=auto),
-    as doctor lines; appends the suggested setting to `env`."""
-    from ..fit import FitError, VramRequest, kv_bytes_per_token, plan_vram
-    from .checkpoint_info import expert_shape
-    ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
-    per_rank_other = int(info.other_bytes / tp)
-    experts, H, I = expert_shape(info.config)
-    slot = info.expert_bytes_per_layer // experts // tp if experts else 0
-    if info.quant_method in FP4_AS_BF16:  # the cache holds these experts dequantized (lk_moe.expert_cache)
-        slot = 3 * H * I * 2 // tp
-    req = VramRequest(usable_bytes=usable, weight_bytes=per_rank_other,
-                      kv_bytes_per_token=kv_bytes_per_token(info.config, ctx, tp), max_model_len=ctx,
-                      expert_slot_bytes=slot, cache_slots_max=experts * info.moe_layers)
-    head = (f"{_size(usable)} usable per GPU (vLLM's default --gpu-memory-utilization {VLLM_GPU_UTIL}); "
-            f"non-expert weights {_size(per_rank_other)} per GPU; context {ctx} tokens")
+        if torch.cuda.is_available():
+            gpu_bytes = gpu_bytes or min(torch.cuda.mem_get_info(i)[1] for i in range(torch.cuda.device_count()))
+            src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+            dst = torch.empty_like(src, device="cuda")
+            dst.copy_(src)
+            torch.cuda.synchronize()
+            t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t[0].record()
+            for _ in range(4):
+                dst.copy_(src, non_blocking=True)
+            t[1].record()
+            torch.cuda.synchronize()
+            h2d = 4 * src.numel() / (t[0].elapsed_time(t[1]) * 1e6)
+    except Exception:  # no torch or no GPU: the given --gpu-gib and a PCIe 4 x16 figure
+        pass
     try:
-        plan = plan_vram(req)
+        import lk_moe
+        isa = lk_moe.isa()
+        pool = lk_moe.make_pool(threads=0)  # every physical core, as the read bound of decode is measured
+        read = sorted(pool.measure_read_bandwidth(1 << 30, 3))[1]
+    except Exception:  # the engine not built here: a typical two-channel-per-socket figure
+        pass
+    return Machine(gpu_bytes=gpu_bytes, host_bytes=_meminfo().get("MemAvailable", 0), cores=physical_cores(cpus),
+                   read_gbps=read, h2d_gbps=h2d, isa=isa, gpu_memory_utilization=util)
+
+
+def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
+            util: float = VLLM_GPU_UTIL, machine=None) -> List[Line]:
+    """lvllm.autofit's plan for this checkpoint on this machine (or on a described GPU; `machine`: a whole
+    described one), as doctor lines and the environment that sets it."""
+    from ..autofit import Request, plan
+    from ..fit import FitError
+    ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
+    machine = machine or describe_machine(tp, gpu_gib, util)
+    if not machine.gpu_bytes:
+        return [Line("info", "plan", "no GPU here: give --gpu-gib N to plan for one")]
+    head = (f"{machine.gpu_bytes / GiB:.0f} GiB GPU x {util:g} (--gpu-memory-utilization), host RAM available "
+            f"{machine.host_bytes / GiB:.0f} GiB, {machine.cores} cores, ISA {machine.isa}, read "
+            f"{machine.read_gbps:.0f} GB/s, H2D {machine.h2d_gbps:.0f} GB/s; context {ctx} tokens, TP {tp}")
+    try:
+        p = plan(machine, describe_model(info, tp, ctx), Request(max_model_len=ctx, tp=tp,
+                                                                 max_num_seqs=max_num_seqs or None))
     except FitError as e:
-        return [Line("FAIL", "VRAM", f"{head}. {e}")]
-    if plan.cache_bytes:
-        env.append("LVLLM_GPU_EXPERT_CACHE=auto")
-    return [Line("info", "VRAM", head)] + [Line("info", "VRAM plan", ln) for ln in plan.lines]
+        return [Line("info", "plan", head), Line("FAIL", "plan", str(e))]
+    env = ["LVLLM_MOE_NUMA_ENABLED=1", f"LK_THREADS={p.threads}",
+           f"LVLLM_GPU_PREFILL_MIN_BATCH_SIZE={p.gpu_prefill_min_batch}"]
+    if p.resident_layers:  # the first MoE layers
+        from ..runtime import _ranges
+        from .checkpoint_info import moe_layer_indices
+        env.append(f"LVLLM_GPU_RESIDENT_MOE_LAYERS={_ranges(moe_layer_indices(info.config)[:p.resident_layers])}")
+    if p.cache_bytes:
+        env.append(f"LVLLM_GPU_EXPERT_CACHE={p.cache_bytes / GiB:.2f}")
+    return ([Line("info", "plan", head)] + [Line("info", "plan", ln) for ln in p.lines] +
+            [Line("info", "suggested", "environment for `vllm serve " + info.path +
+                  (f" --tensor-parallel-size {tp}" if tp > 1 else "") + f" --max-model-len {ctx}`:\n    " +
+                  "\n    ".join(env))])
 
 
 def render(lines: List[Line]) -> str:
@@ -268,14 +309,22 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size you plan to serve with")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="context you plan to serve (default: the model's max_position_embeddings)")
+    ap.add_argument("--max-num-seqs", type=int, default=0,
+                    help="sequences you plan to serve at full context at once (default: the plan's 2)")
+    ap.add_argument("--gpu-gib", type=float, default=0,
+                    help="plan for a GPU of this many GiB (default: this machine's GPU)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=VLLM_GPU_UTIL,
+                    help="vLLM's --gpu-memory-utilization you plan to serve with")
     a = ap.parse_args(argv)
+    if a.max_num_seqs < 0 or a.gpu_gib < 0 or not 0 < a.gpu_memory_utilization <= 1:
+        ap.error("--max-num-seqs and --gpu-gib must be >= 0, --gpu-memory-utilization in (0, 1]")
     if a.tp < 1:
         ap.error("--tp must be >= 1")
     if a.max_model_len < 0:
         ap.error("--max-model-len must be >= 1 (0: the model's own)")
     lines = machine_checks()
     if a.model:
-        lines += model_checks(a.model, a.tp, a.max_model_len)
+        lines += model_checks(a.model, a.tp, a.max_model_len, a.max_num_seqs, a.gpu_gib, a.gpu_memory_utilization)
     print(render(lines))
     return 1 if any(ln.level == "FAIL" for ln in lines) else 0
 

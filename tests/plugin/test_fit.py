@@ -4,7 +4,6 @@ use it. Pure arithmetic: the expected figures are worked out by hand in each tes
 import pytest
 
 from lvllm.cli.checkpoint_info import CheckpointInfo
-from lvllm.cli.doctor import vram_plan
 from lvllm.config import LvllmConfigError, from_env
 from lvllm.fit import (DEFAULT_KV_SEQUENCES, RESERVE_BYTES, STAGING_BYTES, FitError, VramRequest, auto_cache_plan,
                        kv_bytes_per_token, plan_vram)
@@ -113,14 +112,33 @@ def test_lvllm_gpu_expert_cache_auto_is_parsed():
         from_env({"LVLLM_GPU_EXPERT_CACHE": "lots"})
 
 
-def test_doctor_prints_the_plan_and_suggests_auto():
-    info = CheckpointInfo(path="/m", moe_layers=48, num_layers=48, expert_bytes=54 * GiB,
-                          other_bytes=int(3.87 * GiB), config=QWEN3_30B)
-    env = []
-    lines = vram_plan(info, 1, 0, usable=int(48 * GiB * 0.9), env=env)
-    assert lines[0].level == "info" and "context 40960 tokens" in lines[0].text
-    assert any("GPU expert cache" in ln.text and "of 6144 expert slots of 9.0 MiB" in ln.text for ln in lines)
-    assert env == ["LVLLM_GPU_EXPERT_CACHE=auto"]
-    env = []
-    lines = vram_plan(info, 1, 0, usable=6 * GiB, env=env)
-    assert lines[0].level == "FAIL" and "short by" in lines[0].text and env == []
+def test_doctor_prints_the_autofit_plan_and_its_environment(capsys):
+    from lvllm.autofit import Machine
+    from lvllm.cli.doctor import suggest
+    info = CheckpointInfo(path="/m", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", moe_layers=48,
+                          num_layers=48, expert_bytes=54 * GiB, other_bytes=int(3.87 * GiB), config=QWEN3_30B)
+    machine = Machine(gpu_bytes=48 * GiB, host_bytes=125 * GiB, cores=16, read_gbps=90, h2d_gbps=53, isa="amx")
+    lines = suggest(info, 1, 0, machine=machine)
+    text = "\n".join(ln.text for ln in lines)
+    assert "context 40960 tokens" in lines[0].text
+    assert "KV cache 7.50 GiB reserved: 2 sequences of 40960 tokens" in text
+    assert "of 6144 expert slots of 9.0 MiB" in text and "LVLLM_GPU_EXPERT_CACHE=" in text
+    assert "LK_THREADS=" in text and "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=" in text
+    # a GPU too small for one sequence of the model's context: a FAIL line with the shortfall
+    lines = suggest(info, 1, 0, machine=Machine(**{**machine.__dict__, "gpu_bytes": 8 * GiB}))
+    assert lines[-1].level == "FAIL" and "short by" in lines[-1].text and "--max-model-len" in lines[-1].text
+
+
+def test_doctor_says_what_host_ram_is_short_for_a_model_that_does_not_fit(tmp_path, capsys):
+    """The issue's failure message, for DeepSeek-V3's 656 GB of FP8 experts on this machine's host RAM."""
+    import json
+
+    from lvllm.cli.doctor import main as doctor
+    cfg = dict(DEEPSEEK_V3, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+               moe_intermediate_size=2048, num_experts_per_tok=8, first_k_dense_replace=3, vocab_size=129280,
+               quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert doctor(["--model", str(tmp_path), "--gpu-gib", "80", "--max-model-len", "8192"]) == 1
+    out = capsys.readouterr().out
+    fail = next(ln for ln in out.splitlines() if ln.startswith("FAIL  plan"))
+    assert "host RAM" in fail and "short by" in fail and "smaller quantization" in fail, fail

@@ -77,7 +77,7 @@ def test_not_a_checkpoint(tmp_path):
 
 def test_doctor_reports_and_suggests(qwen_dir, capsys):
     path, experts, _ = qwen_dir
-    rc = doctor(["--model", str(path)])
+    rc = doctor(["--model", str(path), "--gpu-gib", "24"])
     out = capsys.readouterr().out
     for words in ("cpu ", "memory", "hugepages", "locked memory", "torch", "plugin", "Qwen3MoeForCausalLM",
                   "2 MoE of 2 layers", "LVLLM_MOE_NUMA_ENABLED=1", "LK_THREADS="):

@@ -1,0 +1,191 @@
+"""lvllm.autofit on recorded machines and models (no GPU): every plan fits the VRAM and host RAM it was
+given, explicit settings win, and a model that cannot fit gets one message with the shortfall."""
+import itertools
+
+import pytest
+
+from lvllm.autofit import (ENGINE_OVERHEAD, PROCESS_HOST_BYTES, Machine, Model, Request, cpu_prefill_seconds, plan,
+                           prefill_threshold, slot_bytes, stream_seconds)
+from lvllm.fit import FitError
+
+GiB = 1 << 30
+GB = 10 ** 9
+
+# Bytes per routed-expert parameter in each engine format (codes + scales as the checkpoints store them).
+PARAM_BYTES = {"bf16": 2.0, "fp8_block": 1 + 4 / 128 ** 2, "fp8_channel": 1.0005, "int8_channel": 1.0005,
+               "wna16_int4": 0.5 + 2 / 128, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
+
+
+def moe_model(name, moe_layers, E, K, H, I, other, kv_per_token, fmt="bf16", activation="silu"):
+    expert = int(3 * H * I * PARAM_BYTES[fmt])
+    return Model(name=f"{name} {fmt}", moe_layers=moe_layers, experts=E, top_k=K, hidden=H, expert_intermediate=I,
+                 layer_expert_bytes=E * expert, other_bytes=other, kv_bytes_per_token=kv_per_token, fmt=fmt,
+                 slot_bytes=slot_bytes(fmt, expert, H, I, activation))
+
+
+# Recorded shapes (config.json arithmetic): KV bytes per token per GPU at TP=1 in bf16.
+def qwen3_30b(fmt="bf16"):  # 48 layers x 4 KV heads x 128 x (K, V) x 2 bytes
+    return moe_model("Qwen3-30B-A3B", 48, 128, 8, 2048, 768, int(3.1 * GB), 48 * 4 * 128 * 2 * 2, fmt)
+
+
+def gpt_oss_120b():  # 18 full-attention layers of 8 KV heads x 64 (the sliding ones hold 128 tokens)
+    return moe_model("gpt-oss-120b", 36, 128, 4, 2880, 2880, int(3.6 * GB), 18 * 8 * 64 * 2 * 2, "mxfp4")
+
+
+def deepseek_v3_fp8():  # MLA: one 512 + 64 latent per layer
+    return moe_model("DeepSeek-V3", 58, 256, 8, 7168, 2048, int(17 * GB), 61 * 576 * 2, "fp8_block")
+
+
+def deepseek_v4_flash():  # clamped silu: no cache slots (kv: MLA-like upper bound)
+    return moe_model("DeepSeek-V4-Flash", 42, 256, 6, 4096, 2048, int(9 * GB), 43 * 512 * 2, "mxfp4",
+                     activation="silu_clamp")
+
+
+GPUS = {"24 GB": 24 * GB, "48 GB": 48 * GB, "80 GB": 80 * GB, "141 GB": 141 * GB}
+HOSTS = {"64 GiB": 64 * GiB, "128 GiB": 128 * GiB, "256 GiB": 256 * GiB, "1024 GiB": 1024 * GiB}
+MODELS = [qwen3_30b(f) for f in PARAM_BYTES] + [gpt_oss_120b(), deepseek_v3_fp8(), deepseek_v4_flash()]
+
+
+def h200_host(gpu=141 * GB, host=125 * GiB, **kw):
+    return Machine(gpu_bytes=gpu, host_bytes=host, cores=16, read_gbps=90, h2d_gbps=53, isa="amx", **kw)
+
+
+def _check_fits(m: Machine, model: Model, req: Request, p):
+    usable = int(m.gpu_bytes * m.gpu_memory_utilization)
+    layer_gpu = model.layer_expert_bytes // req.tp
+    used = model.other_bytes // req.tp + p.reserve_bytes + p.kv_bytes + p.resident_layers * layer_gpu + p.cache_bytes
+    assert used <= usable, (model.name, p.lines)
+    assert p.kv_bytes >= model.kv_bytes_per_token * req.max_model_len  # one full sequence at least
+    hybrid = model.moe_layers - p.resident_layers
+    assert p.host_bytes_needed == int(model.layer_expert_bytes * ENGINE_OVERHEAD) * hybrid + PROCESS_HOST_BYTES * req.tp
+    assert p.host_bytes_needed <= m.host_bytes, (model.name, p.lines)
+    assert 0 <= p.resident_layers <= model.moe_layers
+    # no VRAM left idle: less than one more slot is left (or every hybrid expert has one), or, without a
+    # cache, less than one more whole layer
+    if p.cache_bytes:
+        slot = model.slot_bytes // req.tp
+        assert usable - used < slot or p.cache_bytes == slot * model.experts * hybrid, p.lines
+    elif hybrid:
+        assert usable - used < layer_gpu, p.lines
+    if not model.slot_bytes:
+        assert p.cache_bytes == 0
+    assert (p.gpu_prefill_min_batch == 0) == (hybrid == 0 or not model.gpu_prefill)
+    assert p.threads >= 1 and p.lines
+
+
+@pytest.mark.parametrize("gpu,host,tp", list(itertools.product(GPUS, HOSTS, (1, 2))))
+def test_every_plan_fits_what_it_was_given_or_says_why_not(gpu, host, tp):
+    m = Machine(gpu_bytes=GPUS[gpu], host_bytes=HOSTS[host], cores=32, read_gbps=120, h2d_gbps=25, isa="avx512_bf16")
+    for model in MODELS:
+        req = Request(max_model_len=32768, tp=tp)
+        try:
+            p = plan(m, model, req)
+        except FitError as e:
+            msg = str(e)
+            assert model.name in msg and "short by" in msg and "Options:" in msg, msg
+            continue
+        _check_fits(m, model, req, p)
+
+
+def test_a_small_model_on_a_big_gpu_is_all_resident():
+    p = plan(h200_host(), qwen3_30b(), Request(max_model_len=40960))
+    assert p.resident_layers == 48 and p.cache_bytes == 0 and p.gpu_prefill_min_batch == 0
+    assert any("every expert fits" in ln for ln in p.lines)
+
+
+def test_a_24_gb_gpu_gets_the_cache_with_what_the_kv_cache_leaves():
+    m = h200_host(gpu=24 * GB)
+    model = qwen3_30b()
+    p = plan(m, model, Request(max_model_len=40960))
+    assert p.resident_layers == 0 and p.kv_sequences == 2
+    kv = 2 * 40960 * model.kv_bytes_per_token
+    assert p.kv_bytes == kv
+    assert 0 < p.cache_bytes <= int(24 * GB * 0.9) - model.other_bytes - p.reserve_bytes - kv
+    assert p.cache_bytes % model.slot_bytes == 0
+    # a longer requested context leaves less to the cache; more sequences asked for, less again
+    shorter = plan(m, model, Request(max_model_len=8192)).cache_bytes
+    more = plan(m, model, Request(max_model_len=8192, max_num_seqs=8)).cache_bytes
+    assert shorter > p.cache_bytes and more < shorter
+
+
+def test_host_ram_too_small_moves_layers_to_the_gpu_or_fails_with_the_shortfall():
+    model = qwen3_30b()  # 58 GB of bf16 experts
+    p = plan(h200_host(gpu=48 * GB, host=48 * GiB), model, Request(max_model_len=8192))
+    layer_host = int(model.layer_expert_bytes * ENGINE_OVERHEAD)
+    assert 0 < p.resident_layers < 48
+    assert p.host_bytes_needed <= 48 * GiB < p.host_bytes_needed + layer_host
+    with pytest.raises(FitError, match=r"host RAM: .* short by .*smaller quantization"):
+        plan(h200_host(gpu=24 * GB, host=32 * GiB), model, Request(max_model_len=8192))
+    # the same host holds the 4-bit checkpoint
+    assert plan(h200_host(gpu=24 * GB, host=32 * GiB), qwen3_30b("wna16_int4"), Request(max_model_len=8192))
+
+
+def test_vram_too_small_for_one_sequence_names_the_context_that_fits():
+    with pytest.raises(FitError, match=r"KV cache of one 131072-token sequence .* short by .*--max-model-len \d+"):
+        plan(h200_host(gpu=24 * GB), deepseek_v3_fp8(), Request(max_model_len=131072))
+    with pytest.raises(FitError, match=r"--max-num-seqs \d+"):
+        plan(h200_host(gpu=24 * GB), qwen3_30b(), Request(max_model_len=40960, max_num_seqs=64))
+
+
+def test_formats_without_slots_keep_whole_layers_instead():
+    model = deepseek_v4_flash()
+    assert model.slot_bytes == 0
+    p = plan(h200_host(gpu=141 * GB, host=256 * GiB), model, Request(max_model_len=32768))
+    assert p.cache_bytes == 0 and 0 < p.resident_layers < model.moe_layers
+    assert any("no cache slots" in ln for ln in p.lines)
+
+
+def test_fp4_experts_keep_whole_layers_where_their_bf16_slots_would_hold_too_few():
+    # gpt-oss-120b on 24 GB at 128K context: 4.7 GiB left holds 102 bf16 slots of 47.5 MiB (2% of the
+    # experts) or 3 whole MXFP4 layers (8% of the reads)
+    p = plan(h200_host(gpu=24 * GB), gpt_oss_120b(), Request(max_model_len=131072))
+    assert p.cache_bytes == 0 and p.resident_layers == 3
+    assert any("whole layers cover" in ln for ln in p.lines)
+    # with 141 GB the slots hold every expert's share the layers would: the cache
+    big = plan(h200_host(gpu=141 * GB, host=125 * GiB), gpt_oss_120b(), Request(max_model_len=131072))
+    assert big.resident_layers == 36 or big.cache_bytes > 0
+
+
+def test_fp4_slots_are_bf16_and_the_native_formats_keep_their_bytes():
+    for fmt, factor in (("mxfp4", 4), ("nvfp4", 4), ("fp8_block", 1), ("wna16_int4", 1), ("bf16", 1)):
+        expert = int(3 * 2048 * 768 * PARAM_BYTES[fmt])
+        got = slot_bytes(fmt, expert, 2048, 768)
+        assert got == (3 * 2048 * 768 * 2 if factor == 4 else expert), fmt
+
+
+def test_explicit_settings_win():
+    m = h200_host(gpu=24 * GB)
+    explicit = {"resident_layers": 2, "cache_bytes": GiB, "gpu_prefill_min_batch": 4096, "threads": 7}
+    p = plan(m, qwen3_30b("fp8_block"), Request(max_model_len=8192, explicit=explicit))
+    assert (p.resident_layers, p.cache_bytes, p.gpu_prefill_min_batch, p.threads) == (2, GiB, 4096, 7)
+    assert sum("(set" in ln for ln in p.lines) == 4
+    with pytest.raises(FitError, match="resident MoE layers need"):
+        plan(m, qwen3_30b(), Request(max_model_len=8192, explicit={"resident_layers": 40}))
+
+
+def test_the_prefill_model_matches_the_h200_hosts_measurements_and_moves_the_right_way():
+    model = qwen3_30b()
+    m = Machine(gpu_bytes=141 * GB, host_bytes=125 * GiB, cores=16, read_gbps=100.3, h2d_gbps=53, isa="amx")
+    # benchmarks/moe_layer.py on that host, 16 threads (docs/results/2026-11-30_h200-xeon16_amx_moe_layer.log)
+    for tokens, measured_ms in ((256, 14.668), (1024, 21.640)):
+        assert cpu_prefill_seconds(model, m, tokens, 16, 1) * 1e3 == pytest.approx(measured_ms, rel=0.1)
+    base = prefill_threshold(model, m, 14, 1)
+    assert 256 < base < 4096 and base % 64 == 0
+    faster_pcie = Machine(**{**m.__dict__, "h2d_gbps": 106})
+    assert prefill_threshold(model, faster_pcie, 14, 1) < base
+    assert prefill_threshold(model, m, 30, 1) > base  # more CPU: streaming pays later
+    assert stream_seconds(model, m, 2) == pytest.approx(stream_seconds(model, m, 1) / 2)
+
+
+def test_threads_leave_cores_to_vllm_and_split_between_ranks():
+    p1 = plan(h200_host(gpu=24 * GB), qwen3_30b(), Request(max_model_len=8192))
+    m2 = Machine(gpu_bytes=24 * GB, host_bytes=125 * GiB, cores=32, read_gbps=90, h2d_gbps=53, isa="amx")
+    p2 = plan(m2, qwen3_30b(), Request(max_model_len=8192, tp=2))
+    assert 1 <= p1.threads < 16 and p2.threads == p1.threads
+
+
+def test_bad_requests_are_refused():
+    with pytest.raises(ValueError):
+        plan(h200_host(), qwen3_30b(), Request(max_model_len=0))
+    with pytest.raises(ValueError):
+        plan(h200_host(), qwen3_30b(), Request(max_model_len=8192, tp=0))
