@@ -15,6 +15,10 @@ LVLLM_GPU_EXPERT_CACHE            GiB of VRAM per rank for the GPU expert cache:
 LVLLM_DRAFT_MOE                   MoE layers of a speculative draft model (MTP / NextN layers): "gpu"
                                   (default: resident, vLLM's own kernels; one layer) or "cpu" (hybrid,
                                   experts in host RAM like the target's)
+LVLLM_AUTO_FIT                    1: lvllm.autofit plans, at the first MoE layer (before any weight loads),
+                                  what the settings here and LK_THREADS leave unset: resident layers,
+                                  the expert cache, the GPU-prefill threshold, threads; a model that
+                                  cannot fit stops there saying what is short (default 0 for now)
 LVLLM_BENCH_ROUTING_REPLAY        benchmark-only: 1 lets benchmarks/expert_cache.py replace the
                                   router's expert ids with synthetic traces (default 0; never for
                                   serving: the outputs are then meaningless)
@@ -43,6 +47,7 @@ class LvllmConfig:
     expert_cache_auto: bool = False  # LVLLM_GPU_EXPERT_CACHE=auto: sized by lvllm.fit at load time
     draft_moe: str = "gpu"  # "gpu" | "cpu": where a speculative draft model's MoE layers run
     bench_routing_replay: bool = False
+    auto_fit: bool = False  # LVLLM_AUTO_FIT=1: lvllm.autofit plans what the settings above leave unset
 
     def is_resident(self, layer_index: int) -> bool:
         return layer_index in self.resident_layers
@@ -137,4 +142,5 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
         expert_cache_auto=cache_auto,
         draft_moe=_choice(env, "LVLLM_DRAFT_MOE", "gpu", ("gpu", "cpu")),
         bench_routing_replay=_bool(env, "LVLLM_BENCH_ROUTING_REPLAY"),
+        auto_fit=_bool(env, "LVLLM_AUTO_FIT"),
     )

@@ -129,12 +129,15 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
         # lk_moe (the policy reads its format table) loads with the first MoE layer a process builds.
         from .hybrid_method import make_hybrid
         from .policy import plan_for
-        method = original_get_quant_method(self, prefix, quant_config, moe_config)
-        plan = plan_for(prefix, method, self, moe_config, cfg, _target_layers())
-        if plan.kind == "hybrid":
-            make_hybrid(method, self, plan, cfg)
         from .runtime import get_runtime
-        get_runtime(cfg).note_planned(plan)
+        method = original_get_quant_method(self, prefix, quant_config, moe_config)
+        # the worker's runtime starts with the first MoE layer; with LVLLM_AUTO_FIT=1 its config carries the
+        # plan (resident layers, prefill threshold, cache), made before any weight loads
+        rt = get_runtime(cfg)
+        plan = plan_for(prefix, method, self, moe_config, rt.cfg, _target_layers())
+        if plan.kind == "hybrid":
+            make_hybrid(method, self, plan, rt.cfg)
+        rt.note_planned(plan)
         logger.debug("lk_moe: %s -> %s%s", prefix, plan.kind, f" ({plan.format})" if plan.format else "")
         return method
 

@@ -56,14 +56,15 @@ def _local_rank_and_world():
 
 
 class WorkerRuntime:
-    def __init__(self, cfg: LvllmConfig):
+    def __init__(self, cfg: LvllmConfig, fit_threads: Optional[int] = None):
+        """fit_threads: LVLLM_AUTO_FIT's engine threads (LK_THREADS, when set, wins)."""
         import lk_moe
         from lk_moe import engine as lk_engine
 
         self.cfg = cfg
         eng = lk_engine.config()  # parses and validates LK_* (raises naming the variable)
         local_rank, local_world = _local_rank_and_world()
-        self.threads: ThreadPlan = plan_threads(local_rank, local_world, eng.threads or None)
+        self.threads: ThreadPlan = plan_threads(local_rank, local_world, eng.threads or fit_threads)
         self.local_rank, self.local_world = local_rank, local_world
         self.pool = lk_moe.make_pool(threads=self.threads.threads, binding=eng.binding, spin_us=eng.spin_us,
                                      allowed=list(self.threads.cpus))
@@ -302,5 +303,14 @@ def get_runtime(cfg: Optional[LvllmConfig] = None) -> WorkerRuntime:
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = WorkerRuntime(cfg if cfg is not None else from_env())
+            cfg = cfg if cfg is not None else from_env()
+            threads, lines = None, []
+            if cfg.auto_fit:  # at the first MoE layer's construction: a model that cannot fit stops before loading
+                import os
+
+                from .autofit_inputs import plan_at_startup
+                cfg, threads, lines = plan_at_startup(cfg, os.environ)
+            _runtime = WorkerRuntime(cfg, fit_threads=threads)
+            for line in lines:
+                logger.info("lk_moe: LVLLM_AUTO_FIT: %s", line)
         return _runtime

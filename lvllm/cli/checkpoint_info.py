@@ -95,12 +95,9 @@ def _estimate(info: CheckpointInfo, cfg: dict) -> None:
     info.estimated = True
 
 
-def read_checkpoint(path: str) -> CheckpointInfo:
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise CheckpointError(f"{path}: no config.json (is this a Hugging Face checkpoint directory?)")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+def info_from_config(cfg: dict, path: str = "?", estimate: bool = False) -> CheckpointInfo:
+    """What a config.json says (its text config for a multimodal model); `estimate`: the bytes too, from
+    its shapes (for a model whose weight files are not at hand)."""
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     info = CheckpointInfo(path=path, architecture=(cfg.get("architectures") or ["?"])[0],
                           model_type=cfg.get("model_type", "?"), config=cfg)
@@ -109,9 +106,21 @@ def read_checkpoint(path: str) -> CheckpointInfo:
     if info.quant_method == "modelopt" and q.get("quant_algo"):
         info.quant_method = f"modelopt/{q['quant_algo']}"
     info.num_layers, info.moe_layers = _layer_counts(cfg)
+    if estimate:
+        _estimate(info, cfg)
+    return info
+
+
+def read_checkpoint(path: str) -> CheckpointInfo:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise CheckpointError(f"{path}: no config.json (is this a Hugging Face checkpoint directory?)")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    info = info_from_config(cfg, path)
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
-        _estimate(info, cfg)
+        _estimate(info, info.config)
         return info
     for fname in files:
         for name, meta in _read_header(os.path.join(path, fname)).items():

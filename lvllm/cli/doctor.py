@@ -208,62 +208,7 @@ def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int =
     return lines
 
 
-# quantization method -> lk_moe engine format (the checkpoint's experts as the engine holds them)
-ENGINE_FORMATS = {None: "bf16", "": "bf16", "fp8": "fp8_block", "modelopt/FP8": "fp8_channel",
-                  "compressed-tensors": "wna16_int4", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4", "modelopt/NVFP4": "nvfp4"}
 VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
-
-
-def describe_model(info, tp: int, max_model_len: int):
-    """lvllm.autofit's description of a checkpoint (doctor's reading of its files or config)."""
-    from ..autofit import Model, slot_bytes
-    from ..fit import kv_bytes_per_token
-    from .checkpoint_info import expert_shape
-    cfg = info.config
-    experts, H, I = expert_shape(cfg)
-    fmt = ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
-    activation = ("swigluoai" if info.model_type == "gpt_oss" else "silu_clamp" if cfg.get("swiglu_limit")
-                  else "silu")
-    layer = info.expert_bytes_per_layer
-    return Model(name=info.architecture, moe_layers=info.moe_layers, experts=experts,
-                 top_k=int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 8), hidden=H,
-                 expert_intermediate=I, layer_expert_bytes=layer, other_bytes=info.other_bytes,
-                 kv_bytes_per_token=kv_bytes_per_token(cfg, max_model_len, tp), fmt=fmt,
-                 slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation))
-
-
-def describe_machine(tp: int, gpu_gib: float, util: float):
-    """lvllm.autofit's description of this machine: GPU memory (or --gpu-gib), host RAM available, physical
-    cores, and the two bandwidths measured here (the engine's read probe, a pinned host-to-device copy)."""
-    from ..autofit import Machine
-    cpus = sorted(os.sched_getaffinity(0))
-    gpu_bytes, h2d, isa, read = int(gpu_gib * GiB), 25.0, "avx512_bf16", 60.0
-    try:
-        import torch
-        if torch.cuda.is_available():
-            gpu_bytes = gpu_bytes or min(torch.cuda.mem_get_info(i)[1] for i in range(torch.cuda.device_count()))
-            src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
-            dst = torch.empty_like(src, device="cuda")
-            dst.copy_(src)
-            torch.cuda.synchronize()
-            t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t[0].record()
-            for _ in range(4):
-                dst.copy_(src, non_blocking=True)
-            t[1].record()
-            torch.cuda.synchronize()
-            h2d = 4 * src.numel() / (t[0].elapsed_time(t[1]) * 1e6)
-    except Exception:  # no torch or no GPU: the given --gpu-gib and a PCIe 4 x16 figure
-        pass
-    try:
-        import lk_moe
-        isa = lk_moe.isa()
-        pool = lk_moe.make_pool(threads=0)  # every physical core, as the read bound of decode is measured
-        read = sorted(pool.measure_read_bandwidth(1 << 30, 3))[1]
-    except Exception:  # the engine not built here: a typical two-channel-per-socket figure
-        pass
-    return Machine(gpu_bytes=gpu_bytes, host_bytes=_meminfo().get("MemAvailable", 0), cores=physical_cores(cpus),
-                   read_gbps=read, h2d_gbps=h2d, isa=isa, gpu_memory_utilization=util)
 
 
 def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
@@ -271,9 +216,10 @@ def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gi
     """lvllm.autofit's plan for this checkpoint on this machine (or on a described GPU; `machine`: a whole
     described one), as doctor lines and the environment that sets it."""
     from ..autofit import Request, plan
+    from ..autofit_inputs import describe_machine, describe_model
     from ..fit import FitError
     ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
-    machine = machine or describe_machine(tp, gpu_gib, util)
+    machine = machine or describe_machine(gpu_gib, util)
     if not machine.gpu_bytes:
         return [Line("info", "plan", "no GPU here: give --gpu-gib N to plan for one")]
     head = (f"{machine.gpu_bytes / GiB:.0f} GiB GPU x {util:g} (--gpu-memory-utilization), host RAM available "

@@ -189,3 +189,27 @@ def test_bad_requests_are_refused():
         plan(h200_host(), qwen3_30b(), Request(max_model_len=0))
     with pytest.raises(ValueError):
         plan(h200_host(), qwen3_30b(), Request(max_model_len=8192, tp=0))
+
+
+def test_the_startup_plan_keeps_what_the_user_set_and_applies_the_rest():
+    from lvllm.autofit_inputs import applied, explicit_settings
+    from lvllm.config import from_env
+    env = {"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_AUTO_FIT": "1", "LVLLM_GPU_RESIDENT_MOE_LAYERS": "40-47",
+           "LK_THREADS": "6"}
+    cfg = from_env(env)
+    assert cfg.auto_fit
+    explicit = explicit_settings(env, cfg)
+    assert explicit == {"resident_layers": 8, "threads": 6}
+    m = h200_host(gpu=48 * GB)
+    p = plan(m, qwen3_30b(), Request(max_model_len=8192, explicit=explicit))
+    out = applied(cfg, p, list(range(48)))
+    assert out.resident_layers == frozenset(range(40, 48))  # the user's layers, not the first eight
+    assert out.gpu_prefill_min_batch == p.gpu_prefill_min_batch > 0
+    assert out.expert_cache_gib * GiB == pytest.approx(p.cache_bytes) and p.cache_bytes > 0
+    assert not out.expert_cache_auto and p.threads == 6
+    # nothing set: the plan's resident layers are the first MoE layers (after DeepSeek's dense ones)
+    cfg = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_AUTO_FIT": "1", "LVLLM_GPU_EXPERT_CACHE": "auto"})
+    assert explicit_settings({"LVLLM_GPU_EXPERT_CACHE": "auto"}, cfg) == {}
+    p = plan(h200_host(gpu=48 * GB, host=48 * GiB), qwen3_30b(), Request(max_model_len=8192))
+    out = applied(cfg, p, list(range(3, 51)))
+    assert out.resident_layers == frozenset(range(3, 3 + p.resident_layers)) and p.resident_layers > 0

@@ -26,6 +26,7 @@ BAD = [
     ("LVLLM_GPU_EXPERT_CACHE", "nan", "LVLLM_GPU_EXPERT_CACHE=nan is out of range"),
     ("LVLLM_DRAFT_MOE", "resident", "LVLLM_DRAFT_MOE='resident' is not one of gpu, cpu"),
     ("LVLLM_BENCH_ROUTING_REPLAY", "trace", "LVLLM_BENCH_ROUTING_REPLAY='trace' is not a boolean"),
+    ("LVLLM_AUTO_FIT", "always", "LVLLM_AUTO_FIT='always' is not a boolean"),
     ("LK_THREADS", "lots", "LK_THREADS='lots' is not an integer"),
     ("LK_THREADS", "0", "LK_THREADS=0 is out of range"),
     ("LK_THREADS", "4000", "LK_THREADS=4000 exceeds the"),
