@@ -82,6 +82,50 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["rel_rms"] <= 0.01, r
 
 
+def _autofit_run(tmp_path, machine: dict, port: int):
+    model = make_checkpoint("qwen3_moe", str(tmp_path / "qwen3_moe"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
+    env.update(LVLLM_AUTO_FIT="1", LVLLM_GPU_EXPERT_CACHE="0", AUTOFIT_TEST_MACHINE=json.dumps(machine))
+    p = subprocess.run([sys.executable, HELPER, model, "qwen3_moe", "bf16", "3", str(port)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    return model, p
+
+
+def test_auto_fit_plans_at_the_first_moe_layer_through_vllms_construction(tmp_path):
+    """LVLLM_AUTO_FIT=1 through vLLM 0.33.0's own model construction and loader (CPU; the machine described):
+    host RAM that holds 2 of the tiny Qwen3-MoE's 4 layers' experts makes the first two GPU-resident, the
+    rest hybrid and computing what the checkpoint says; the explicit LVLLM_GPU_EXPERT_CACHE=0 wins; threads
+    (LK_THREADS wins) and the prefill threshold come from the plan. Host RAM for one layer and a GPU for 1.5:
+    startup stops."""
+    from lvllm.autofit import ENGINE_OVERHEAD, PROCESS_HOST_BYTES
+    from lvllm.cli.checkpoint_info import read_checkpoint
+    from lvllm.fit import RESERVE_BYTES, STAGING_BYTES, kv_bytes_per_token
+    info = read_checkpoint(make_checkpoint("qwen3_moe", str(tmp_path / "probe")))
+    layer = int(info.expert_bytes_per_layer * ENGINE_OVERHEAD)
+    # a GPU whose VRAM after the weights, the reserve and two 512-token sequences holds `layers` MoE layers
+    fixed = info.other_bytes + RESERVE_BYTES + STAGING_BYTES + 2 * 512 * kv_bytes_per_token(info.config, 512)
+    gpu = lambda layers: int((fixed + layers * info.expert_bytes_per_layer) / 0.9)  # noqa: E731
+    machine = dict(gpu_bytes=gpu(3), host_bytes=PROCESS_HOST_BYTES + int(2.5 * layer), cores=8,
+                   read_gbps=50, h2d_gbps=25, isa="avx512_bf16")
+    model, p = _autofit_run(tmp_path, machine, 29690 + os.getpid() % 100)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
+    r = json.loads(lines[-1][7:])
+    assert r["resident"] == [0, 1] and r["hybrid_layers"] == 2, r
+    assert r["rel_rms"] <= 0.01 and r["gpu_prefill_min_batch"] >= 64, r
+    log = "\n".join(r["fit_lines"])  # what the worker logs, one line per decision
+    assert "host RAM holds the experts of 2 of 4 MoE layers: 2 GPU-resident layers needed" in log, log
+    assert "GPU expert cache 0.00 GiB (set)" in log, log
+    # the helper sets LK_THREADS=2: it wins over the plan's 7 of the described 8 cores
+    assert r["threads"] == 2 and "engine threads 2 per rank (set; the plan would take 7)" in log, r
+    # a machine where it cannot fit: the message, before any weight loads
+    machine.update(gpu_bytes=gpu(1.5), host_bytes=PROCESS_HOST_BYTES + layer)
+    _, p = _autofit_run(tmp_path, machine, 29890 + os.getpid() % 100)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "host RAM" in out and "short by" in out and "Options:" in out, out[-3000:]
+    assert "Loading weights" not in out and "RESULT" not in out
+
+
 TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16"),
             ("qwen3_moe", "nvfp4"), ("qwen3_moe", "fp8_channel"), ("mixtral", "int8_channel"), ("minimax_m2", "fp8")]
 

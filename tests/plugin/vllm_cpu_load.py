@@ -32,6 +32,16 @@ class EngineLayerHolder:
 
 lk_moe.hybrid.HybridMoE = EngineLayerHolder
 lvllm.runtime.WorkerRuntime.io = lambda self, *a, **k: None  # pinned buffers need CUDA
+if os.environ.get("AUTOFIT_TEST_MACHINE"):  # LVLLM_AUTO_FIT on a described machine (there is no GPU here)
+    import lvllm.autofit_inputs
+    from lvllm.autofit import Machine
+    _described = Machine(**json.loads(os.environ["AUTOFIT_TEST_MACHINE"]))
+    lvllm.autofit_inputs.describe_machine = lambda gpu_gib, util: _described
+    # the plan's GPU-resident layers keep vLLM's own experts: its CPU kernel's prepacking needs vllm._C,
+    # which this build lacks, and the test computes only hybrid layers
+    from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+    cpu_moe.CPUUnquantizedExperts.process_weights_after_loading = lambda self, layer: None
+    lvllm.runtime.WorkerRuntime.staging_for = lambda self, *a, **k: None  # the plan's GPU prefill: CUDA streams
 
 from safetensors.torch import load_file  # noqa: E402
 from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
@@ -221,8 +231,11 @@ def main():
         return
     want = moe_reference(x, w13, w2, ids, wts, **ref)
     rel = ((out - want).norm() / want.norm()).item()
+    rt = lvllm.runtime.get_runtime()
     print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rel_rms": rel,
-                                  "method": type(method).__name__, "activation": engine.activation}))
+                                  "method": type(method).__name__, "activation": engine.activation,
+                                  "resident": sorted(rt.cfg.resident_layers), "threads": rt.threads.threads,
+                                  "gpu_prefill_min_batch": rt.cfg.gpu_prefill_min_batch, "fit_lines": rt.fit_lines}))
 
 
 if __name__ == "__main__":
