@@ -44,9 +44,9 @@
 #   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline)
 #   bash dev/device_acceptance.sh soak1     # starts benchmarks/serve_soak.py detached (setsid: it outlives the run;
 #                                             # SOAK_MIN minutes, default 20; SOAK_ARGS more of its options, e.g. the
-#                                             # 24 GB cap of the expert cache issue: SOAK_MIN=10 SOAK_ARGS="--streams 4
+#                                             # 24 GB cap of the expert cache and auto-fit issues: SOAK_MIN=10 SOAK_ARGS="--streams 4
 #                                             # --serve-arg=--gpu-memory-utilization=0.17 --lvllm-env
-#                                             # LVLLM_GPU_EXPERT_CACHE=auto --long-prompt-words 1230"), then follows it
+#                                             # LVLLM_AUTO_FIT=1 --long-prompt-words 1230"), then follows it
 #   bash dev/device_acceptance.sh soakwait  # follows it again (call back to back, within 30 s); when it has ended:
 #                                             # its report, samples.jsonl, soak.png and the server log into $OUT
 #   bash dev/device_acceptance.sh cache1    # the GPU expert cache: tests/gpu/test_expert_cache.py, then its e2e

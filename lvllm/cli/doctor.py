@@ -241,7 +241,8 @@ def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gi
     return ([Line("info", "plan", head)] + [Line("info", "plan", ln) for ln in p.lines] +
             [Line("info", "suggested", "environment for `vllm serve " + info.path +
                   (f" --tensor-parallel-size {tp}" if tp > 1 else "") + f" --max-model-len {ctx}`:\n    " +
-                  "\n    ".join(env))])
+                  "\n    ".join(env) + "\n    (or LVLLM_MOE_NUMA_ENABLED=1 LVLLM_AUTO_FIT=1: this plan, made by each "
+                  "worker at startup)")])
 
 
 def render(lines: List[Line]) -> str:
