@@ -87,3 +87,17 @@ def test_a_changed_vllm_function_is_named():
         _check("vLLM 9.9", {"RoutedExperts._get_quant_method": (lambda self: None, ("self", "prefix"))})
     with pytest.raises(PluginError, match="vLLM 9.9 has no FusedMoEMethodBase.apply"):
         _check("vLLM 9.9", {"FusedMoEMethodBase.apply": (None, ("self",))})
+
+
+def test_switch_on_refuses_megamoe_experts_that_bypass_the_hook():
+    """vLLM's MegaMoE experts (DeepSeek-V4 / Kimi-K3 with --kernel-config moe_backend=deep_gemm_mega_moe) are no
+    RoutedExperts: built with the switch on they stop startup naming the backend; with it off they are vLLM's."""
+    pytest.importorskip("vllm")
+    code = ("import lvllm.plugin as p; p.register()\n"
+            "from vllm.model_executor.layers.fused_moe import deep_gemm_mega_moe as m\n"
+            "m.DeepGemmMegaMoEExperts(num_experts=8)\n")
+    r = _run(code, LVLLM_MOE_NUMA_ENABLED="1")
+    assert r.returncode != 0 and "UnsupportedMoELayer" in r.stderr, r.stderr[-3000:]
+    assert "MegaMoE backend" in r.stderr and "moe_backend=deep_gemm_mega_moe" in r.stderr, r.stderr[-3000:]
+    r = _run(code, LVLLM_MOE_NUMA_ENABLED="0")
+    assert "UnsupportedMoELayer" not in r.stderr, r.stderr[-3000:]  # vLLM's own __init__ (its own errors, if any)
