@@ -69,6 +69,7 @@ class Model:
     fmt: str = "bf16"                  # lk_moe's engine format
     slot_bytes: int = 0                # one expert in a cache slot, all ranks (0: no slots; see slot_bytes)
     gpu_prefill: bool = True           # the format has a GPU path for streamed prefill
+    host_table_bytes: int = 0          # tables vLLM keeps in host RAM itself (DeepSeek-V4.1's Engram), all ranks
 
 
 # Formats the cache holds dequantized to bf16 (lk_moe.expert_cache: vLLM's fused-MoE kernel has no FP4 path
@@ -194,8 +195,8 @@ def plan(machine: Machine, model: Model, req: Request) -> Plan:
                  f"{_gib(weights)} and lvllm's reserve {_gib(reserve)} per GPU; vLLM gives the KV cache any VRAM left")
     left = room - kv
 
-    # host RAM: the hybrid layers' experts in the engine, plus vLLM's processes per rank
-    process = PROCESS_HOST_BYTES * tp
+    # host RAM: the hybrid layers' experts in the engine, vLLM's processes per rank and its host tables
+    process = PROCESS_HOST_BYTES * tp + model.host_table_bytes
     host_for_experts = machine.host_bytes - process
     need_hybrid_all = layer_host * model.moe_layers
     min_resident = 0 if host_for_experts >= need_hybrid_all else \
@@ -219,8 +220,8 @@ def plan(machine: Machine, model: Model, req: Request) -> Plan:
     if host_need > machine.host_bytes:
         raise FitError(
             f"{model.name}: host RAM: the experts of {model.moe_layers - resident} hybrid layers "
-            f"({_gib(layer_host * (model.moe_layers - resident))} in the engine) and vLLM's processes "
-            f"(~{_gib(process)}) need {_gib(host_need)}; {_gib(machine.host_bytes)} is available: short by "
+            f"({_gib(layer_host * (model.moe_layers - resident))} in the engine) and vLLM's processes and host "
+            f"tables (~{_gib(process)}) need {_gib(host_need)}; {_gib(machine.host_bytes)} is available: short by "
             f"{_gib(host_need - machine.host_bytes)}, and the GPUs can keep at most {keepable} of the "
             f"{model.moe_layers} MoE layers resident. Options: a smaller quantization of the model (8-bit "
             f"halves and 4-bit quarters bf16's expert bytes), more host RAM, more or larger GPUs "
@@ -288,6 +289,7 @@ def plan(machine: Machine, model: Model, req: Request) -> Plan:
                      f"({threads} threads, {machine.isa}, {machine.read_gbps:g} GB/s) "
                      f"{cpu_prefill_seconds(model, machine, prefill, threads, tp) * 1e3:.1f} ms for {prefill} tokens")
     lines.append(f"host RAM {_gib(host_need)} of {_gib(machine.host_bytes)}: experts of {hybrid_layers} hybrid "
-                 f"layers in the engine and vLLM's processes")
+                 f"layers in the engine and vLLM's processes"
+                 + (f", its host tables {_gib(model.host_table_bytes)}" if model.host_table_bytes else ""))
     return Plan(kv_bytes=kv, kv_sequences=seqs, reserve_bytes=reserve, resident_layers=resident, cache_bytes=cache,
                 gpu_prefill_min_batch=prefill, threads=threads, host_bytes_needed=host_need, lines=lines)

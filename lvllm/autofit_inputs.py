@@ -43,7 +43,8 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
                  top_k=int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 8), hidden=H,
                  expert_intermediate=I, layer_expert_bytes=layer, other_bytes=info.other_bytes,
                  kv_bytes_per_token=kv_bytes_per_token(cfg, max_model_len, tp, kv_dtype_bytes), fmt=fmt,
-                 slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation))
+                 slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation),
+                 host_table_bytes=info.host_table_bytes)
 
 
 def describe_machine(gpu_gib: float, util: float):

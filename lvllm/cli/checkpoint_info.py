@@ -26,7 +26,8 @@ class CheckpointInfo:
     num_layers: int = 0
     moe_layers: int = 0
     expert_bytes: int = 0  # routed experts (and their scales)
-    other_bytes: int = 0  # everything else: attention, dense/shared MLPs, embeddings, norms
+    other_bytes: int = 0  # everything else on the GPU: attention, dense/shared MLPs, embeddings, norms
+    host_table_bytes: int = 0  # tables vLLM itself keeps in host RAM (DeepSeek-V4.1's Engram n-gram tables)
     expert_dtypes: Dict[str, int] = field(default_factory=dict)  # dtype -> bytes of expert tensors
     estimated: bool = False  # from config.json arithmetic, not from weight files
     config: dict = field(default_factory=dict)  # config.json (its text config for multimodal models)
@@ -34,6 +35,23 @@ class CheckpointInfo:
     @property
     def expert_bytes_per_layer(self) -> int:
         return self.expert_bytes // self.moe_layers if self.moe_layers else 0
+
+
+def _is_host_table(name: str) -> bool:
+    # DeepSeek-V4.1's "layers.N.engram.embed.weight" / ".scale": vLLM 0.33 keeps them in pinned host RAM
+    # (EngramConfig.cpu_offload, its default) and reads them through unified addressing
+    return ".engram.embed." in name or name.startswith("engram.embed.")
+
+
+def engram_table_bytes(cfg: dict) -> int:
+    """DeepSeek-V4.1's Engram tables from its config: rows per Engram layer x head_dim of FP8 codes plus one
+    ue8m0 scale per 32 (vLLM 0.33's ParallelEngramEmbedding); 0 without Engram layers."""
+    rows = cfg.get("engram_num_embeddings") or []
+    if not cfg.get("engram_layer_ids") or not rows:
+        return 0
+    rows = rows if isinstance(rows, list) else [rows] * len(cfg["engram_layer_ids"])
+    head = int(cfg.get("engram_head_dim", 0))
+    return int(sum(int(r) for r in rows) * (head + head // 32))
 
 
 def _is_routed_expert(name: str) -> bool:
@@ -92,6 +110,7 @@ def _estimate(info: CheckpointInfo, cfg: dict) -> None:
     V = cfg.get("vocab_size", 0)
     info.other_bytes = int(2 * V * H * 2 + info.num_layers * 4 * H * H * 2)  # embeddings + rough attention
     info.expert_dtypes = {f"~{per_weight:g} B/weight": info.expert_bytes}
+    info.host_table_bytes = engram_table_bytes(cfg)
     info.estimated = True
 
 
@@ -133,6 +152,8 @@ def read_checkpoint(path: str) -> CheckpointInfo:
             if _is_routed_expert(name):
                 info.expert_bytes += size
                 info.expert_dtypes[meta["dtype"]] = info.expert_dtypes.get(meta["dtype"], 0) + size
+            elif _is_host_table(name):
+                info.host_table_bytes += size
             else:
                 info.other_bytes += size
     return info

@@ -57,7 +57,8 @@ def _check_fits(m: Machine, model: Model, req: Request, p):
     assert used <= usable, (model.name, p.lines)
     assert p.kv_bytes >= model.kv_bytes_per_token * req.max_model_len  # one full sequence at least
     hybrid = model.moe_layers - p.resident_layers
-    assert p.host_bytes_needed == int(model.layer_expert_bytes * ENGINE_OVERHEAD) * hybrid + PROCESS_HOST_BYTES * req.tp
+    assert p.host_bytes_needed == (int(model.layer_expert_bytes * ENGINE_OVERHEAD) * hybrid + PROCESS_HOST_BYTES * req.tp
+                                   + model.host_table_bytes)
     assert p.host_bytes_needed <= m.host_bytes, (model.name, p.lines)
     assert 0 <= p.resident_layers <= model.moe_layers
     # no VRAM left idle: less than one more slot is left (or every hybrid expert has one), or, without a
@@ -85,6 +86,30 @@ def test_every_plan_fits_what_it_was_given_or_says_why_not(gpu, host, tp):
             assert model.name in msg and "short by" in msg and "Options:" in msg, msg
             continue
         _check_fits(m, model, req, p)
+
+
+def test_engram_tables_count_in_host_ram_not_in_vram(tmp_path):
+    """DeepSeek-V4.1's Engram n-gram tables stay in host RAM under vLLM 0.33 (pinned, read through unified
+    addressing): the planner counts them there, from the safetensors names or the config."""
+    import json
+
+    from lvllm.autofit_inputs import describe_model
+    from lvllm.cli.checkpoint_info import engram_table_bytes, read_checkpoint
+    cfg = dict(architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4", num_hidden_layers=4,
+               hidden_size=256, moe_intermediate_size=128, n_routed_experts=16, num_experts_per_tok=4,
+               num_attention_heads=4, head_dim=512, vocab_size=2048, engram_layer_ids=[1, 2],
+               engram_num_embeddings=[1000, 3000], engram_head_dim=64)
+    assert engram_table_bytes(cfg) == 4000 * (64 + 2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    info = read_checkpoint(str(tmp_path))  # config only: estimated
+    assert info.host_table_bytes == 4000 * 66
+    model = describe_model(info, 1, 4096)
+    big = Model(**{**model.__dict__, "host_table_bytes": 189 * GiB})
+    m = h200_host(gpu=48 * GB, host=256 * GiB)
+    p = plan(m, big, Request(max_model_len=4096))
+    assert p.host_bytes_needed >= 189 * GiB and any("host tables 189.00 GiB" in ln for ln in p.lines)
+    with pytest.raises(FitError, match="host tables"):
+        plan(h200_host(gpu=48 * GB, host=125 * GiB), big, Request(max_model_len=4096))
 
 
 def test_a_small_model_on_a_big_gpu_is_all_resident():
