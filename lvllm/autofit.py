@@ -285,8 +285,8 @@ def plan(machine: Machine, model: Model, req: Request) -> Plan:
     else:
         prefill = prefill_threshold(model, machine, threads, tp)
         lines.append(f"GPU prefill from {prefill} tokens: streaming a layer ({_gib(layer_gpu)} per GPU at "
-                     f"{machine.h2d_gbps:g} GB/s) takes {stream_seconds(model, machine, tp) * 1e3:.1f} ms, the CPU "
-                     f"({threads} threads, {machine.isa}, {machine.read_gbps:g} GB/s) "
+                     f"{machine.h2d_gbps:.0f} GB/s) takes {stream_seconds(model, machine, tp) * 1e3:.1f} ms, the CPU "
+                     f"({threads} thread{'s' if threads > 1 else ''}, {machine.isa}, {machine.read_gbps:.0f} GB/s) "
                      f"{cpu_prefill_seconds(model, machine, prefill, threads, tp) * 1e3:.1f} ms for {prefill} tokens")
     lines.append(f"host RAM {_gib(host_need)} of {_gib(machine.host_bytes)}: experts of {hybrid_layers} hybrid "
                  f"layers in the engine and vLLM's processes"

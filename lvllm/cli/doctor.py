@@ -179,7 +179,7 @@ def plugin_check() -> Line:
 
 
 def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
-                 util: float = 0.9) -> List[Line]:
+                 util: float = 0.9, host_gib: float = 0) -> List[Line]:
     from .checkpoint_info import CheckpointError, read_checkpoint
     try:
         info = read_checkpoint(path)
@@ -195,7 +195,7 @@ def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int =
     if info.moe_layers == 0:
         lines.append(Line("FAIL", "model", "no MoE layers found: lvllm has nothing to offload"))
         return lines
-    avail = _meminfo().get("MemAvailable", 0)
+    avail = int(host_gib * GiB) or _meminfo().get("MemAvailable", 0)
     from ..autofit import ENGINE_OVERHEAD, PROCESS_HOST_BYTES
     process_bytes = PROCESS_HOST_BYTES * tp  # vLLM's and torch's processes themselves
     engine_bytes = info.expert_bytes * ENGINE_OVERHEAD  # the engine's packed copy of the experts
@@ -204,7 +204,7 @@ def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int =
                       f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(engine_bytes)} in the "
                       f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
-    lines += suggest(info, tp, max_model_len, max_num_seqs, gpu_gib, util)
+    lines += suggest(info, tp, max_model_len, max_num_seqs, gpu_gib, util, host_gib=host_gib)
     return lines
 
 
@@ -212,7 +212,7 @@ VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
 
 
 def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
-            util: float = VLLM_GPU_UTIL, machine=None) -> List[Line]:
+            util: float = VLLM_GPU_UTIL, machine=None, host_gib: float = 0) -> List[Line]:
     """lvllm.autofit's plan for this checkpoint on this machine (or on a described GPU; `machine`: a whole
     described one), as doctor lines and the environment that sets it."""
     from ..autofit import Request, plan
@@ -220,6 +220,9 @@ def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gi
     from ..fit import FitError
     ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
     machine = machine or describe_machine(gpu_gib, util)
+    if host_gib:
+        import dataclasses
+        machine = dataclasses.replace(machine, host_bytes=int(host_gib * GiB))
     if not machine.gpu_bytes:
         return [Line("info", "plan", "no GPU here: give --gpu-gib N to plan for one")]
     head = (f"{machine.gpu_bytes / GiB:.0f} GiB GPU x {util:g} (--gpu-memory-utilization), host RAM available "
@@ -260,18 +263,21 @@ def main(argv=None) -> int:
                     help="sequences you plan to serve at full context at once (default: the plan's 2)")
     ap.add_argument("--gpu-gib", type=float, default=0,
                     help="plan for a GPU of this many GiB (default: this machine's GPU)")
+    ap.add_argument("--host-gib", type=float, default=0,
+                    help="plan for a host with this many GiB of RAM free (default: this machine's MemAvailable)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=VLLM_GPU_UTIL,
                     help="vLLM's --gpu-memory-utilization you plan to serve with")
     a = ap.parse_args(argv)
-    if a.max_num_seqs < 0 or a.gpu_gib < 0 or not 0 < a.gpu_memory_utilization <= 1:
-        ap.error("--max-num-seqs and --gpu-gib must be >= 0, --gpu-memory-utilization in (0, 1]")
+    if a.max_num_seqs < 0 or a.gpu_gib < 0 or a.host_gib < 0 or not 0 < a.gpu_memory_utilization <= 1:
+        ap.error("--max-num-seqs, --gpu-gib and --host-gib must be >= 0, --gpu-memory-utilization in (0, 1]")
     if a.tp < 1:
         ap.error("--tp must be >= 1")
     if a.max_model_len < 0:
         ap.error("--max-model-len must be >= 1 (0: the model's own)")
     lines = machine_checks()
     if a.model:
-        lines += model_checks(a.model, a.tp, a.max_model_len, a.max_num_seqs, a.gpu_gib, a.gpu_memory_utilization)
+        lines += model_checks(a.model, a.tp, a.max_model_len, a.max_num_seqs, a.gpu_gib, a.gpu_memory_utilization,
+                              a.host_gib)
     print(render(lines))
     return 1 if any(ln.level == "FAIL" for ln in lines) else 0
 

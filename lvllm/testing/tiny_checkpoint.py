@@ -8,7 +8,9 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
-qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 only so far)
+qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
+mxfp4), kimi_k25 (Kimi-K2.5 / K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT
+vision tower; bf16 only so far)
 (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
@@ -31,19 +33,41 @@ from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
-         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4")
+         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "kimi_k25")
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
-VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe"}
-# Their tokenizer's vision tokens (ids right after SPECIAL's: image, video, vision start, vision end) and
-# image / video processor settings (Qwen3-VL's: 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5).
-VISION_SPECIAL = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
+# Where each release keeps its text model's "model." part, and its lm_head
+TEXT_PREFIX = {"qwen3_5_moe_vl": ("model.language_model", "lm_head"),
+               "kimi_k25": ("language_model.model", "language_model.lm_head")}
+# Their tokenizer's vision tokens (ids right after SPECIAL's) and image / video processor settings.
+# Qwen3-VL's: image, video, vision start, vision end; 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5.
+VISION_SPECIAL = {"qwen3_5_moe_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"],
+                  # Kimi-K2.5's media tokens (vLLM's image placeholder is begin, content, pad, end)
+                  "kimi_k25": ["<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>",
+                               "<|kimi_k25_video_placeholder|>"]}
 _PIXELS = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
                image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 4096, "longest_edge": 1048576})
+# Kimi-K2.5: 14-pixel patches, 2 x 2 merge, 4 frames a video chunk. One preprocessor_config.json serves vLLM's
+# fused processor (its media_proc_cfg block; patch limits kept small so its startup profile image is small)
+# and transformers' Kimi_K25ImageProcessor (the top-level keys).
+_KIMI_MEDIA = {"in_patch_limit": 1024, "patch_size": 14, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+               "merge_kernel_size": 2, "fixed_output_tokens": None, "patch_limit_on_one_side": 64,
+               "in_patch_limit_each_frame": 1024, "in_patch_limit_video": None, "sample_fps": 2.0,
+               "max_num_frames_each_video": None, "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff",
+               "config_type": "media_proc.processors.moonvit.MoonViTMediaProcessorConfig"}
 VL_PROCESSOR_FILES = {
-    "preprocessor_config.json": dict(_PIXELS, image_processor_type="Qwen2VLImageProcessor",
-                                     processor_class="Qwen3VLProcessor"),
-    "video_preprocessor_config.json": dict(_PIXELS, video_processor_type="Qwen3VLVideoProcessor",
-                                           processor_class="Qwen3VLProcessor", fps=2, min_frames=4, max_frames=16),
+    "qwen3_5_moe_vl": {
+        "preprocessor_config.json": dict(_PIXELS, image_processor_type="Qwen2VLImageProcessor",
+                                         processor_class="Qwen3VLProcessor"),
+        "video_preprocessor_config.json": dict(_PIXELS, video_processor_type="Qwen3VLVideoProcessor",
+                                               processor_class="Qwen3VLProcessor", fps=2, min_frames=4, max_frames=16),
+    },
+    "kimi_k25": {
+        "preprocessor_config.json": dict(media_proc_cfg=_KIMI_MEDIA, image_processor_type="Kimi_K25ImageProcessor",
+                                         patch_size=14, merge_size=2, max_patches=1024,
+                                         size={"max_height": 64, "max_width": 64}, image_mean=[0.5] * 3,
+                                         image_std=[0.5] * 3),
+    },
 }
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2")
@@ -129,6 +153,12 @@ SHAPES = {
     "qwen3_5_moe_vl": {
         "tiny": dict(vis_depth=1, vis_H=64, vis_I=128, vis_heads=2, vis_pos=64),
         "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=2304),
+    },
+    # Kimi-K2.5 / K2.6: DeepSeek-V3's text model beside a MoonViT 3-D vision tower (transformers'
+    # Kimi_K25VisionConfig defaults for big); vis_pos: the learned position grid's side
+    "kimi_k25": {
+        "tiny": dict(vis_depth=1, vis_H=64, vis_I=128, vis_heads=2, vis_pos=8),
+        "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=64),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
@@ -235,6 +265,8 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
         if s["layer_types"]:
             cfg["layer_types"] = s["layer_types"]
         return cfg
+    if arch == "kimi_k25":
+        return _kimi_k25_config(s, vocab)
     if arch in VL_TEXT:
         text = dict(_config(VL_TEXT[arch], s, vocab), architectures=None)
         vision = dict(model_type="qwen3_5_moe_vision", depth=s["vis_depth"], hidden_size=s["vis_H"],
@@ -246,6 +278,54 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
         return dict(architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
                     text_config=text, vision_config=vision, tie_word_embeddings=False, torch_dtype="bfloat16", **ids)
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+def _kimi_k25_config(s: dict, vocab: int) -> dict:
+    """transformers' Kimi_K25Config field names (vLLM 0.33 reads the same class; the Hub's remote-code names,
+    vt_* / init_pos_emb_*, are read by neither), the media token ids of this tokenizer, no tied embeddings
+    (vLLM's DeepSeek-V3 text model never ties them)."""
+    text = _config("deepseek_v3", s, vocab)
+    text.pop("architectures")
+    text.update(model_type="kimi_k2", tie_word_embeddings=False)  # kimi_k2: the release's text model type
+    ids = {t: len(SPECIAL) + i for i, t in enumerate(VISION_SPECIAL["kimi_k25"])}
+    vision = dict(patch_size=14, pos_emb_height=s["vis_pos"], pos_emb_width=s["vis_pos"], pos_emb_time=4,
+                  num_attention_heads=s["vis_heads"], num_hidden_layers=s["vis_depth"], hidden_size=s["vis_H"],
+                  intermediate_size=s["vis_I"], hidden_act="gelu_pytorch_tanh", merge_kernel_size=[2, 2],
+                  merge_type="sd2_tpool", pos_emb_type="divided_fixed", mm_projector_type="patchmerger",
+                  video_attn_type="spatial_temporal")
+    return dict(architectures=["KimiK25ForConditionalGeneration"], model_type="kimi_k25", text_config=text,
+                vision_config=vision, projection_hidden_size=s["vis_H"], projection_layer_norm_eps=1e-5,
+                image_token_id=ids["<|media_pad|>"], video_token_id=ids["<|kimi_k25_video_placeholder|>"],
+                vision_start_token_id=ids["<|media_begin|>"], vision_end_token_id=ids["<|media_end|>"],
+                media_placeholder_token_id=ids["<|media_pad|>"], use_unified_vision_chunk=True,
+                video_placeholder="<|kimi_k25_video_placeholder|>", tie_word_embeddings=False, torch_dtype="bfloat16")
+
+
+def _kimi_vision_tower(s: dict, w: "_Weights") -> None:
+    """Kimi-K2.5's MoonViT under vision_tower. and its projector (the Hub's names: fused wqkv, norm0/1,
+    mlp.fc0/1, a 2-D learned position grid, a 2 x 2 merge into mm_projector.proj.0/2)."""
+    Hv, v = s["vis_H"], "vision_tower"
+
+    def layer_norm(name, n):
+        w.norm(name, n)
+        w.t[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
+    w.t[f"{v}.patch_embed.proj.weight"] = (torch.randn(Hv, 3, 14, 14, generator=w.g) / math.sqrt(3 * 14 * 14)
+                                           ).to(torch.bfloat16)
+    w.t[f"{v}.patch_embed.proj.bias"] = torch.zeros(Hv, dtype=torch.bfloat16)
+    w.t[f"{v}.patch_embed.pos_emb.weight"] = (0.1 * torch.randn(s["vis_pos"], s["vis_pos"], Hv, generator=w.g)
+                                              ).to(torch.bfloat16)
+    for i in range(s["vis_depth"]):
+        b = f"{v}.encoder.blocks.{i}"
+        layer_norm(f"{b}.norm0", Hv)
+        layer_norm(f"{b}.norm1", Hv)
+        w.linear(f"{b}.wqkv", 3 * Hv, Hv, bias=True)
+        w.linear(f"{b}.wo", Hv, Hv, bias=True)
+        w.linear(f"{b}.mlp.fc0", s["vis_I"], Hv, bias=True)
+        w.linear(f"{b}.mlp.fc1", Hv, s["vis_I"], bias=True)
+    layer_norm(f"{v}.encoder.final_layernorm", Hv)
+    layer_norm("mm_projector.pre_norm", Hv)
+    w.linear("mm_projector.proj.0", 4 * Hv, 4 * Hv, bias=True)
+    w.linear("mm_projector.proj.2", s["H"], 4 * Hv, bias=True)
 
 
 # DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
@@ -413,8 +493,10 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
     if arch in VL_TEXT:
         text = _weights(VL_TEXT[arch], s, vocab, seed)
         w = _Weights(seed + 1)
-        w.t = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): t for k, t in text.items()}
-        _vision_tower(s, w)
+        model, head = TEXT_PREFIX[arch]
+        w.t = {(model + k[len("model"):] if k.startswith("model.") else
+                head + k[len("lm_head"):] if k.startswith("lm_head.") else k): t for k, t in text.items()}
+        (_kimi_vision_tower if arch == "kimi_k25" else _vision_tower)(s, w)
         return w.t
     w = _Weights(seed)
     H = s["H"]
@@ -580,8 +662,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     if layers:
         s["L"] = layers
     os.makedirs(out, exist_ok=True)
-    n_tok = write_tokenizer(out, min(s["V"], 2048), VISION_SPECIAL if arch in VL_TEXT else ())
-    for name, content in (VL_PROCESSOR_FILES.items() if arch in VL_TEXT else ()):
+    n_tok = write_tokenizer(out, min(s["V"], 2048), VISION_SPECIAL.get(arch, ()))
+    for name, content in VL_PROCESSOR_FILES.get(arch, {}).items():
         with open(os.path.join(out, name), "w") as f:
             json.dump(content, f, indent=1)
     vocab = max(s["V"], n_tok)

@@ -11,6 +11,8 @@ MiniMax-M2: w1/w2/w3 expert names, sigmoid routing with a selection bias, q/k no
 Qwen3.5-MoE (its text model): Qwen3-Next's layers with the GDN input projections split as released;
 and as released (qwen3_5_moe_vl): the text model under model.language_model. beside a vision tower (text
 prompts here; vLLM profiles the vision tower at startup with its own dummy images).
+Kimi-K2.5 (as released): DeepSeek-V3's text model under language_model. beside a MoonViT vision tower (text
+prompts; vLLM profiles the tower at startup), vLLM's own Kimi_K25Config and media processor.
 DeepSeek-V4 (bf16 experts so far): mHC residual streams, sliding / CSA / HCA compressed attention, a
 hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts (the engine's silu_clamp).
 """
@@ -22,7 +24,8 @@ from .test_switch import (CPU, KV, OFF, _check, _get, _run_all, check_cpu_run, c
                           pytestmark)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
-NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1}
+NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
+             "kimi_k25": 1}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;

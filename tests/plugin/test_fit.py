@@ -142,3 +142,8 @@ def test_doctor_says_what_host_ram_is_short_for_a_model_that_does_not_fit(tmp_pa
     out = capsys.readouterr().out
     fail = next(ln for ln in out.splitlines() if ln.startswith("FAIL  plan"))
     assert "host RAM" in fail and "short by" in fail and "smaller quantization" in fail, fail
+    # planned for a host with 1 TiB free instead (--host-gib): it fits, with the first MoE layers' indices
+    assert doctor(["--model", str(tmp_path), "--gpu-gib", "80", "--host-gib", "1024", "--max-model-len", "8192"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert not any(ln.startswith("FAIL  plan") or ln.startswith("FAIL  host RAM") for ln in out.splitlines()), out
+    assert "host RAM available 1024 GiB" in out and "LVLLM_GPU_EXPERT_CACHE=" in out

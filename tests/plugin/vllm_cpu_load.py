@@ -52,7 +52,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
 from lvllm.cli.checkpoint_info import expert_shape  # noqa: E402
-from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, VL_TEXT  # noqa: E402
+from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, TEXT_PREFIX  # noqa: E402
 
 
 def expert_weight(t, base, quant):
@@ -82,7 +82,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
         return dummy_reference(model_dir, arch)
     t = load_file(os.path.join(model_dir, "model.safetensors"))
     cfg = text_config(model_dir)
-    base = "model.language_model" if arch in VL_TEXT else "model"
+    base = TEXT_PREFIX[arch][0] if arch in TEXT_PREFIX else "model"
     prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
     act = {}
     if arch == "deepseek_v4":  # the inference release's names; clamped SwiGLU experts
