@@ -30,6 +30,12 @@ def test_transformers_loads_every_weight(tmp_path, arch):
     assert len(ids if isinstance(ids, list) else ids["input_ids"]) > 3
 
 
+# arch -> (the image placeholder as the release's chat template writes it, image height x width, patch side):
+# either way 4 x 6 patches merged 2 x 2 -> 6 image tokens in the prompt
+VL_PROMPTS = {"qwen3_5_moe_vl": ("<|vision_start|><|image_pad|><|vision_end|>", (64, 96)),
+              "kimi_k25": ("<|media_begin|>image<|media_content|><|media_pad|><|media_end|>", (56, 84))}
+
+
 @pytest.mark.parametrize("arch", list(VL_TEXT))
 def test_vision_language_checkpoint_takes_an_image(tmp_path, arch):
     """The released layout of a vision-language MoE: transformers' own processor (from the checkpoint's
@@ -41,13 +47,13 @@ def test_vision_language_checkpoint_takes_an_image(tmp_path, arch):
     path = make_checkpoint(arch, str(tmp_path / arch))
     proc = transformers.AutoProcessor.from_pretrained(path)
     cfg = json.load(open(f"{path}/config.json"))
-    assert proc.image_token_id == cfg["image_token_id"] and proc.vision_start_token_id == cfg["vision_start_token_id"]
-    image = Image.fromarray((np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8))
-    text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what is it<|im_end|>\n<|im_start|>assistant\n"
+    assert proc.image_token_id == cfg["image_token_id"]
+    placeholder, (h, w) = VL_PROMPTS[arch]
+    image = Image.fromarray((np.random.default_rng(0).random((h, w, 3)) * 255).astype(np.uint8))
+    text = f"<|im_start|>user\n{placeholder}what is it<|im_end|>\n<|im_start|>assistant\n"
     inputs = proc(text=[text], images=[image], return_tensors="pt")
-    # 64 x 96 pixels: 4 x 6 patches of 16, merged 2 x 2 -> 6 image tokens in the prompt
     assert int((inputs["input_ids"] == cfg["image_token_id"]).sum()) == 6
-    model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
     logits = model(**inputs).logits
     assert torch.isfinite(logits).all() and 1.0 < logits.float().std() < 10.0
 
