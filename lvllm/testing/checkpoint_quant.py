@@ -225,10 +225,12 @@ def write_dequantized_twin(src: str, out: str) -> str:
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
     config.pop("quantization_config", None)
+    config.get("text_config", {}).pop("quantization_config", None)  # Kimi-K2.5 keeps it in its text model's
     config.pop("expert_dtype", None)  # DeepSeek-V4's: its experts' format
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
+                 "video_preprocessor_config.json"):  # vision-language releases: vLLM builds their processors
         if os.path.exists(os.path.join(src, name)):
             with open(os.path.join(src, name)) as f_in, open(os.path.join(out, name), "w") as f_out:
                 f_out.write(f_in.read())

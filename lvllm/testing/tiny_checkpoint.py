@@ -10,7 +10,7 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
 mxfp4), kimi_k25 (Kimi-K2.5 / K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT
-vision tower; bf16 only so far)
+vision tower; bf16, or w4a16: its int4 experts as released)
 (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
@@ -653,8 +653,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     if size not in ("tiny", "big"):
         raise ValueError("size must be tiny or big")
     s = dict(SHAPES[VL_TEXT[arch]][size], **SHAPES[arch][size]) if arch in VL_TEXT else dict(SHAPES[arch][size])
-    if arch in VL_TEXT and quant != "bf16":
-        raise ValueError(f"{arch}: bf16 only (the quantizers do not know the vision tower's layers)")
+    if arch in VL_TEXT and quant != "bf16" and (arch, quant) != ("kimi_k25", "w4a16"):
+        raise ValueError(f"{arch}: bf16 only" + (", or w4a16 (the release's int4 experts)" if arch == "kimi_k25" else
+                                                 " (the quantizers do not know the vision tower's layers)"))
     if arch == "deepseek_v4" and quant not in ("bf16", "mxfp4"):
         raise ValueError(f"{arch}: bf16, or mxfp4 (the release's MXFP4 experts; the other layers bf16)")
     if quant == "mxfp4" and arch != "deepseek_v4":
@@ -674,7 +675,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         tensors = _deepseek_v4_mxfp4(tensors, config)
     elif tensors is not None:
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
-        if qc is not None:
+        if qc is not None and arch == "kimi_k25":  # as released: the text model's config carries it
+            config["text_config"]["quantization_config"] = qc
+        elif qc is not None:
             config["quantization_config"] = qc
         for name, content in extra.items():
             with open(os.path.join(out, name), "w") as f:

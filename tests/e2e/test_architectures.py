@@ -29,8 +29,9 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;
-# vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16).
-NEW_QUANTIZED = [("deepseek_v4", "mxfp4")]
+# vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16);
+# Kimi-K2.5's int4 experts (compressed-tensors W4A16 group 32, its quantization_config in text_config).
+NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16")]
 
 
 @pytest.fixture(scope="module")

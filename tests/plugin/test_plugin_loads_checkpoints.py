@@ -56,6 +56,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v3", "w4a16", 1, "wna16_int4"),  # Kimi-K2-Thinking's int4 experts on its DeepSeek-V3 architecture
     ("glm4_moe", "bf16", 1, "bf16"),  # a dense first layer, partial rotary, attention biases
     ("kimi_k25", "bf16", 1, "bf16"),  # as Kimi-K2.5 is released: DeepSeek-V3 under language_model. beside MoonViT
+    ("kimi_k25", "w4a16", 1, "wna16_int4"),  # and its int4 experts (quantization_config in text_config)
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
 ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp"}
