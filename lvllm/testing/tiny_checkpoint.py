@@ -305,27 +305,31 @@ def _kimi_vision_tower(s: dict, w: "_Weights") -> None:
     """Kimi-K2.5's MoonViT under vision_tower. and its projector (the Hub's names: fused wqkv, norm0/1,
     mlp.fc0/1, a 2-D learned position grid, a 2 x 2 merge into mm_projector.proj.0/2)."""
     Hv, v = s["vis_H"], "vision_tower"
-
-    def layer_norm(name, n):
-        w.norm(name, n)
-        w.t[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
     w.t[f"{v}.patch_embed.proj.weight"] = (torch.randn(Hv, 3, 14, 14, generator=w.g) / math.sqrt(3 * 14 * 14)
                                            ).to(torch.bfloat16)
     w.t[f"{v}.patch_embed.proj.bias"] = torch.zeros(Hv, dtype=torch.bfloat16)
     w.t[f"{v}.patch_embed.pos_emb.weight"] = (0.1 * torch.randn(s["vis_pos"], s["vis_pos"], Hv, generator=w.g)
                                               ).to(torch.bfloat16)
-    for i in range(s["vis_depth"]):
-        b = f"{v}.encoder.blocks.{i}"
-        layer_norm(f"{b}.norm0", Hv)
-        layer_norm(f"{b}.norm1", Hv)
-        w.linear(f"{b}.wqkv", 3 * Hv, Hv, bias=True)
-        w.linear(f"{b}.wo", Hv, Hv, bias=True)
-        w.linear(f"{b}.mlp.fc0", s["vis_I"], Hv, bias=True)
-        w.linear(f"{b}.mlp.fc1", Hv, s["vis_I"], bias=True)
-    layer_norm(f"{v}.encoder.final_layernorm", Hv)
-    layer_norm("mm_projector.pre_norm", Hv)
+    _vit_blocks(s, w, f"{v}.encoder.blocks", ("norm0", "norm1", "wqkv", "wo", "mlp.fc0", "mlp.fc1"))
+    w.layer_norm(f"{v}.encoder.final_layernorm", Hv)
+    w.layer_norm("mm_projector.pre_norm", Hv)
     w.linear("mm_projector.proj.0", 4 * Hv, 4 * Hv, bias=True)
     w.linear("mm_projector.proj.2", s["H"], 4 * Hv, bias=True)
+
+
+def _vit_blocks(s: dict, w: "_Weights", prefix: str, names: tuple) -> None:
+    """Pre-norm ViT blocks with biases: names = (first norm, second norm, fused qkv, output projection,
+    MLP in, MLP out) under prefix.N."""
+    Hv = s["vis_H"]
+    norm_a, norm_b, qkv, proj, fc1, fc2 = names
+    for i in range(s["vis_depth"]):
+        b = f"{prefix}.{i}"
+        w.layer_norm(f"{b}.{norm_a}", Hv)
+        w.layer_norm(f"{b}.{norm_b}", Hv)
+        w.linear(f"{b}.{qkv}", 3 * Hv, Hv, bias=True)
+        w.linear(f"{b}.{proj}", Hv, Hv, bias=True)
+        w.linear(f"{b}.{fc1}", s["vis_I"], Hv, bias=True)
+        w.linear(f"{b}.{fc2}", Hv, s["vis_I"], bias=True)
 
 
 # DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
@@ -423,23 +427,12 @@ def _vision_tower(s: dict, w: "_Weights") -> None:
     positions, pre-norm blocks (fused qkv), a 2 x 2 patch merger into the text model's width."""
     Hv, merged = s["vis_H"], s["vis_H"] * 4
     v = "model.visual"
-
-    def layer_norm(name, n):
-        w.norm(name, n)
-        w.t[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
     w.t[f"{v}.patch_embed.proj.weight"] = (torch.randn(Hv, 3, 2, 16, 16, generator=w.g) / math.sqrt(3 * 2 * 16 * 16)
                                            ).to(torch.bfloat16)
     w.t[f"{v}.patch_embed.proj.bias"] = torch.zeros(Hv, dtype=torch.bfloat16)
     w.t[f"{v}.pos_embed.weight"] = (0.02 * torch.randn(s["vis_pos"], Hv, generator=w.g)).to(torch.bfloat16)
-    for i in range(s["vis_depth"]):
-        b = f"{v}.blocks.{i}"
-        layer_norm(f"{b}.norm1", Hv)
-        layer_norm(f"{b}.norm2", Hv)
-        w.linear(f"{b}.attn.qkv", 3 * Hv, Hv, bias=True)
-        w.linear(f"{b}.attn.proj", Hv, Hv, bias=True)
-        w.linear(f"{b}.mlp.linear_fc1", s["vis_I"], Hv, bias=True)
-        w.linear(f"{b}.mlp.linear_fc2", Hv, s["vis_I"], bias=True)
-    layer_norm(f"{v}.merger.norm", Hv)
+    _vit_blocks(s, w, f"{v}.blocks", ("norm1", "norm2", "attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"))
+    w.layer_norm(f"{v}.merger.norm", Hv)
     w.linear(f"{v}.merger.linear_fc1", merged, merged, bias=True)
     w.linear(f"{v}.merger.linear_fc2", s["H"], merged, bias=True)
 
@@ -480,6 +473,10 @@ class _Weights:
 
     def norm(self, name: str, n: int) -> None:
         self.t[f"{name}.weight"] = torch.ones(n, dtype=torch.bfloat16)
+
+    def layer_norm(self, name: str, n: int) -> None:
+        self.norm(name, n)
+        self.t[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
 
     def mlp(self, prefix: str, H: int, I: int, names=("gate_proj", "up_proj", "down_proj")) -> None:
         self.linear(f"{prefix}.{names[0]}", I, H)
