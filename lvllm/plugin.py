@@ -228,11 +228,36 @@ def _refuse_bypassing_experts(cls_name: str, module) -> None:
     cls.__init__ = __init__
 
 
+# DeepSeek-V4.1's latency-specialized decode (additional_config decode_backend=latency_specialized) computes the
+# routed experts from the layers' GPU weight tensors itself, past the quant method lk_moe replaces.
+SPECIALIZED_DECODE = "vllm.models.deepseek_v41.nvidia.specialized_decode"
+
+
+def _refuse_specialized_decode(module) -> None:
+    original = getattr(module, "specialized_decode_config", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def specialized_decode_config(vllm_config):
+        extra = getattr(vllm_config, "additional_config", None)
+        if isinstance(extra, dict) and extra.get("decode_backend", "auto") == "latency_specialized":
+            from .policy import UnsupportedMoELayer
+            raise UnsupportedMoELayer(
+                "lvllm: decode_backend=latency_specialized (DeepSeek-V4.1) computes the routed experts from their "
+                "GPU weights itself, past lk_moe: with LVLLM_MOE_NUMA_ENABLED=1 leave decode_backend at auto, or "
+                "switch lvllm off")
+        return original(vllm_config)
+
+    module.specialized_decode_config = specialized_decode_config
+
+
 def _install(cfg: LvllmConfig) -> None:
     where = f"vLLM {_check_version()}"
     when_imported(ROUTED_EXPERTS, functools.partial(_hook_routed_experts, cfg, where))
     for name, cls_name in BYPASSING_EXPERTS.items():
         when_imported(name, functools.partial(_refuse_bypassing_experts, cls_name))
+    when_imported(SPECIALIZED_DECODE, _refuse_specialized_decode)
     for name in MODEL_RUNNERS:
         when_imported(name, functools.partial(_hook_profile_run, where))
         when_imported(name, functools.partial(_hook_execute_model, where))

@@ -101,3 +101,18 @@ def test_switch_on_refuses_megamoe_experts_that_bypass_the_hook():
     assert "MegaMoE backend" in r.stderr and "moe_backend=deep_gemm_mega_moe" in r.stderr, r.stderr[-3000:]
     r = _run(code, LVLLM_MOE_NUMA_ENABLED="0")
     assert "UnsupportedMoELayer" not in r.stderr, r.stderr[-3000:]  # vLLM's own __init__ (its own errors, if any)
+
+
+def test_switch_on_refuses_deepseek_v41_specialized_decode():
+    """DeepSeek-V4.1's decode_backend=latency_specialized computes the experts from their GPU tensors (past the
+    hook): refused with the switch on, before vLLM's own checks; decode_backend auto is vLLM's as before."""
+    pytest.importorskip("vllm")
+    code = ("import types, lvllm.plugin as p; p.register()\n"
+            "from vllm.models.deepseek_v41.nvidia import model\n"  # the model file binds the checked function
+            "cfg = types.SimpleNamespace(additional_config={'decode_backend': '%s'})\n"
+            "print('RESULT', model.specialized_decode_config(cfg))\n")
+    r = _run(code % "latency_specialized", LVLLM_MOE_NUMA_ENABLED="1")
+    assert r.returncode != 0 and "UnsupportedMoELayer" in r.stderr and "decode_backend=latency_specialized" in r.stderr, \
+        r.stderr[-3000:]
+    r = _run(code % "auto", LVLLM_MOE_NUMA_ENABLED="1")
+    assert r.returncode == 0 and "RESULT None" in r.stdout, r.stderr[-3000:]
