@@ -94,7 +94,7 @@ $e2e_lines \$OUT/e2e_serve.log"
 # lost a machine between two follows, and the soak's samples and server log with it)
 soak_follow='while kill -0 $(cat /root/soak/pid) 2> /dev/null && [ $(date +%s) -lt $((LVLLM_DEVICE_DEADLINE - 25)) ]; do sleep 5; done
 tail -4 /root/soak/soak.log; kill -0 $(cat /root/soak/pid) 2> /dev/null || tail -12 /root/soak/soak.log
-grep -h "LVLLM_GPU_EXPERT_CACHE=auto\|lk_moe: hybrid\|KV cache\|Traceback\|Error" /root/soak/serve.log 2>/dev/null | cut -c1-400 | head -12
+grep -h "LVLLM_AUTO_FIT\|LVLLM_GPU_EXPERT_CACHE=auto\|lk_moe: hybrid\|KV cache\|Traceback\|Error" /root/soak/serve.log 2>/dev/null | cut -c1-400 | head -16
 cp /root/soak/samples.jsonl /root/soak/soak.log /root/soak/serve.log $OUT/ 2>/dev/null; cp /root/soak/soak.png $OUT/ 2>/dev/null || true'
 case "$part" in
   decode)
