@@ -3,27 +3,16 @@ lvllm.cli.checkpoint_info), for `lvllm doctor --model` and the LVLLM_AUTO_FIT=1 
 from __future__ import annotations
 
 import os
-
 from typing import Mapping, Optional, Tuple
 
 from .autofit import Machine, Model, Request, plan, slot_bytes
 from .cli.checkpoint_info import expert_shape, info_from_config, moe_layer_indices, read_checkpoint
+from .cli.doctor import _meminfo
 from .config import LvllmConfig
 from .fit import kv_bytes_per_token
 from .threads import physical_cores
 
 GiB = 1 << 30
-
-
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 # quantization method -> lk_moe engine format (the checkpoint's experts as the engine holds them)
@@ -47,9 +36,10 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
                  host_table_bytes=info.host_table_bytes)
 
 
-def describe_machine(gpu_gib: float, util: float):
-    """lvllm.autofit's description of this machine: GPU memory (or --gpu-gib), host RAM available, physical
-    cores, and the two bandwidths measured here (the engine's read probe, a pinned host-to-device copy)."""
+def describe_machine(gpu_gib: float, util: float, host_gib: float = 0):
+    """lvllm.autofit's description of this machine: GPU memory (or --gpu-gib), host RAM available (or
+    --host-gib), physical cores, and the two bandwidths measured here (the engine's read probe, a pinned
+    host-to-device copy)."""
     cpus = sorted(os.sched_getaffinity(0))
     gpu_bytes, h2d, isa, read = int(gpu_gib * GiB), 25.0, "avx512_bf16", 60.0
     try:
@@ -76,7 +66,8 @@ def describe_machine(gpu_gib: float, util: float):
         read = sorted(pool.measure_read_bandwidth(1 << 30, 3))[1]
     except Exception:  # the engine not built here: a typical two-channel-per-socket figure
         pass
-    return Machine(gpu_bytes=gpu_bytes, host_bytes=_mem_available(), cores=physical_cores(cpus),
+    host = int(host_gib * GiB) or _meminfo().get("MemAvailable", 0)
+    return Machine(gpu_bytes=gpu_bytes, host_bytes=host, cores=physical_cores(cpus),
                    read_gbps=read, h2d_gbps=h2d, isa=isa, gpu_memory_utilization=util)
 
 

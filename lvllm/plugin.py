@@ -208,22 +208,22 @@ def _hook_execute_model(where: str, module) -> None:
     runner.execute_model = execute_model
 
 
-# Expert modules that are no RoutedExperts (they never call the quant-method hook): with the switch on they
-# would keep every routed expert on the GPU without a word. module -> class.
-BYPASSING_EXPERTS = {"vllm.model_executor.layers.fused_moe.deep_gemm_mega_moe": "DeepGemmMegaMoEExperts"}
+# vLLM's MegaMoE experts are no RoutedExperts (they never call the quant-method hook): with the switch on they
+# would keep every routed expert on the GPU without a word.
+MEGA_MOE = "vllm.model_executor.layers.fused_moe.deep_gemm_mega_moe"
 
 
-def _refuse_bypassing_experts(cls_name: str, module) -> None:
-    cls = getattr(module, cls_name, None)
+def _refuse_megamoe(module) -> None:
+    cls = getattr(module, "DeepGemmMegaMoEExperts", None)
     if cls is None:
         return
 
     def __init__(self, *args, **kwargs):
         from .policy import UnsupportedMoELayer
         raise UnsupportedMoELayer(
-            f"lvllm: {cls_name} (vLLM's MegaMoE backend, e.g. --kernel-config moe_backend=deep_gemm_mega_moe) builds "
-            f"the routed experts outside vLLM's RoutedExperts, so lk_moe cannot keep them in host RAM: with "
-            f"LVLLM_MOE_NUMA_ENABLED=1 leave the MoE backend to vLLM's default, or switch lvllm off")
+            "lvllm: DeepGemmMegaMoEExperts (vLLM's MegaMoE backend, e.g. --kernel-config moe_backend=deep_gemm_mega_moe) "
+            "builds the routed experts outside vLLM's RoutedExperts, so lk_moe cannot keep them in host RAM: with "
+            "LVLLM_MOE_NUMA_ENABLED=1 leave the MoE backend to vLLM's default, or switch lvllm off")
 
     cls.__init__ = __init__
 
@@ -255,8 +255,7 @@ def _refuse_specialized_decode(module) -> None:
 def _install(cfg: LvllmConfig) -> None:
     where = f"vLLM {_check_version()}"
     when_imported(ROUTED_EXPERTS, functools.partial(_hook_routed_experts, cfg, where))
-    for name, cls_name in BYPASSING_EXPERTS.items():
-        when_imported(name, functools.partial(_refuse_bypassing_experts, cls_name))
+    when_imported(MEGA_MOE, _refuse_megamoe)
     when_imported(SPECIALIZED_DECODE, _refuse_specialized_decode)
     for name in MODEL_RUNNERS:
         when_imported(name, functools.partial(_hook_profile_run, where))

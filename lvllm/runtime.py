@@ -56,8 +56,8 @@ def _local_rank_and_world():
 
 
 class WorkerRuntime:
-    def __init__(self, cfg: LvllmConfig, fit_threads: Optional[int] = None):
-        """fit_threads: LVLLM_AUTO_FIT's engine threads (LK_THREADS, when set, wins)."""
+    def __init__(self, cfg: LvllmConfig, fit_threads: Optional[int] = None, fit_lines: Optional[List[str]] = None):
+        """fit_threads, fit_lines: LVLLM_AUTO_FIT's engine threads (LK_THREADS, when set, wins) and its plan."""
         import lk_moe
         from lk_moe import engine as lk_engine
 
@@ -95,7 +95,7 @@ class WorkerRuntime:
         self.replay = None  # lk_moe.expert_cache.TraceReplay (LVLLM_BENCH_ROUTING_REPLAY=1, benchmarks only)
         self.refill_gbs = None  # measured at the first forward, for the summary
         self.speculation = _speculation()  # (draft tokens k, method) of vLLM's speculative decoding, or None
-        self.fit_lines: List[str] = []  # LVLLM_AUTO_FIT's plan, one line per decision
+        self.fit_lines: List[str] = list(fit_lines or [])  # LVLLM_AUTO_FIT's plan, one line per decision
 
     def note_planned(self, plan) -> None:
         if plan.draft:
@@ -311,8 +311,7 @@ def get_runtime(cfg: Optional[LvllmConfig] = None) -> WorkerRuntime:
 
                 from .autofit_inputs import plan_at_startup
                 cfg, threads, lines = plan_at_startup(cfg, os.environ)
-            _runtime = WorkerRuntime(cfg, fit_threads=threads)
-            _runtime.fit_lines = lines
+            _runtime = WorkerRuntime(cfg, fit_threads=threads, fit_lines=lines)
             for line in lines:
                 logger.info("lk_moe: LVLLM_AUTO_FIT: %s", line)
         return _runtime

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 from .. import pins
 from ..hugepages import thp_mode
-from ..threads import physical_cores, reserved_cores
+from ..threads import physical_cores
 
 PINS = {"vllm": pins.VLLM, "torch": pins.TORCH}
 GiB = 1 << 30
@@ -178,8 +178,11 @@ def plugin_check() -> Line:
     return Line("ok", "plugin", f"entry point {eps[0].name} -> {eps[0].value}; {hooks}; switch {state}")
 
 
+VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
+
+
 def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
-                 util: float = 0.9, host_gib: float = 0) -> List[Line]:
+                 util: float = VLLM_GPU_UTIL, host_gib: float = 0) -> List[Line]:
     from .checkpoint_info import CheckpointError, read_checkpoint
     try:
         info = read_checkpoint(path)
@@ -208,9 +211,6 @@ def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int =
     return lines
 
 
-VLLM_GPU_UTIL = 0.9  # vLLM's default --gpu-memory-utilization
-
-
 def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gib: float = 0,
             util: float = VLLM_GPU_UTIL, machine=None, host_gib: float = 0) -> List[Line]:
     """lvllm.autofit's plan for this checkpoint on this machine (or on a described GPU; `machine`: a whole
@@ -219,10 +219,7 @@ def suggest(info, tp: int, max_model_len: int = 0, max_num_seqs: int = 0, gpu_gi
     from ..autofit_inputs import describe_machine, describe_model
     from ..fit import FitError
     ctx = max_model_len or int(info.config.get("max_position_embeddings", 4096))
-    machine = machine or describe_machine(gpu_gib, util)
-    if host_gib:
-        import dataclasses
-        machine = dataclasses.replace(machine, host_bytes=int(host_gib * GiB))
+    machine = machine or describe_machine(gpu_gib, util, host_gib)
     if not machine.gpu_bytes:
         return [Line("info", "plan", "no GPU here: give --gpu-gib N to plan for one")]
     head = (f"{machine.gpu_bytes / GiB:.0f} GiB GPU x {util:g} (--gpu-memory-utilization), host RAM available "
