@@ -103,11 +103,13 @@ SHAPES = {
     # per layer (sliding window only / CSA: 4 tokens per entry, overlapping, with a lightning indexer /
     # HCA: 128 per entry), grouped low-rank output, hash-routed first MoE layers (a token -> experts table),
     # sqrtsoftplus routing with a selection bias after them, a shared expert, clamped SwiGLU experts.
-    # vLLM's compressor needs head_dim 512 (the indexer's: 128). big: deepseek-ai/DeepSeek-V4-Flash-Base
+    # vLLM's compressor needs head_dim 512 (the indexer's: 128); its Hopper indexer kernels need the release's
+    # 64 indexer heads (4 failed in stock vLLM on the H200: "weights.strides[0] ... expected to be divisible
+    # by 8") and a top-k that FlashMLA's 64/128-wide tiles divide. big: deepseek-ai/DeepSeek-V4-Flash-Base
     # (transformers' defaults of DeepseekV4Config).
     "deepseek_v4": {
         "tiny": dict(H=256, L=4, nh=4, hd=512, q_lora=128, o_groups=2, o_lora=64, E=16, K=4, I=128, V=2048,
-                     idx_heads=4, idx_dim=128, idx_topk=16, hc=4, hash_layers=1, swiglu_limit=10.0,
+                     idx_heads=64, idx_dim=128, idx_topk=128, hc=4, hash_layers=1, swiglu_limit=10.0,
                      layer_types=["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention",
                                   "compressed_sparse_attention"]),
         "big": dict(H=4096, L=43, nh=64, hd=512, q_lora=1024, o_groups=8, o_lora=1024, E=256, K=6, I=2048,

@@ -24,7 +24,10 @@ Criterion (TOL = 0.15 = two bf16 logit steps plus rounding):
   a fault that drifts shows up before the flip; an earlier single spike does not count, its token's
   changed keys/values reach the later positions through attention) and the run passes the
   teacher-forced check below; without that
-  check's data, at most MAX_SPIKE_FLIPS such positions per comparison;
+  check's data, at most MAX_SPIKE_FLIPS such positions per comparison. Positions where the reference
+  run's own two passes differ by more than TOL (a router near-tie of the reference itself: stock vLLM
+  on Kimi-K2.5's tiny int4 twin, H200 2026-12-03, 1.40 nats between its passes at the first decode token
+  of a prompt) are left out of that earlier agreement: a difference there says nothing of the test run;
 - at least MIN_COVERAGE of the generated positions were compared (no vacuous pass; the teacher-forced
   check carries thousands of positions more).
 A real fault (wrong expert, weight, scale, lost row, stale graph input) moves most positions by
@@ -181,20 +184,40 @@ def _margin(top: dict) -> float:
     return vals[0] - vals[1] if len(vals) > 1 else float("inf")
 
 
+def _position_diff(R: dict, T: dict) -> float:
+    """The largest |logprob| gap over the tokens in both top lists of one position."""
+    return max((abs(R[k] - T[k]) for k in set(R) & set(T)), default=0.0)
+
+
+def _unstable_positions(ref: dict, ref_again: Optional[dict]) -> set:
+    """Positions of one prompt where the reference's second pass differs from its first by more than TOL,
+    while both passes still generate the same tokens."""
+    if ref_again is None:
+        return set()
+    out = set()
+    for i, (a, b) in enumerate(zip(ref["tokens"], ref_again["tokens"])):
+        if _position_diff(ref["logprobs"][i], ref_again["logprobs"][i]) > TOL:
+            out.add(i)
+        if a != b:
+            break
+    return out
+
+
 def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, label: str = "",
-                    into: Comparison = None) -> Comparison:
-    """ref/test: lists (one per prompt) of {"tokens": [...], "logprobs": [{token: logprob}, ...]}."""
+                    into: Comparison = None, ref_again: Optional[list] = None) -> Comparison:
+    """ref/test: lists (one per prompt) of {"tokens": [...], "logprobs": [{token: logprob}, ...]};
+    ref_again: the reference run's second pass over the same prompts, if there is one (its own noise)."""
     c = into if into is not None else Comparison()
-    if len(ref) != len(test):
+    if len(ref) != len(test) or (ref_again is not None and len(ref_again) != len(ref)):
         c.failures.append(f"{label}: {len(ref)} vs {len(test)} prompts")
         return c
     for p, (r, t) in enumerate(zip(ref, test)):
         c.total += len(r["tokens"])
-        earlier = []  # differences at the earlier positions of this prompt
+        unstable = _unstable_positions(r, ref_again[p] if ref_again is not None else None)
+        earlier = []  # differences at the earlier positions of this prompt (the reference's near-ties left out)
         for i, (rt, tt) in enumerate(zip(r["tokens"], t["tokens"])):
             R, T = r["logprobs"][i], t["logprobs"][i]
-            common = set(R) & set(T)
-            c.diffs.append(max((abs(R[k] - T[k]) for k in common), default=0.0))
+            c.diffs.append(_position_diff(R, T))
             if rt != tt:
                 m, before = _margin(R), _quantile(earlier, 0.9)
                 what = (f"prompt {p} pos {i}: greedy {rt} vs {tt} with reference margin {m:.3f} "
@@ -207,7 +230,8 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
                 else:
                     c.allowed_flips += 1
                 break
-            earlier.append(c.diffs[-1])
+            if i not in unstable:
+                earlier.append(c.diffs[-1])
     return c
 
 
@@ -215,8 +239,9 @@ def compare_runs(ref_result: dict, test_result: dict, label: str = "", fp32: Opt
     """Both passes of the test run (the second from the prefix cache) against the reference's first;
     with fp32 (oracle.teacher_forced_logprobs of the runs' scored prompts) also the teacher-forced check."""
     c = Comparison()
+    ref_again = ref_result["runs"][1] if len(ref_result["runs"]) > 1 else None
     for i, pass_ in enumerate(test_result["runs"]):
-        compare_outputs(ref_result["runs"][0], pass_, label=f"{label} pass {i}", into=c)
+        compare_outputs(ref_result["runs"][0], pass_, label=f"{label} pass {i}", into=c, ref_again=ref_again)
     if fp32 is not None:
         ref_sc, test_sc = ref_result.get("scored"), test_result.get("scored")
         if not ref_sc or not test_sc:

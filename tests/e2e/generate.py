@@ -20,10 +20,23 @@ import threading
 import time
 
 
-def prompts(vocab: int, lengths, seed: int = 0):
+def special_token_ids(model_dir: str) -> set:
+    """The ids of the tokenizer's added tokens (end of text, chat and media markers): text never holds
+    them, and a media placeholder without its media is read differently by vLLM and transformers (Kimi-K2.5's
+    video placeholder in a scored prompt moved the fp32 truth by up to 12 nats from there on, H200, 2026-12-03)."""
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.exists(path):
+        return {0, 1, 2}
+    with open(path) as f:
+        return {t["id"] for t in json.load(f).get("added_tokens", [])} | {0, 1, 2}
+
+
+def prompts(vocab: int, lengths, seed: int = 0, avoid=frozenset({0, 1, 2})):
+    """Seeded random token ids of the text vocabulary (none of `avoid`)."""
     import random
     rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+    ids = [i for i in range(vocab) if i not in avoid]
+    return [[rng.choice(ids) for _ in range(n)] for n in lengths]
 
 
 def gpu_memory_used_mib():
@@ -101,7 +114,8 @@ def main() -> int:
     startup_s = time.time() - t0
     mem = gpu_memory_used_mib()
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=5, ignore_eos=True)
-    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(vocab, [int(x) for x in a.lengths.split(",")])]
+    avoid = special_token_ids(a.model)
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(vocab, [int(x) for x in a.lengths.split(",")], avoid=avoid)]
     runs = []
     for _ in range(2):  # the second pass hits the prefix cache
         outs = llm.generate(ps, sp, use_tqdm=False)
@@ -114,7 +128,7 @@ def main() -> int:
         # Teacher-forced: every position predicted from the same context in every run, so a flip
         # does not end the comparison (prefill path: CPU chunks, or GPU ones from the threshold up).
         sp_score = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5)
-        sps = prompts(vocab, [int(x) for x in a.score_lengths.split(",")], seed=1)
+        sps = prompts(vocab, [int(x) for x in a.score_lengths.split(",")], seed=1, avoid=avoid)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in sps], sp_score, use_tqdm=False)
         for p, o in zip(sps, outs):
             top = [{str(t): lp.logprob for t, lp in pos.items() if lp.rank is not None and lp.rank <= 5}

@@ -63,6 +63,38 @@ def test_a_flip_after_drift_fails():
     assert not c.ok() and any("earlier p90 0.300" in f for f in c.failures)
 
 
+def _spike_then_flip():
+    """Prompt 2 of the test run: a 1.4-nat spike at position 1, back in agreement at 2, a flip at 3."""
+    ref, test = _prompts(5), _prompts(5)
+    test[2]["logprobs"][1] = {"1": -1.6, "2": -1.2}
+    _flip(test, 2, 3, 0.8)
+    return ref, test
+
+
+def test_a_flip_after_an_earlier_spike_fails():
+    ref, test = _spike_then_flip()
+    c = compare_outputs(ref, test, ref_again=_prompts(5))  # the reference agrees with itself there
+    assert not c.ok() and any("earlier p90 1.400" in f for f in c.failures)
+
+
+def test_an_earlier_spike_where_the_reference_disagrees_with_itself_is_left_out():
+    """The reference's own second pass moved 1.4 nats at that position (a near-tie of its router):
+    the difference there is no evidence against the test run, and the flip after it is a spike flip."""
+    ref, test = _spike_then_flip()
+    again = _prompts(5)
+    again[2]["logprobs"][1] = {"1": -1.6, "2": -1.2}
+    c = compare_outputs(ref, test, ref_again=again)
+    assert c.ok() and len(c.spike_flips) == 1 and not c.failures
+
+
+def test_compare_runs_hands_the_reference_second_pass_on():
+    ref, test = _spike_then_flip()
+    again = _prompts(5)
+    again[2]["logprobs"][1] = {"1": -1.6, "2": -1.2}
+    assert compare_runs({"runs": [ref, again]}, {"runs": [test]}).ok()
+    assert not compare_runs({"runs": [ref, _prompts(5)]}, {"runs": [test]}).ok()
+
+
 def test_spikes_flipping_several_prompts_fail():
     """A fault at one decode step flips the prompts of that batch together."""
     ref, test = _prompts(5), _prompts(5)
