@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -67,6 +68,22 @@ def vram_cap(serve_args: list, total: int) -> int:
         if arg.startswith("--gpu-memory-utilization"):
             util = float(arg.split("=", 1)[1] if "=" in arg else serve_args[i + 1])
     return int(util * total) if total > 0 else -1
+
+
+_BUDGET_LINE = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on startup\. Desired GPU memory "
+                          r"utilization is \(([\d.]+), ([\d.]+) GiB\)")
+
+
+def vllm_budget(server_log: str) -> dict:
+    """vLLM's own statement of its budget (gpu_worker, after the KV cache is sized): the memory in use when it
+    took its first snapshot (this process's CUDA context and anything else there; outside the budget, as for
+    stock vLLM) and the bytes it may use from there (utilization x total). GiB to 2 decimals in the log, so
+    +-0.005 GiB each. {} if the line is not there."""
+    m = _BUDGET_LINE.search(server_log)
+    if not m:
+        return {}
+    free, total, _, cap = (float(v) for v in m.groups())
+    return {"vram_before": int((total - free) * GiB), "vram_cap": int(cap * GiB)}
 
 
 class Clients:
@@ -157,11 +174,26 @@ def decode_rate(done, t_from: float, t_to: float) -> float:
     return toks / max(t_to - t_from, 1e-9)
 
 
+def partial_summary(rows: list, samples: list) -> dict:
+    """A summary for a soak that ended before writing its own (its start record and samples): counts from the
+    last sample, decode tok/s of the first and last windows from the samples' per-interval rates."""
+    start = next((r for r in rows if r.get("start")), None)
+    if start is None or not samples:
+        raise SystemExit("no summary and no start record in the samples file: nothing to report")
+    w = start["window_min"] * 60
+    first = [s["rate"] for s in samples if s["t"] <= w] or [samples[0]["rate"]]
+    last = [s["rate"] for s in samples if s["t"] > samples[-1]["t"] - w] or [samples[-1]["rate"]]
+    return dict(start, partial=True, minutes=round(samples[-1]["t"] / 60, 1), requests=samples[-1]["requests"],
+                failed=samples[-1]["failed"], rate_first=sum(first) / len(first), rate_last=sum(last) / len(last),
+                long_prompt=None)
+
+
 def report(samples: list, summary: dict, png: str = "") -> str:
     warm = next((s for s in samples if s["t"] >= summary["warmup_s"]), samples[0])
     end = samples[-1]
     lines = [f"soak: {summary['minutes']} min, {summary['streams']} streams, {summary['requests']} requests, "
-             f"{summary['failed']} failed"]
+             f"{summary['failed']} failed" + (" (cut short: the run wrote no summary; decode rates from the samples)"
+                                               if summary.get("partial") else "")]
     for key, what in (("rss", "host RSS"), ("pinned", "pinned (VmPin)"), ("gpu", "GPU memory")):
         a, b = warm[key], end[key]
         lines.append(f"{what}: {a / GiB:.2f} GiB after warm-up (t={warm['t']:.0f} s) -> {b / GiB:.2f} GiB at the end "
@@ -169,9 +201,17 @@ def report(samples: list, summary: dict, png: str = "") -> str:
     cap = summary.get("vram_cap", -1)
     if cap > 0:
         peak = max(s["gpu"] for s in samples)
-        lines.append(f"GPU memory peak {peak / GiB:.2f} GiB against the cap of {cap / GiB:.2f} GiB "
-                     f"(--gpu-memory-utilization x {summary['gpu_total'] / GiB:.1f} GiB): "
-                     + ("held" if peak <= cap else "EXCEEDED"))
+        before = summary.get("vram_before")
+        if before is not None:  # vLLM's own budget line: its cap counts from its first snapshot
+            used, slack = peak - before, 0.01 * GiB  # the log's two rounded figures
+            lines.append(f"GPU memory peak {peak / GiB:.2f} GiB (nvidia-smi), {used / GiB:.2f} GiB of it after vLLM's "
+                         f"first snapshot ({before / GiB:.2f} GiB were in use then: the CUDA context), against vLLM's "
+                         f"budget of {cap / GiB:.2f} GiB: " + ("held" if used <= cap + slack else
+                                                                f"EXCEEDED by {(used - cap) / GiB:.2f} GiB"))
+        else:
+            lines.append(f"GPU memory peak {peak / GiB:.2f} GiB against the cap of {cap / GiB:.2f} GiB "
+                         f"(--gpu-memory-utilization x {summary['gpu_total'] / GiB:.1f} GiB): "
+                         + ("held" if peak <= cap else "EXCEEDED"))
     lp = summary.get("long_prompt")
     if lp:
         lines.append(f"long prompt: {lp['prompt_tokens']} tokens, TTFT {lp['ttft_s']} s next to the streams"
@@ -230,8 +270,9 @@ def main() -> int:
     if a.report:
         with open(a.report) as f:
             rows = [json.loads(ln) for ln in f if ln.strip()]
-        summary = next(r for r in rows if r.get("summary"))
-        print(report([r for r in rows if "t" in r], summary, os.path.splitext(a.report)[0] + ".png"))
+        samples = [r for r in rows if "t" in r]
+        summary = next((r for r in rows if r.get("summary")), None) or partial_summary(rows, samples)
+        print(report(samples, summary, os.path.splitext(a.report)[0] + ".png"))
         return 0
     os.makedirs(a.out, exist_ok=True)
     a.vllm = a.vllm.split() if a.vllm else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -252,7 +293,15 @@ def main() -> int:
         threading.Thread(target=lambda: long_result.update(clients.long_prompt(a.long_prompt_words)),
                          daemon=True).start()
     samples = []
+    budget = vllm_budget(srv.text())
+    # what a report needs besides the samples, first: a soak cut short (a machine taken back) still reports
+    start = dict(start=True, shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
+                 warmup_s=a.warmup, window_min=a.window, gpu_total=gpu_memory("memory.total"))
+    start["vram_cap"] = budget.get("vram_cap", vram_cap(a.serve_arg, start["gpu_total"]))
+    if budget:
+        start["vram_before"] = budget["vram_before"]
     with open(samples_path, "w") as out:
+        out.write(json.dumps(start) + "\n")
         last_t, last_n = t0, 0
         while time.time() - t0 < a.minutes * 60:
             time.sleep(max(0.0, t0 + (len(samples) + 1) * a.every - time.time()))
@@ -276,12 +325,11 @@ def main() -> int:
         end = time.time()
         clients.finish(600)
         w = a.window * 60
-        summary = dict(summary=True, shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
-                       requests=len(clients.done), failed=len(clients.failed), failures=clients.failed[:10],
-                       warmup_s=a.warmup, window_min=a.window, gpu_total=gpu_memory("memory.total"),
-                       rate_first=decode_rate(clients.done, t0, t0 + w), rate_last=decode_rate(clients.done, end - w, end),
+        summary = dict(start, summary=True, requests=len(clients.done), failed=len(clients.failed),
+                       failures=clients.failed[:10], rate_first=decode_rate(clients.done, t0, t0 + w),
+                       rate_last=decode_rate(clients.done, end - w, end),
                        long_prompt=dict(long_result) if a.long_prompt_words else None)
-        summary["vram_cap"] = vram_cap(a.serve_arg, summary["gpu_total"])
+        del summary["start"]
         out.write(json.dumps(summary) + "\n")
     exited, rc, gone, killed = srv.stop(60)
     print(report(samples, summary, os.path.join(a.out, "soak.png")))

@@ -1,5 +1,6 @@
 """benchmarks/serve_load.py and serve_soak.py read vLLM's and lk_moe's own log lines and counters: the
 parsing, on lines as vLLM 0.33.0 and lk_moe print them (from docs/results/2026-12-02_h200_session17.log)."""
+import json
 import sys
 from pathlib import Path
 
@@ -76,3 +77,37 @@ def test_the_soak_checks_gpu_memory_against_the_vram_cap():
     assert "peak 20.00 GiB against the cap of 23.80 GiB" in serve_soak.report([low, low], summary)
     assert "held" in serve_soak.report([low, low], summary)
     assert "EXCEEDED" in serve_soak.report([low, high], summary)
+
+
+BUDGET_LINE = ("(EngineCore pid=12961) INFO 12-03 22:23:41 [gpu_worker.py:1066] Free memory on device (139.1/139.8 GiB) on "
+               "startup. Desired GPU memory utilization is (0.17, 23.77 GiB). Actual usage is 15.39 GiB for consumed memory")
+
+
+def test_the_soak_reads_vllms_own_budget_and_counts_from_its_first_snapshot():
+    """(the H200 soak of 2026-12-03: 24.50 GiB in nvidia-smi under a 0.17 cap, 0.70 GiB of it the CUDA context
+    that was there before vLLM's first snapshot)"""
+    budget = serve_soak.vllm_budget("noise\n" + BUDGET_LINE)
+    assert abs(budget["vram_before"] / GiB - 0.70) < 1e-6 and abs(budget["vram_cap"] / GiB - 23.77) < 1e-6
+    assert serve_soak.vllm_budget("no such line") == {}
+    summary = dict(minutes=7, streams=4, requests=252, failed=0, warmup_s=0, window_min=5, rate_first=200.0,
+                   rate_last=204.8, **budget)
+    at = lambda gib: dict(t=30.0, rss=GiB, pinned=0, gpu=int(gib * GiB))  # noqa: E731
+    assert "23.77 GiB of it after vLLM's first snapshot" in serve_soak.report([at(24.47)] * 2, summary)
+    assert "budget of 23.77 GiB: held" in serve_soak.report([at(24.47)] * 2, summary)
+    assert "EXCEEDED by 0.23 GiB" in serve_soak.report([at(24.70)] * 2, summary)
+
+
+def test_a_soak_cut_short_still_reports_from_its_start_record(tmp_path, capsys, monkeypatch):
+    start = dict(start=True, shape="qwen3-30b-a3b", minutes=10, streams=4, startup_s=215.8, warmup_s=60, window_min=1,
+                 gpu_total=140 * GiB, vram_cap=int(23.77 * GiB), vram_before=int(0.70 * GiB))
+    rows = [start] + [dict(t=float(t), rss=59 * GiB, pinned=0, gpu=int(24.5 * GiB), requests=8 * i, failed=0,
+                           rate=r, healthy=True) for i, (t, r) in enumerate(((30, 136.5), (60, 204.8), (90, 204.8),
+                                                                             (120, 170.7), (150, 204.8)), 1)]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(sys, "argv", ["serve_soak.py", "--report", str(path)])
+    assert serve_soak.main() == 0
+    out = capsys.readouterr().out
+    assert "soak: 2.5 min, 4 streams, 40 requests, 0 failed (cut short" in out
+    assert "decode: 170.7 tok/s in the first 1 min, 187.8 in the last" in out
+    assert "budget of 23.77 GiB: EXCEEDED by 0.03 GiB" in out
