@@ -198,13 +198,10 @@ class LayerCache:
         self.num_experts = E = hybrid.num_experts
         self.map = owner.slot_map[index, :E + 1]   # expert -> slot, -1 = not cached; [E] = -1 (no expert)
         self.counts = owner.counts[index, :E + 2]  # tokens per expert; [E] padding / unused; [E + 1] hits
-        self.ones = torch.ones(hybrid.cpu_path.max_tokens * hybrid.top_k, dtype=torch.int32, device=owner.device)
 
     def split(self, topk_ids: torch.Tensor):
         """split_ids on this layer's row of the map and the counts."""
-        if topk_ids.numel() > self.ones.numel():  # a streamed-prefill batch (eager; captured ones fit)
-            self.ones = torch.ones(topk_ids.numel(), dtype=torch.int32, device=self.owner.device)
-        return split_ids(topk_ids, self.map, self.counts, self.ones)
+        return split_ids(topk_ids, self.map, self.counts, self.owner.ones_for(topk_ids.numel()))
 
     def gpu_part(self, x: torch.Tensor, gpu_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         kp1 = self.store.kp1
@@ -240,6 +237,10 @@ class ExpertCache:
         self.active_slots = 0  # the policy's slots (<= slots; benchmarks lower it to sweep budgets)
         self.num_experts = 0
         self.slot_map = self.counts = None
+        # int32 ones for the expert counts (split_ids), shared by every layer and sized at load time for the
+        # largest batch vLLM schedules: a per-layer copy grown by the first long prefill was VRAM taken after
+        # vLLM's memory profile (48 layers x 256 KiB at 8K tokens, top-8).
+        self.ones = torch.ones(0, dtype=torch.int32, device=self.device)
         self.side_stream = torch.cuda.Stream(self.device)
         self.copy_stream = torch.cuda.Stream(self.device)
         self.policy: Optional[CachePolicy] = None
@@ -256,9 +257,17 @@ class ExpertCache:
         self.skipped: List[str] = []
 
     # -- building
-    def add_layer(self, hybrid) -> Optional[LayerCache]:
+    def ones_for(self, n: int) -> torch.Tensor:
+        """At least n int32 ones (grown, eagerly, only by a batch larger than add_layer's max_tokens)."""
+        if n > self.ones.numel():
+            self.ones = torch.ones(n, dtype=torch.int32, device=self.device)
+        return self.ones
+
+    def add_layer(self, hybrid, max_tokens: int = 0) -> Optional[LayerCache]:
         """The layer's slots (None, with the reason in `skipped`, when the cache cannot serve it or the
-        budget gives it no slot). Allocated now, at load time, so vLLM's memory profile counts them."""
+        budget gives it no slot). Allocated now, at load time, so vLLM's memory profile counts them;
+        max_tokens: the largest batch the layer will see (vLLM's max_num_batched_tokens; at least the
+        CPU path's rows)."""
         if len(self.layers) >= self.planned_layers:
             raise RuntimeError(f"the expert cache was planned for {self.planned_layers} layers; one more joined")
         E = hybrid.num_experts
@@ -296,6 +305,7 @@ class ExpertCache:
         with torch.cuda.stream(self.copy_stream):
             store.write(0, 0, self._staging[0])
         self.copy_stream.synchronize()
+        self.ones_for(max(max_tokens, hybrid.cpu_path.max_tokens) * hybrid.top_k)
         cache = LayerCache(self, len(self.layers), hybrid, store)
         self.layers.append(cache)
         return cache

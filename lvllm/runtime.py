@@ -187,7 +187,7 @@ class WorkerRuntime:
             budget = self._auto_cache_bytes() if self.cfg.expert_cache_auto else int(self.cfg.expert_cache_gib * (1 << 30))
             self.expert_cache = ExpertCache(budget, max(1, self.planned_hybrid))
             self.monitor.cache = self.expert_cache
-        return index, self.expert_cache.add_layer(hybrid)
+        return index, self.expert_cache.add_layer(hybrid, max_tokens)
 
     def _auto_cache_bytes(self) -> int:
         """LVLLM_GPU_EXPERT_CACHE=auto: lvllm.fit's plan from vLLM's settings and the VRAM in use now."""

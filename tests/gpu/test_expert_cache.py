@@ -182,6 +182,24 @@ def test_streamed_prefill_skips_cached_experts(experts):
     assert_close_rms(out, moe_reference(x, w13.cuda(), w2.cuda(), ids, w))
 
 
+def test_layers_share_one_count_buffer_sized_at_load(experts):
+    """The counts' ones are allocated when the layers join (vLLM's memory profile sees them), once for every
+    layer: a streamed-prefill batch up to max_tokens allocates nothing more."""
+    w13, w2, layer = experts
+    cache = ExpertCache(4 * SLOT_BYTES * 2, 2)
+    hybrids = [HybridMoE(None, None, layer=layer, max_tokens=16, top_k=2, gpu_min_batch=32) for _ in range(2)]
+    lcs = [cache.add_layer(h, max_tokens=256) for h in hybrids]
+    ones = cache.ones
+    assert ones.numel() == 256 * 2
+    M = 200
+    x = torch.randn(M, H, device="cuda").bfloat16()
+    ids = torch.randint(0, E, (M, 2), dtype=torch.int32, device="cuda")
+    w = torch.rand(M, 2, device="cuda")
+    for h, lc in zip(hybrids, lcs):
+        assert_close_rms(h.forward(x, ids, w, cache=lc), moe_reference(x, w13.cuda(), w2.cuda(), ids, w))
+    assert cache.ones is ones
+
+
 # format, zero points, slot kind, relative RMS limit of the GPU side against the dequantized checkpoint:
 # fp8 W8A8 quantizes the activations to fp8 (2^-4, tests/gpu/test_native.py); W8A16 / W4A16 and nvfp4's
 # bf16 slots (each weight rounded to bf16 once) keep bf16 activations (3 * 2^-8).
