@@ -262,7 +262,13 @@ def plan(machine: Machine, model: Model, req: Request) -> Plan:
                          f"it follows the routing")
         else:
             cache = 0
-            if more and "resident_layers" not in req.explicit:
+            if not (more and "resident_layers" not in req.explicit):
+                lines.append("no GPU expert cache: " + (
+                    f"{model.fmt} experts with this activation have no cache slots" if not slot else
+                    f"the {_gib(left)} left per GPU holds no slot of {slot / 2**20:.1f} MiB" if not slots else
+                    f"{slots} slots would hold {cache_share * 100:.0f}% of the experts, whole layers "
+                    f"{layer_share * 100:.0f}% (the resident layers are set)"))
+            else:
                 resident += more
                 hybrid_layers -= more
                 host_need -= layer_host * more

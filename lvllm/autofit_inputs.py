@@ -95,10 +95,14 @@ def applied(cfg: LvllmConfig, p, moe_layers: list) -> LvllmConfig:
                                expert_cache_gib=p.cache_bytes / GiB, expert_cache_auto=False)
 
 
-def plan_at_startup(cfg: LvllmConfig, env: Mapping[str, str]) -> Tuple[LvllmConfig, Optional[int], list]:
+def plan_at_startup(cfg: LvllmConfig, env: Mapping[str, str],
+                    cache_only: bool = False) -> Tuple[LvllmConfig, Optional[int], list]:
     """LVLLM_AUTO_FIT=1, when the first MoE layer is built (before any weight loads): the plan for the model
     vLLM is building on this machine. Returns (the config with the plan applied, engine threads unless
-    LK_THREADS is set, the plan's lines); raises lvllm.fit.FitError when the model does not fit."""
+    LK_THREADS is set, the plan's lines); raises lvllm.fit.FitError when the model does not fit.
+    cache_only (LVLLM_GPU_EXPERT_CACHE=auto without LVLLM_AUTO_FIT): the same plan with every other setting
+    held where the user's settings and the defaults put it (resident layers, GPU-prefill threshold, threads):
+    it sizes the GPU expert cache alone."""
     from vllm.config import get_current_vllm_config
     vc = get_current_vllm_config()
     mc = vc.model_config
@@ -113,6 +117,8 @@ def plan_at_startup(cfg: LvllmConfig, env: Mapping[str, str]) -> Tuple[LvllmConf
     model = describe_model(info, tp, mc.max_model_len, 1 if kv_dtype.startswith("fp8") else mc.dtype.itemsize)
     machine = describe_machine(0, vc.cache_config.gpu_memory_utilization)
     explicit = explicit_settings(env, cfg)
+    if cache_only:
+        explicit.update(resident_layers=len(cfg.resident_layers), gpu_prefill_min_batch=cfg.gpu_prefill_min_batch)
     p = plan(machine, model, Request(max_model_len=mc.max_model_len, tp=tp, explicit=explicit))
-    threads = None if "threads" in explicit else p.threads
+    threads = None if "threads" in explicit or cache_only else p.threads
     return applied(cfg, p, moe_layer_indices(info.config)), threads, p.lines

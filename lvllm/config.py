@@ -10,8 +10,9 @@ LVLLM_STATS_INTERVAL              seconds between the runtime statistics log lin
                                   (default 60; 0 = off)
 LVLLM_GPU_EXPERT_CACHE            GiB of VRAM per rank for the GPU expert cache: copies of hot
                                   routed experts of the hybrid layers, computed on the GPU while
-                                  the CPU computes the rest (default 0 = off); "auto": what is left
-                                  after the KV cache of two full-context sequences (lvllm.fit)
+                                  the CPU computes the rest (default 0 = off); "auto": lvllm.autofit's
+                                  plan sizes it (what is left after the weights, lvllm's reserve and the
+                                  KV cache of the requested context), the other settings held as set
 LVLLM_DRAFT_MOE                   MoE layers of a speculative draft model (MTP / NextN layers): "gpu"
                                   (default: resident, vLLM's own kernels; one layer) or "cpu" (hybrid,
                                   experts in host RAM like the target's)
@@ -44,7 +45,7 @@ class LvllmConfig:
     resident_layers: FrozenSet[int] = field(default_factory=frozenset)
     stats_interval: int = 60  # seconds; 0 = no statistics
     expert_cache_gib: float = 0.0  # 0 = no GPU expert cache
-    expert_cache_auto: bool = False  # LVLLM_GPU_EXPERT_CACHE=auto: sized by lvllm.fit at load time
+    expert_cache_auto: bool = False  # LVLLM_GPU_EXPERT_CACHE=auto: sized by lvllm.autofit at the first MoE layer
     draft_moe: str = "gpu"  # "gpu" | "cpu": where a speculative draft model's MoE layers run
     bench_routing_replay: bool = False
     auto_fit: bool = False  # LVLLM_AUTO_FIT=1: lvllm.autofit plans what the settings above leave unset

@@ -180,33 +180,13 @@ class WorkerRuntime:
                            "with synthetic traces; outputs are meaningless while they do (never set it for serving)")
             self.replay = TraceReplay(max(1, self.planned_hybrid), REPLAY_STEPS, REPLAY_ROWS, hybrid.top_k,
                                       max_tokens, torch.device("cuda", torch.cuda.current_device()))
-        if self.cfg.expert_cache_gib <= 0 and not self.cfg.expert_cache_auto:
+        if self.cfg.expert_cache_gib <= 0:  # (`auto` was planned into GiB when the runtime was made)
             return index, None
         if self.expert_cache is None:
             from lk_moe.expert_cache import ExpertCache
-            budget = self._auto_cache_bytes() if self.cfg.expert_cache_auto else int(self.cfg.expert_cache_gib * (1 << 30))
-            self.expert_cache = ExpertCache(budget, max(1, self.planned_hybrid))
+            self.expert_cache = ExpertCache(int(self.cfg.expert_cache_gib * (1 << 30)), max(1, self.planned_hybrid))
             self.monitor.cache = self.expert_cache
         return index, self.expert_cache.add_layer(hybrid, max_tokens)
-
-    def _auto_cache_bytes(self) -> int:
-        """LVLLM_GPU_EXPERT_CACHE=auto: lvllm.fit's plan from vLLM's settings and the VRAM in use now."""
-        import torch
-        from vllm.config import get_current_vllm_config
-
-        from .fit import auto_cache_plan
-        vc = get_current_vllm_config()
-        free, total = torch.cuda.mem_get_info()
-        kv_dtype = str(vc.cache_config.cache_dtype)
-        plan = auto_cache_plan(vc.model_config.hf_text_config.to_dict(), total_bytes=total, free_bytes=free,
-                               gpu_memory_utilization=vc.cache_config.gpu_memory_utilization,
-                               max_model_len=vc.model_config.max_model_len,
-                               tp=vc.parallel_config.tensor_parallel_size,
-                               kv_dtype_bytes=1 if kv_dtype.startswith("fp8") else vc.model_config.dtype.itemsize,
-                               gpu_prefill=self.cfg.gpu_prefill_min_batch > 0)
-        for line in plan.lines:
-            logger.info("lk_moe: LVLLM_GPU_EXPERT_CACHE=auto: %s", line)
-        return plan.cache_bytes
 
     def before_step(self) -> None:
         """Between two model steps (lvllm's hook around the model runners' execute_model)."""
@@ -306,12 +286,13 @@ def get_runtime(cfg: Optional[LvllmConfig] = None) -> WorkerRuntime:
         if _runtime is None:
             cfg = cfg if cfg is not None else from_env()
             threads, lines = None, []
-            if cfg.auto_fit:  # at the first MoE layer's construction: a model that cannot fit stops before loading
+            # at the first MoE layer's construction: a model that cannot fit stops before loading
+            if cfg.auto_fit or cfg.expert_cache_auto:
                 import os
 
                 from .autofit_inputs import plan_at_startup
-                cfg, threads, lines = plan_at_startup(cfg, os.environ)
+                cfg, threads, lines = plan_at_startup(cfg, os.environ, cache_only=not cfg.auto_fit)
             _runtime = WorkerRuntime(cfg, fit_threads=threads, fit_lines=lines)
             for line in lines:
-                logger.info("lk_moe: LVLLM_AUTO_FIT: %s", line)
+                logger.info("lk_moe: %s: %s", "LVLLM_AUTO_FIT" if cfg.auto_fit else "LVLLM_GPU_EXPERT_CACHE=auto", line)
         return _runtime

@@ -6,7 +6,7 @@ import pytest
 
 from lvllm.autofit import (ENGINE_OVERHEAD, PROCESS_HOST_BYTES, Machine, Model, Request, cpu_prefill_seconds, plan,
                            prefill_threshold, slot_bytes, stream_seconds)
-from lvllm.fit import FitError
+from lvllm.fit import RESERVE_BYTES, STAGING_BYTES, FitError
 
 GiB = 1 << 30
 GB = 10 ** 9
@@ -214,6 +214,21 @@ def test_bad_requests_are_refused():
         plan(h200_host(), qwen3_30b(), Request(max_model_len=0))
     with pytest.raises(ValueError):
         plan(h200_host(), qwen3_30b(), Request(max_model_len=8192, tp=0))
+
+
+def test_the_cache_alone_is_planned_when_the_other_settings_are_held():
+    """LVLLM_GPU_EXPERT_CACHE=auto without LVLLM_AUTO_FIT: resident layers and the prefill threshold held as set
+    (autofit_inputs.plan_at_startup's cache_only); the cache takes the VRAM left, or a line says why it gets none."""
+    held = {"resident_layers": 0, "gpu_prefill_min_batch": 1024}
+    p = plan(h200_host(gpu=24 * GB), qwen3_30b(), Request(max_model_len=8192, explicit=held))
+    assert p.resident_layers == 0 and p.gpu_prefill_min_batch == 1024 and p.cache_bytes > 0
+    assert any(ln.startswith("GPU expert cache") for ln in p.lines)
+    # a context whose one sequence takes all the VRAM after the weights and the reserve: no cache, and why
+    m, model = h200_host(gpu=24 * GB), qwen3_30b()
+    room = int(m.gpu_bytes * m.gpu_memory_utilization) - model.other_bytes - RESERVE_BYTES - STAGING_BYTES
+    p = plan(m, model, Request(max_model_len=room // model.kv_bytes_per_token, explicit=held))
+    assert p.cache_bytes == 0 and p.resident_layers == 0
+    assert any(ln.startswith("no GPU expert cache: the ") and "holds no slot of 9.0 MiB" in ln for ln in p.lines), p.lines
 
 
 def test_the_startup_plan_keeps_what_the_user_set_and_applies_the_rest():

@@ -1,12 +1,10 @@
-"""lvllm.fit: the KV bytes per token of real model configs, and one rank's VRAM plan (weights, reserve,
-KV cache, GPU expert cache) on recorded GPU sizes, as LVLLM_GPU_EXPERT_CACHE=auto and `lvllm doctor`
-use it. Pure arithmetic: the expected figures are worked out by hand in each test."""
+"""lvllm.fit: the KV bytes per token of real model configs; LVLLM_GPU_EXPERT_CACHE=auto's parsing; `lvllm doctor`'s
+plan (lvllm.autofit, tests/plugin/test_autofit.py). Pure arithmetic: the expected figures are worked out by hand."""
 import pytest
 
 from lvllm.cli.checkpoint_info import CheckpointInfo
 from lvllm.config import LvllmConfigError, from_env
-from lvllm.fit import (DEFAULT_KV_SEQUENCES, RESERVE_BYTES, STAGING_BYTES, FitError, VramRequest, auto_cache_plan,
-                       kv_bytes_per_token, plan_vram)
+from lvllm.fit import kv_bytes_per_token
 
 GiB = 1 << 30
 # The published configs' attention fields (Hugging Face config.json of each model).
@@ -35,73 +33,6 @@ def test_kv_bytes_per_token_of_real_configs():
     assert kv_bytes_per_token(GPT_OSS_120B, 128) == 36 * per_layer
     # Qwen3-Next: one full-attention layer in 4 (the linear-attention ones keep a fixed state)
     assert kv_bytes_per_token(QWEN3_NEXT_80B, 262144) == 12 * 2 * 2 * 256 * 2
-
-
-def _qwen_request(gpu_gib, tp=1, ctx=40960, **kw):
-    """Qwen3-30B-A3B, bf16: 3.87 GiB of non-expert weights (measured on the H200), 128 experts of 9 MiB
-    on 48 layers (54 GiB), on a GPU of gpu_gib at vLLM's default utilization 0.9."""
-    slot = 3 * 2048 * 768 * 2 // tp
-    return VramRequest(usable_bytes=int(gpu_gib * GiB * 0.9), weight_bytes=int(3.87 * GiB / tp),
-                       kv_bytes_per_token=kv_bytes_per_token(QWEN3_30B, ctx, tp), max_model_len=ctx,
-                       expert_slot_bytes=slot, cache_slots_max=128 * 48, **kw)
-
-
-@pytest.mark.parametrize("gpu_gib", [24, 48, 80, 141])
-def test_plan_on_recorded_gpus(gpu_gib):
-    req = _qwen_request(gpu_gib)
-    plan = plan_vram(req)
-    kv = 98304 * 40960 * DEFAULT_KV_SEQUENCES  # 7.5 GiB for two 40K-token sequences
-    assert plan.kv_bytes == kv and plan.kv_sequences == DEFAULT_KV_SEQUENCES
-    assert plan.reserve_bytes == RESERVE_BYTES + STAGING_BYTES
-    left = req.usable_bytes - req.weight_bytes - plan.reserve_bytes - kv
-    every_expert = 128 * 48 * req.expert_slot_bytes
-    assert plan.cache_bytes == min(every_expert, left // req.expert_slot_bytes * req.expert_slot_bytes)
-    # 24 GB: ~7.2 GiB of cache (13% of the experts); 48 GB: ~28.8 GiB; 80 and 141 GB hold every expert
-    expected_gib = {24: 7.2, 48: 28.8, 80: 54.0, 141: 54.0}[gpu_gib]
-    assert plan.cache_bytes / GiB == pytest.approx(expected_gib, abs=0.15)
-    assert plan.kv_bytes + plan.cache_bytes + plan.reserve_bytes + req.weight_bytes <= req.usable_bytes
-    assert any("KV cache" in ln for ln in plan.lines) and any("GPU expert cache" in ln for ln in plan.lines)
-
-
-def test_tensor_parallel_halves_weights_and_kv_per_rank():
-    one, two = plan_vram(_qwen_request(24)), plan_vram(_qwen_request(24, tp=2))
-    assert two.kv_bytes == one.kv_bytes // 2
-    assert two.cache_bytes > one.cache_bytes  # the same VRAM per rank, half the weights and KV on it
-
-
-def test_kv_shrinks_before_failing_and_the_cache_gets_nothing():
-    # 24 GB, a 131072-token context: 12 GiB per sequence; after the weights and the reserve (15.7 GiB
-    # left) one fits, two do not
-    req = _qwen_request(24, ctx=131072, gpu_prefill=False)
-    plan = plan_vram(req)
-    assert 1 <= plan.kv_sequences < 2 and plan.cache_bytes == 0
-    assert "not the 2 planned" in plan.lines[0]
-
-
-def test_what_does_not_fit_says_what_is_short_and_what_helps():
-    # DeepSeek-V3 FP8 on one 24 GB GPU: ~17 GiB of non-expert weights, then the reserve: no KV room at all
-    req = VramRequest(usable_bytes=int(24 * GiB * 0.9), weight_bytes=17 * GiB,
-                      kv_bytes_per_token=kv_bytes_per_token(DEEPSEEK_V3, 163840), max_model_len=163840)
-    with pytest.raises(FitError) as e:
-        plan_vram(req)
-    msg = str(e.value)
-    for words in ("short by", "--max-model-len", "--tensor-parallel-size 2", "163840-token sequence"):
-        assert words in msg, msg
-
-
-def test_bad_requests_are_refused():
-    with pytest.raises(ValueError):
-        plan_vram(VramRequest(usable_bytes=0, weight_bytes=0, kv_bytes_per_token=1, max_model_len=1))
-    with pytest.raises(ValueError):
-        plan_vram(VramRequest(usable_bytes=GiB, weight_bytes=0, kv_bytes_per_token=1, max_model_len=0))
-
-
-def test_auto_plan_counts_the_vram_in_use_as_weights():
-    total, free = 141 * GiB, 136 * GiB  # 5 GiB in use when the first hybrid layer loads
-    plan = auto_cache_plan(QWEN3_30B, total_bytes=total, free_bytes=free, gpu_memory_utilization=0.85,
-                           max_model_len=4096, tp=1, kv_dtype_bytes=2, gpu_prefill=True)
-    expected = int(total * 0.85) - 5 * GiB - RESERVE_BYTES - STAGING_BYTES - 2 * 98304 * 4096
-    assert plan.cache_bytes == expected  # not capped here: the cache stops at one slot per expert itself
 
 
 def test_lvllm_gpu_expert_cache_auto_is_parsed():

@@ -84,10 +84,10 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["rel_rms"] <= 0.01, r
 
 
-def _autofit_run(tmp_path, machine: dict, port: int):
+def _autofit_run(tmp_path, machine: dict, port: int, settings=None):
     model = make_checkpoint("qwen3_moe", str(tmp_path / "qwen3_moe"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
-    env.update(LVLLM_AUTO_FIT="1", LVLLM_GPU_EXPERT_CACHE="0", AUTOFIT_TEST_MACHINE=json.dumps(machine))
+    env.update(settings or dict(LVLLM_AUTO_FIT="1", LVLLM_GPU_EXPERT_CACHE="0"), AUTOFIT_TEST_MACHINE=json.dumps(machine))
     p = subprocess.run([sys.executable, HELPER, model, "qwen3_moe", "bf16", "3", str(port)], env=env,
                        capture_output=True, text=True, timeout=600)
     return model, p
@@ -126,6 +126,27 @@ def test_auto_fit_plans_at_the_first_moe_layer_through_vllms_construction(tmp_pa
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "host RAM" in out and "short by" in out and "Options:" in out, out[-3000:]
     assert "Loading weights" not in out and "RESULT" not in out
+
+
+def test_expert_cache_auto_is_the_plan_with_the_other_settings_held(tmp_path):
+    """LVLLM_GPU_EXPERT_CACHE=auto without LVLLM_AUTO_FIT through vLLM's construction (CPU; the machine
+    described): lvllm.autofit sizes the cache alone; no resident layers (none set), the default CPU prefill
+    and threads stay. The described GPU leaves no slot after the KV cache: no cache, and the line says why."""
+    from lvllm.autofit import PROCESS_HOST_BYTES
+    from lvllm.cli.checkpoint_info import read_checkpoint
+    from lvllm.fit import RESERVE_BYTES, STAGING_BYTES, kv_bytes_per_token
+    info = read_checkpoint(make_checkpoint("qwen3_moe", str(tmp_path / "probe")))
+    fixed = info.other_bytes + RESERVE_BYTES + STAGING_BYTES + 2 * 512 * kv_bytes_per_token(info.config, 512)
+    machine = dict(gpu_bytes=int((fixed + 4096) / 0.9), host_bytes=PROCESS_HOST_BYTES + 8 * info.expert_bytes_per_layer,
+                   cores=8, read_gbps=50, h2d_gbps=25, isa="avx512_bf16")
+    _, p = _autofit_run(tmp_path, machine, 29790 + os.getpid() % 100, {"LVLLM_GPU_EXPERT_CACHE": "auto"})
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
+    r = json.loads(lines[-1][7:])
+    assert r["resident"] == [] and r["hybrid_layers"] == 4 and r["gpu_prefill_min_batch"] == 0 and r["threads"] == 2, r
+    log = "\n".join(r["fit_lines"])
+    assert "GPU-resident MoE layers: 0 (set)" in log and "prefill on the CPU (set)" in log, log
+    assert "no GPU expert cache: the 0.00 GiB left per GPU holds no slot of 0.8 MiB" in log, log
 
 
 TP_CASES = [("qwen3_moe", "bf16"), ("qwen3_moe", "fp8"), ("qwen3_moe", "w4a16"), ("gpt_oss", "bf16"),
