@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_load import SHAPES, Server, _get, lvllm_samples  # noqa: E402  (the same server launch)
