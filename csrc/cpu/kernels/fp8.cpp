@@ -43,9 +43,9 @@ inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
 inline void int8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
   int i = 0;
 #if defined(LK_V512)
-  for (; i + 16 <= n; i += 16) {
-    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + i))));
-    _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+  for (; i + 32 <= n; i += 32) {  // the decode tiles' widening (one vcvtne2ps2bf16 a pair-row with AVX512-BF16)
+    _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
+    _mm512_storeu_si512((void*)(dst + i), int8x32_to_bf16(_mm256_loadu_si256((const __m256i*)(src + i))));
   }
 #elif defined(__AVX2__)
   for (; i + 16 <= n; i += 16) {

@@ -67,10 +67,15 @@ inline void amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// Accumulator tiles 0-3 += A (32 rows, stride lda elements) x [B0 | B1] over inputs [k0, k1).
-inline void amx_accumulate(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int k0, int k1) {
+// Accumulator tiles 0-3 += A (32 rows, stride lda elements) x [B0 | B1] over inputs [k0, k1). pf: lines of
+// the next block (pair)'s codes to bring into L2 meanwhile, spread over the k-steps (the tiles keep the
+// matrix unit busy while the loads are in flight; the panels' dequantization then finds them there).
+inline void amx_accumulate(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int k0, int k1,
+                           Prefetch& pf) {
   const size_t stride = lda * 2;
+  const int per_step = pf.lines ? (pf.lines * 32 + (k1 - k0) - 1) / (k1 - k0) : 0;
   for (int k = k0; k < k1; k += 32) {
+    for (int l = 0; l < per_step && pf.lines > 0; ++l, --pf.lines, pf.p += 64) _mm_prefetch(pf.p, _MM_HINT_T1);
     // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
     const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
     const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
@@ -105,9 +110,10 @@ inline void amx_store(float* c) {
 }
 
 // C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
-inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
+inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c,
+                           Prefetch pf = {}) {
   amx_zero();
-  amx_accumulate(a, lda, b0, b1, 0, kp);
+  amx_accumulate(a, lda, b0, b1, 0, kp, pf);
   amx_store(c);
 }
 
@@ -115,14 +121,18 @@ inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, co
 // accumulator tiles go to `tmp` (32 x 32 fp32) and are added into C scaled, in fp32.
 template <int SEG>
 inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp,
-                               int seg, const float* const* scale, float* c, float* tmp) {
+                               int seg, const float* const* scale, float* c, float* tmp, Prefetch pf) {
   for (int r = 0; r < 32; ++r) {
     _mm512_storeu_ps(c + r * 32, _mm512_setzero_ps());
     _mm512_storeu_ps(c + r * 32 + 16, _mm512_setzero_ps());
   }
   for (int k0 = 0, sidx = 0; k0 < kp; k0 += seg, ++sidx) {
     amx_zero();
-    amx_accumulate(a, lda, b0, b1, k0, k0 + seg);
+    Prefetch part = pf;  // this segment's share of the lines
+    part.lines = tmin(pf.lines, (pf.lines * seg + (kp - k0) - 1) / (kp - k0));
+    pf.lines -= part.lines;
+    pf.p += size_t(part.lines) * 64;
+    amx_accumulate(a, lda, b0, b1, k0, k0 + seg, part);
     amx_store(tmp);
     for (int h = 0; h < 2; ++h) {
       const __m512 sv = SEG == kSegVector ? _mm512_loadu_ps(scale[h] + 16 * sidx) : _mm512_set1_ps(scale[h][sidx]);
@@ -137,11 +147,11 @@ inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0
 // One 32-row tile over a block pair's panels, scaled per segment as SEG says (tmp: 32 x 32 fp32).
 template <int SEG>
 inline void amx_panel_tile(const uint16_t* a, size_t lda, const void* const* b, int kp, int seg,
-                           const float* const* scale, float* c, float* tmp) {
+                           const float* const* scale, float* c, float* tmp, Prefetch pf) {
   const auto* b0 = static_cast<const uint16_t*>(b[0]);
   const auto* b1 = static_cast<const uint16_t*>(b[1]);
-  if constexpr (SEG == kSegNone) amx_tile_32x32(a, lda, b0, b1, kp, c);
-  else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp);
+  if constexpr (SEG == kSegNone) amx_tile_32x32(a, lda, b0, b1, kp, c, pf);
+  else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp, pf);
 }
 
 // The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
@@ -154,13 +164,19 @@ inline void amx_gather_rows(const GateUpTask& t) {
 }
 
 // The 32-row tiles of m rows (a: tile-strided, lda elements) over a block pair's panels, scaled per
-// segment as SEG says; fin(c, r) takes row r's 32 results.
+// segment as SEG says; fin(c, r) takes row r's 32 results. The tiles bring the next block (pair)'s codes
+// (`next`, `next_bytes`) into L2 meanwhile, a lone tile too (one tile per expert is the common prefill
+// case at a few hundred tokens, where the panels' dequantization otherwise waits on DRAM).
 template <int SEG, typename Fin>
 inline void amx_panel_rows(const uint16_t* a, size_t lda, int m, const void* const* b, int kp, int seg,
-                           const float* const* scale, const KernelScratch& s, Fin&& fin) {
+                           const float* const* scale, const KernelScratch& s, const void* next, size_t next_bytes,
+                           Fin&& fin) {
   amx_configure();
+  const int tiles = (m + 31) / 32;
   for (int r0 = 0; r0 < m; r0 += 32) {
-    amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc);
+    const Prefetch pf = tiles > 1 ? tile_share(next, next_bytes, r0 / 32, tiles)
+                                  : Prefetch{static_cast<const char*>(next), next ? int(next_bytes / 64) : 0};
+    amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc, pf);
     for (int r = 0; r < tmin(32, m - r0); ++r) fin(s.c + r * 32, r0 + r);
   }
   _tile_release();
@@ -181,7 +197,7 @@ void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const f
 #if defined(LK_AMX)
   if (t.m >= kAmxMinRows) {
     if (j == 0) amx_gather_rows(t);
-    return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, fin);
+    return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, next, next_bytes, fin);
   }
 #endif
   const int tiles = (t.m + R - 1) / R;
@@ -215,7 +231,7 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
   };
 #if defined(LK_AMX)
   if (t.m >= kAmxMinRows)  // act rows past m are readable slack, as in down_bf16()
-    return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, add);
+    return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, next, next_bytes, add);
 #endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
