@@ -422,8 +422,9 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   ks.c = static_cast<float*>(ctx.buffer(kTileC, 32 * 64 * 4));
   ks.panel = nullptr;
   const bool quant = sh.format->family != Family::kBf16;
-  // two whole blocks: bf16 and their fp32 group scales (the prefill panels of the AVX-512 tiers) or fp32
-  // (the avx2 tier's), and at least the two kMaxSeg segments of the generic tier's prefill
+  // two whole blocks: bf16 and their fp32 group scales (the prefill panels of the AVX-512 tiers; the one-byte
+  // formats: two sets of two bf16 panels, the next pair dequantized while the tiles run over this one) or
+  // fp32 (the avx2 tier's), and at least the two kMaxSeg segments of the generic tier's prefill
   const size_t kp = size_t(std::max({sh.kp1, sh.kp2, kMaxSeg}));
   ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kp * 4 + 64)) : nullptr;
   ks.acc = quant ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;

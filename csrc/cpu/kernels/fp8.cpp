@@ -130,6 +130,76 @@ template <int NB>
 void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, int, const float* const*, bool) {}
 #endif
 
+#if defined(LK_V512)
+// The next block (pair)'s codes into the other panel set, part by part (panels.h Fill): 32-code units.
+struct Fp8Fill {
+  const Fp8Weights* q;
+  const uint8_t* src[2];  // codes of the blocks (null: none)
+  uint16_t* dst[2];       // their panels
+  int n;                  // codes per block
+};
+void fp8_fill(void* ctx, int part, int parts) {
+  const auto& f = *static_cast<const Fp8Fill*>(ctx);
+  int a, b;
+  part_range(f.n / 32, part, parts, a, b);
+  for (int h = 0; h < 2 && b > a; ++h)
+    if (f.src[h]) dequant_bf16(*f.q, f.src[h] + size_t(a) * 32, f.dst[h] + size_t(a) * 32, (b - a) * 32);
+}
+
+// Gate/up over bf16 panels, pipelined: block pair j + 1 is dequantized into the other panel set while the
+// tiles run over pair j (hidden behind the AMX tiles), the codes of pair j + 2 trickling into L2.
+void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
+  const int per = q.per_row ? kBlockN : t.kp / q.seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const int n = t.kp * kBlockN;
+  const KernelScratch& s = *t.scratch;
+  auto codes = [&](int j) { return q.w + size_t(j) * 2 * block_bytes; };
+  dequant_bf16(q, codes(0), panel_of(s, t.kp, 0), n);
+  dequant_bf16(q, codes(0) + block_bytes, panel_of(s, t.kp, 1), n);
+  for (int j = 0; j < t.nblk; ++j) {
+    const int set = j & 1;
+    const float* sg = q.scale + size_t(j) * 2 * per;
+    const float* su = sg + per;
+    Fp8Fill f{&q, {nullptr, nullptr}, {panel_of(s, t.kp, 2 - 2 * set), panel_of(s, t.kp, 3 - 2 * set)}, n};
+    if (j + 1 < t.nblk) f.src[0] = codes(j + 1), f.src[1] = codes(j + 1) + block_bytes;
+    const Fill fill = j + 1 < t.nblk ? Fill{fp8_fill, &f} : Fill{};
+    const void* next = j + 2 < t.nblk ? codes(j + 2) : nullptr;
+    uint16_t* act = t.act + j * kBlockN;
+    if (q.per_row)
+      gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
+        mul_16(g, sg);
+        mul_16(g + 16, su);
+        gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld);
+      }, fill, set);
+    else
+      gate_up_panel<kSegScalar>(t, j, q.seg, sg, su, next, 2 * block_bytes,
+                                [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); },
+                                fill, set);
+  }
+}
+
+// Down over bf16 panels of blocks j and j + 1, pipelined as gate_up_fp8_panels.
+void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
+  const int per = q.per_row ? kBlockN : t.kp / q.seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const int n = t.kp * kBlockN;
+  const KernelScratch& s = *t.scratch;
+  auto codes = [&](int j) { return q.w + size_t(j) * block_bytes; };
+  for (int h = 0; h < tmin(2, t.nblk); ++h) dequant_bf16(q, codes(h), panel_of(s, t.kp, h), n);
+  for (int j = 0, step = 0; j < t.nblk; j += 2, ++step) {
+    const int nb = tmin(2, t.nblk - j), set = step & 1;
+    const float* sc[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
+    Fp8Fill f{&q, {nullptr, nullptr}, {panel_of(s, t.kp, 2 - 2 * set), panel_of(s, t.kp, 3 - 2 * set)}, n};
+    for (int h = 0; h < 2 && j + 2 + h < t.nblk; ++h) f.src[h] = codes(j + 2 + h);
+    const Fill fill = j + 2 < t.nblk ? Fill{fp8_fill, &f} : Fill{};
+    const void* next = j + 4 < t.nblk ? codes(j + 4) : nullptr;
+    const size_t next_bytes = size_t(tmax(0, tmin(2, t.nblk - j - 4))) * block_bytes;
+    if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes, fill, set);
+    else down_panel<kSegScalar>(t, j, nb, q.seg, sc, nullptr, 1.0f, next, next_bytes, fill, set);
+  }
+}
+#endif
+
 }  // namespace
 
 // FP8 block weights: per `seg` inputs, dequantize the segment of the block (pair) exactly into
@@ -141,6 +211,9 @@ void gate_up_fp8(const GateUpTask& t) {
   const int per = q.per_row ? kBlockN : nseg;  // scales per block
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   float* c = t.scratch->c;
+#if defined(LK_V512)
+  if (t.m > kFusedFp8Rows) return gate_up_fp8_panels(t, q);
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -159,22 +232,6 @@ void gate_up_fp8(const GateUpTask& t) {
       }
       continue;
     }
-#if defined(LK_V512)
-    dequant_bf16(q, bg, panel_of(*t.scratch, t.kp, 0), t.kp * kBlockN);
-    dequant_bf16(q, bu, panel_of(*t.scratch, t.kp, 1), t.kp * kBlockN);
-    uint16_t* act = t.act + j * kBlockN;
-    const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
-    if (q.per_row)
-      gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
-        mul_16(g, sg);
-        mul_16(g + 16, su);
-        gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld);
-      });
-    else
-      gate_up_panel<kSegScalar>(t, j, seg, sg, su, next, 2 * block_bytes,
-                                [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
-    continue;
-#endif
 #if defined(LK_F32_PANELS)
     if (t.m >= kF32PanelMinRows) {
       fp8_f32_panel_block(q, bg, sg, t.kp, f32_panel_of(*t.scratch, t.kp, 0));
@@ -221,19 +278,7 @@ void down_fp8(const DownTask& t) {
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
 #if defined(LK_V512)
-  if (t.m > kFusedFp8Rows) {
-    for (int j = 0; j < t.nblk; j += 2) {
-      const int nb = tmin(2, t.nblk - j);
-      const float* sc[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
-      for (int h = 0; h < nb; ++h)
-        dequant_bf16(q, q.w + size_t(j + h) * block_bytes, panel_of(*t.scratch, t.kp, h), t.kp * kBlockN);
-      const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
-      const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block_bytes;
-      if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes);
-      else down_panel<kSegScalar>(t, j, nb, seg, sc, nullptr, 1.0f, next, next_bytes);
-    }
-    return;
-  }
+  if (t.m > kFusedFp8Rows) return down_fp8_panels(t, q);
 #elif defined(LK_F32_PANELS)
   if (t.m >= kF32PanelMinRows)
     return down_f32_panels(t, q.w, block_bytes, [&](int blk, float* dst) {

@@ -35,6 +35,23 @@ void dot_rows_seg(int mr, const uint16_t* const* a, const void* const* b, int kp
   }
 }
 
+// A format's dequantization of the next block (pair) into the other panel set, in `parts` parts (any
+// count; part p of n does its p-th n-th), run by the tiles of the current one between their k-steps (AMX)
+// or after them (the vector tiles). Null fn: nothing to do.
+struct Fill {
+  void (*fn)(void* ctx, int part, int parts) = nullptr;
+  void* ctx = nullptr;
+  void run_all() const {
+    if (fn) fn(ctx, 0, 1);
+  }
+};
+
+// Units [first, last) of `units` for part p of n.
+inline void part_range(int units, int p, int n, int& first, int& last) {
+  first = int(int64_t(units) * p / n);
+  last = int(int64_t(units) * (p + 1) / n);
+}
+
 inline float* panel_scales(const KernelScratch& s, int kp) {
   return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
 }
@@ -67,15 +84,38 @@ inline void amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// Accumulator tiles 0-3 += A (32 rows, stride lda elements) x [B0 | B1] over inputs [k0, k1). pf: lines of
-// the next block (pair)'s codes to bring into L2 meanwhile, spread over the k-steps (the tiles keep the
-// matrix unit busy while the loads are in flight; the panels' dequantization then finds them there).
+// What the core does while the matrix unit runs the tiles, a share per k-step: bring the next block
+// (pair)'s codes into L2 (`pf`: lines left) and, where a format pipelines its panels, dequantize the next
+// block (pair) into the other panel set (`fill(ctx, part, parts)`, part by part). Tile instructions take
+// 16 cycles each and run beside the vector units, so work placed between them is mostly hidden.
+struct SideWork {
+  Prefetch pf;
+  void (*fill)(void* ctx, int part, int parts) = nullptr;
+  void* ctx = nullptr;
+  int part = 0, parts = 0;  // fill parts done, of how many (one per k-step of the tiles)
+  int steps = 0;            // k-steps left to spread the prefetch over
+  inline void step() {
+    if (pf.lines > 0) {
+      const int n = steps > 1 ? (pf.lines + steps - 1) / steps : pf.lines;
+      for (int l = 0; l < n; ++l) _mm_prefetch(pf.p + 64 * l, _MM_HINT_T1);
+      pf.p += 64 * n;
+      pf.lines -= n;
+    }
+    if (steps > 0) --steps;
+    if (fill && part < parts) fill(ctx, part++, parts);
+  }
+  inline void finish() {  // whatever the k-steps left undone (none when `parts` counted them all)
+    while (fill && part < parts) fill(ctx, part++, parts);
+  }
+};
+
+// Accumulator tiles 0-3 += A (32 rows, stride lda elements) x [B0 | B1] over inputs [k0, k1), with a share
+// of the side work per k-step.
 inline void amx_accumulate(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int k0, int k1,
-                           Prefetch& pf) {
+                           SideWork& w) {
   const size_t stride = lda * 2;
-  const int per_step = pf.lines ? (pf.lines * 32 + (k1 - k0) - 1) / (k1 - k0) : 0;
   for (int k = k0; k < k1; k += 32) {
-    for (int l = 0; l < per_step && pf.lines > 0; ++l, --pf.lines, pf.p += 64) _mm_prefetch(pf.p, _MM_HINT_T1);
+    w.step();
     // Weights stream from DRAM when few rows share them: fetch two k-steps (2 x 1 KiB) ahead.
     const uint16_t* p0 = b0 + size_t(k + kAmxPrefetchK) * 16;
     const uint16_t* p1 = b1 + size_t(k + kAmxPrefetchK) * 16;
@@ -111,28 +151,28 @@ inline void amx_store(float* c) {
 
 // C (32 x 32, ld 32) = A (32 rows, stride lda elements) x [B0 | B1]
 inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c,
-                           Prefetch pf = {}) {
+                           SideWork& w) {
   amx_zero();
-  amx_accumulate(a, lda, b0, b1, 0, kp, pf);
+  amx_accumulate(a, lda, b0, b1, 0, kp, w);
   amx_store(c);
+}
+inline void amx_tile_32x32(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp, float* c) {
+  SideWork none;
+  amx_tile_32x32(a, lda, b0, b1, kp, c, none);
 }
 
 // amx_tile_32x32 with segment scales (SEG as dot_tile's): each `seg` inputs (a multiple of 32) the four
 // accumulator tiles go to `tmp` (32 x 32 fp32) and are added into C scaled, in fp32.
 template <int SEG>
 inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0, const uint16_t* b1, int kp,
-                               int seg, const float* const* scale, float* c, float* tmp, Prefetch pf) {
+                               int seg, const float* const* scale, float* c, float* tmp, SideWork& w) {
   for (int r = 0; r < 32; ++r) {
     _mm512_storeu_ps(c + r * 32, _mm512_setzero_ps());
     _mm512_storeu_ps(c + r * 32 + 16, _mm512_setzero_ps());
   }
   for (int k0 = 0, sidx = 0; k0 < kp; k0 += seg, ++sidx) {
     amx_zero();
-    Prefetch part = pf;  // this segment's share of the lines
-    part.lines = tmin(pf.lines, (pf.lines * seg + (kp - k0) - 1) / (kp - k0));
-    pf.lines -= part.lines;
-    pf.p += size_t(part.lines) * 64;
-    amx_accumulate(a, lda, b0, b1, k0, k0 + seg, part);
+    amx_accumulate(a, lda, b0, b1, k0, k0 + seg, w);
     amx_store(tmp);
     for (int h = 0; h < 2; ++h) {
       const __m512 sv = SEG == kSegVector ? _mm512_loadu_ps(scale[h] + 16 * sidx) : _mm512_set1_ps(scale[h][sidx]);
@@ -147,11 +187,11 @@ inline void amx_tile_32x32_seg(const uint16_t* a, size_t lda, const uint16_t* b0
 // One 32-row tile over a block pair's panels, scaled per segment as SEG says (tmp: 32 x 32 fp32).
 template <int SEG>
 inline void amx_panel_tile(const uint16_t* a, size_t lda, const void* const* b, int kp, int seg,
-                           const float* const* scale, float* c, float* tmp, Prefetch pf) {
+                           const float* const* scale, float* c, float* tmp, SideWork& w) {
   const auto* b0 = static_cast<const uint16_t*>(b[0]);
   const auto* b1 = static_cast<const uint16_t*>(b[1]);
-  if constexpr (SEG == kSegNone) amx_tile_32x32(a, lda, b0, b1, kp, c, pf);
-  else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp, pf);
+  if constexpr (SEG == kSegNone) amx_tile_32x32(a, lda, b0, b1, kp, c, w);
+  else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp, w);
 }
 
 // The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
@@ -164,22 +204,26 @@ inline void amx_gather_rows(const GateUpTask& t) {
 }
 
 // The 32-row tiles of m rows (a: tile-strided, lda elements) over a block pair's panels, scaled per
-// segment as SEG says; fin(c, r) takes row r's 32 results. The tiles bring the next block (pair)'s codes
-// (`next`, `next_bytes`) into L2 meanwhile, a lone tile too (one tile per expert is the common prefill
-// case at a few hundred tokens, where the panels' dequantization otherwise waits on DRAM).
+// segment as SEG says; fin(c, r) takes row r's 32 results. Meanwhile the side work: the next codes
+// (`next`, `next_bytes`) into L2, a lone tile too (one tile per expert is the common prefill case at a few
+// hundred tokens, where the panels' dequantization otherwise waits on DRAM), and the format's `fill`.
 template <int SEG, typename Fin>
 inline void amx_panel_rows(const uint16_t* a, size_t lda, int m, const void* const* b, int kp, int seg,
                            const float* const* scale, const KernelScratch& s, const void* next, size_t next_bytes,
-                           Fin&& fin) {
+                           const Fill& fill, Fin&& fin) {
   amx_configure();
-  const int tiles = (m + 31) / 32;
+  SideWork w;
+  w.steps = (m + 31) / 32 * (kp / 32);
+  w.pf = Prefetch{static_cast<const char*>(next), next ? int(next_bytes / 64) : 0};
+  w.fill = fill.fn;
+  w.ctx = fill.ctx;
+  w.parts = fill.fn ? kp / 32 : 0;  // during the first row tile: later ones run undisturbed
   for (int r0 = 0; r0 < m; r0 += 32) {
-    const Prefetch pf = tiles > 1 ? tile_share(next, next_bytes, r0 / 32, tiles)
-                                  : Prefetch{static_cast<const char*>(next), next ? int(next_bytes / 64) : 0};
-    amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc, pf);
+    amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc, w);
     for (int r = 0; r < tmin(32, m - r0); ++r) fin(s.c + r * 32, r0 + r);
   }
   _tile_release();
+  w.finish();
 }
 #endif  // LK_AMX
 
@@ -189,15 +233,15 @@ inline void amx_panel_rows(const uint16_t* a, size_t lda, int m, const void* con
 // the task's rows are gathered into the tile panel with its first block pair (j == 0).
 template <int SEG, typename Fin>
 void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const float* su, const void* next,
-                   size_t next_bytes, Fin&& fin) {
+                   size_t next_bytes, Fin&& fin, const Fill& fill = {}, int set = 0) {
   float* c = t.scratch->c;
-  const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, 1)};
+  const void* b[2] = {panel_of(*t.scratch, t.kp, 2 * set), panel_of(*t.scratch, t.kp, 2 * set + 1)};
   const float* sc[2] = {sg, su};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
 #if defined(LK_AMX)
   if (t.m >= kAmxMinRows) {
     if (j == 0) amx_gather_rows(t);
-    return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, next, next_bytes, fin);
+    return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, next, next_bytes, fill, fin);
   }
 #endif
   const int tiles = (t.m + R - 1) / R;
@@ -208,6 +252,7 @@ void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const f
     else dot_rows_seg<2, SEG>(mr, t.x_rows + r0, b, t.kp, c, seg, sc, pf);
     for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
   }
+  fill.run_all();
 }
 
 // Row tiles of a down task over the panels of blocks j and j + nb - 1: row r's results times its
@@ -215,10 +260,11 @@ void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const f
 // tiles trickle the next blocks' codes into L2 as gate_up_panel does.
 template <int SEG>
 void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* seg_scale,
-                const float* const* row_scale, float gs, const void* next, size_t next_bytes) {
+                const float* const* row_scale, float gs, const void* next, size_t next_bytes, const Fill& fill = {},
+                int set = 0) {
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
-  const void* b[2] = {panel_of(*t.scratch, t.kp, 0), panel_of(*t.scratch, t.kp, nb - 1)};
+  const void* b[2] = {panel_of(*t.scratch, t.kp, 2 * set), panel_of(*t.scratch, t.kp, 2 * set + nb - 1)};
   constexpr int R = SEG == kSegNone ? kMaxRows : kSegTileRows;
   // row r's results c (16 per block) into its out_acc row
   auto add = [&](const float* c, int r) {
@@ -231,7 +277,7 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
   };
 #if defined(LK_AMX)
   if (t.m >= kAmxMinRows)  // act rows past m are readable slack, as in down_bf16()
-    return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, next, next_bytes, add);
+    return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, next, next_bytes, fill, add);
 #endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
@@ -247,6 +293,7 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
     }
     for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
   }
+  fill.run_all();
 }
 #elif defined(__AVX2__)
 #define LK_F32_PANELS 1

@@ -50,6 +50,8 @@ namespace {
 
 template <typename T>
 inline T tmin(T a, T b) { return a < b ? a : b; }
+template <typename T>
+inline T tmax(T a, T b) { return a < b ? b : a; }
 
 // A range of cache lines to pull into L2 while a compute-bound tile runs: the next block's
 // weights, so that they do not arrive at DRAM speed when the next tile needs them.
