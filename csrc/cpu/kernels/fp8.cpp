@@ -131,38 +131,26 @@ void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, 
 #endif
 
 #if defined(LK_V512)
-// The next block (pair)'s codes into the other panel set, part by part (panels.h Fill): 32-code units.
-struct Fp8Fill {
-  const Fp8Weights* q;
-  const uint8_t* src[2];  // codes of the blocks (null: none)
-  uint16_t* dst[2];       // their panels
-  int n;                  // codes per block
-};
-void fp8_fill(void* ctx, int part, int parts) {
-  const auto& f = *static_cast<const Fp8Fill*>(ctx);
-  int a, b;
-  part_range(f.n / 32, part, parts, a, b);
-  for (int h = 0; h < 2 && b > a; ++h)
-    if (f.src[h]) dequant_bf16(*f.q, f.src[h] + size_t(a) * 32, f.dst[h] + size_t(a) * 32, (b - a) * 32);
-}
-
 // Gate/up over bf16 panels, pipelined: block pair j + 1 is dequantized into the other panel set while the
 // tiles run over pair j (hidden behind the AMX tiles), the codes of pair j + 2 trickling into L2.
 void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
   const int per = q.per_row ? kBlockN : t.kp / q.seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  const int n = t.kp * kBlockN;
   const KernelScratch& s = *t.scratch;
   auto codes = [&](int j) { return q.w + size_t(j) * 2 * block_bytes; };
-  dequant_bf16(q, codes(0), panel_of(s, t.kp, 0), n);
-  dequant_bf16(q, codes(0) + block_bytes, panel_of(s, t.kp, 1), n);
+  int pair = 0;  // the pair whose panels `deq` fills
+  auto deq = [&](int h, int set, int k0, int k1) {
+    dequant_bf16(q, codes(pair) + h * block_bytes + size_t(k0) * kBlockN,
+                 panel_of(s, t.kp, 2 * set + h) + size_t(k0) * kBlockN, (k1 - k0) * kBlockN);
+  };
+  deq(0, 0, 0, t.kp);
+  deq(1, 0, 0, t.kp);
   for (int j = 0; j < t.nblk; ++j) {
     const int set = j & 1;
     const float* sg = q.scale + size_t(j) * 2 * per;
     const float* su = sg + per;
-    Fp8Fill f{&q, {nullptr, nullptr}, {panel_of(s, t.kp, 2 - 2 * set), panel_of(s, t.kp, 3 - 2 * set)}, n};
-    if (j + 1 < t.nblk) f.src[0] = codes(j + 1), f.src[1] = codes(j + 1) + block_bytes;
-    const Fill fill = j + 1 < t.nblk ? Fill{fp8_fill, &f} : Fill{};
+    pair = j + 1;
+    const PanelFill<decltype(deq)> pf{&deq, j + 1 < t.nblk ? 2 : 0, set ^ 1, t.kp, 2};
     const void* next = j + 2 < t.nblk ? codes(j + 2) : nullptr;
     uint16_t* act = t.act + j * kBlockN;
     if (q.per_row)
@@ -170,11 +158,11 @@ void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
         mul_16(g, sg);
         mul_16(g + 16, su);
         gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld);
-      }, fill, set);
+      }, pf.fill(), set);
     else
       gate_up_panel<kSegScalar>(t, j, q.seg, sg, su, next, 2 * block_bytes,
                                 [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); },
-                                fill, set);
+                                pf.fill(), set);
   }
 }
 
@@ -182,20 +170,22 @@ void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
 void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
   const int per = q.per_row ? kBlockN : t.kp / q.seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  const int n = t.kp * kBlockN;
   const KernelScratch& s = *t.scratch;
-  auto codes = [&](int j) { return q.w + size_t(j) * block_bytes; };
-  for (int h = 0; h < tmin(2, t.nblk); ++h) dequant_bf16(q, codes(h), panel_of(s, t.kp, h), n);
+  int first = 0;  // the first block of the pair `deq` fills
+  auto deq = [&](int h, int set, int k0, int k1) {
+    dequant_bf16(q, q.w + size_t(first + h) * block_bytes + size_t(k0) * kBlockN,
+                 panel_of(s, t.kp, 2 * set + h) + size_t(k0) * kBlockN, (k1 - k0) * kBlockN);
+  };
+  for (int h = 0; h < tmin(2, t.nblk); ++h) deq(h, 0, 0, t.kp);
   for (int j = 0, step = 0; j < t.nblk; j += 2, ++step) {
     const int nb = tmin(2, t.nblk - j), set = step & 1;
     const float* sc[2] = {q.scale + size_t(j) * per, q.scale + size_t(j + nb - 1) * per};
-    Fp8Fill f{&q, {nullptr, nullptr}, {panel_of(s, t.kp, 2 - 2 * set), panel_of(s, t.kp, 3 - 2 * set)}, n};
-    for (int h = 0; h < 2 && j + 2 + h < t.nblk; ++h) f.src[h] = codes(j + 2 + h);
-    const Fill fill = j + 2 < t.nblk ? Fill{fp8_fill, &f} : Fill{};
-    const void* next = j + 4 < t.nblk ? codes(j + 4) : nullptr;
+    first = j + 2;
+    const PanelFill<decltype(deq)> pf{&deq, tmax(0, tmin(2, t.nblk - j - 2)), set ^ 1, t.kp, 2};
+    const void* next = j + 4 < t.nblk ? q.w + size_t(j + 4) * block_bytes : nullptr;
     const size_t next_bytes = size_t(tmax(0, tmin(2, t.nblk - j - 4))) * block_bytes;
-    if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes, fill, set);
-    else down_panel<kSegScalar>(t, j, nb, q.seg, sc, nullptr, 1.0f, next, next_bytes, fill, set);
+    if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes, pf.fill(), set);
+    else down_panel<kSegScalar>(t, j, nb, q.seg, sc, nullptr, 1.0f, next, next_bytes, pf.fill(), set);
   }
 }
 #endif

@@ -52,6 +52,21 @@ inline void part_range(int units, int p, int n, int& first, int& last) {
   last = int(int64_t(units) * (p + 1) / n);
 }
 
+// A Fill over the inputs of up to two blocks: deq(h, set, k0, k1) dequantizes inputs [k0, k1) of the next
+// pair's block h into panel set `set` (k0, k1 multiples of unit_k, which divides kp).
+template <typename Deq>
+struct PanelFill {
+  const Deq* deq;
+  int blocks, set, kp, unit_k;
+  static void run(void* ctx, int part, int parts) {
+    const auto& f = *static_cast<const PanelFill*>(ctx);
+    int a, b;
+    part_range(f.kp / f.unit_k, part, parts, a, b);
+    for (int h = 0; h < f.blocks && b > a; ++h) (*f.deq)(h, f.set, a * f.unit_k, b * f.unit_k);
+  }
+  Fill fill() const { return blocks ? Fill{&PanelFill::run, const_cast<PanelFill*>(this)} : Fill{}; }
+};
+
 inline float* panel_scales(const KernelScratch& s, int kp) {
   return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
 }
