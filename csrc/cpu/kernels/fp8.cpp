@@ -160,8 +160,7 @@ void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
     const float* su = sg + per;
     pair = j + 1;
     const PanelFill<decltype(deq)> pf{&deq, pipe && j + 1 < t.nblk ? 2 : 0, set ^ 1, t.kp, 2};
-    const int ahead = j + (pipe ? 2 : 1);
-    const void* next = ahead < t.nblk ? codes(ahead) : nullptr;
+    const void* next = pipe && j + 2 < t.nblk ? codes(j + 2) : nullptr;
     uint16_t* act = t.act + j * kBlockN;
     if (q.per_row)
       gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes, [&](float* g, int r) {
