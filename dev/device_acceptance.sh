@@ -26,6 +26,7 @@
 #   bash dev/device_acceptance.sh probe2    # the 4-bit tile's instructions in core cycles (dev/decode_ops_micro.cpp)
 #   bash dev/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
 #   bash dev/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
+#   bash dev/device_acceptance.sh prefill2  # every format vs bf16 on the amx tier, Qwen3-30B-A3B and DeepSeek-V3 shapes
 # The vLLM 0.33.0 pin on the single H200 (after the payload parts; see dev/README.md):
 #   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, vllm serve e2e, tests/gpu
 #   bash dev/device_acceptance.sh pin2      # install, wheel, versions, doctor, vllm serve e2e, the demo
@@ -217,6 +218,11 @@ timeout $left python3 benchmarks/prefill_formats.py --tokens 64,256,1024 --isa a
     export LVLLM_DEVICE_NO_VLLM=1
     body="timeout $left python3 benchmarks/prefill_formats.py --shape deepseek-v3 --tokens 256,1024 \
 --isa avx512_bf16,amx --rounds 3 > \$OUT/prefill_dsv3.log 2>&1; cat \$OUT/prefill_dsv3.log" ;;
+  prefill2)  # issue 29's table on the AMX host: every format against bf16 on the amx tier, both shapes, M 64-1024
+    export LVLLM_DEVICE_NO_VLLM=1
+    body="for s in qwen3-30b-a3b deepseek-v3; do timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 10)) python3 \
+benchmarks/prefill_formats.py --shape \$s --tokens 64,256,1024 --isa amx --rounds 3 > \$OUT/prefill_\$s.log 2>&1
+tail -28 \$OUT/prefill_\$s.log; done" ;;
   probe1)  # 4-bit decode: compute ceiling (hot) and per-thread scaling (cold) against bf16 and int8
     export LVLLM_DEVICE_NO_VLLM=1
     body="timeout $left bash -c 'for f in mxfp4 nvfp4 wna16_int4 int8_channel bf16; do python3 benchmarks/moe_layer.py \
