@@ -105,9 +105,8 @@ inline void amx_configure() {
 // 16 cycles each and run beside the vector units, so work placed between them is mostly hidden.
 struct SideWork {
   Prefetch pf;
-  void (*fill)(void* ctx, int part, int parts) = nullptr;
-  void* ctx = nullptr;
-  int part = 0, parts = 0;  // fill parts done, of how many (one per k-step of the tiles)
+  Fill fill;
+  int part = 0, parts = 0;  // fill parts done, of how many (one per k-step of the first row tile)
   int steps = 0;            // k-steps left to spread the prefetch over
   inline void step() {
     if (pf.lines > 0) {
@@ -117,10 +116,10 @@ struct SideWork {
       pf.lines -= n;
     }
     if (steps > 0) --steps;
-    if (fill && part < parts) fill(ctx, part++, parts);
+    if (fill.fn && part < parts) fill.fn(fill.ctx, part++, parts);
   }
   inline void finish() {  // whatever the k-steps left undone (none when `parts` counted them all)
-    while (fill && part < parts) fill(ctx, part++, parts);
+    while (fill.fn && part < parts) fill.fn(fill.ctx, part++, parts);
   }
 };
 
@@ -230,8 +229,7 @@ inline void amx_panel_rows(const uint16_t* a, size_t lda, int m, const void* con
   SideWork w;
   w.steps = (m + 31) / 32 * (kp / 32);
   w.pf = Prefetch{static_cast<const char*>(next), next ? int(next_bytes / 64) : 0};
-  w.fill = fill.fn;
-  w.ctx = fill.ctx;
+  w.fill = fill;
   w.parts = fill.fn ? kp / 32 : 0;  // during the first row tile: later ones run undisturbed
   for (int r0 = 0; r0 < m; r0 += 32) {
     amx_panel_tile<SEG>(a + size_t(r0) * lda, lda, b, kp, seg, scale, s.c, s.acc, w);
