@@ -294,13 +294,13 @@ def main() -> int:
     samples = []
     budget = vllm_budget(srv.text())
     # what a report needs besides the samples, first: a soak cut short (a machine taken back) still reports
-    start = dict(start=True, shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
+    start = dict(shape=a.shape, minutes=a.minutes, streams=a.streams, startup_s=round(startup, 1),
                  warmup_s=a.warmup, window_min=a.window, gpu_total=gpu_memory("memory.total"))
     start["vram_cap"] = budget.get("vram_cap", vram_cap(a.serve_arg, start["gpu_total"]))
     if budget:
         start["vram_before"] = budget["vram_before"]
     with open(samples_path, "w") as out:
-        out.write(json.dumps(start) + "\n")
+        out.write(json.dumps(dict(start, start=True)) + "\n")
         last_t, last_n = t0, 0
         while time.time() - t0 < a.minutes * 60:
             time.sleep(max(0.0, t0 + (len(samples) + 1) * a.every - time.time()))
@@ -328,7 +328,6 @@ def main() -> int:
                        failures=clients.failed[:10], rate_first=decode_rate(clients.done, t0, t0 + w),
                        rate_last=decode_rate(clients.done, end - w, end),
                        long_prompt=dict(long_result) if a.long_prompt_words else None)
-        del summary["start"]
         out.write(json.dumps(summary) + "\n")
     exited, rc, gone, killed = srv.stop(60)
     print(report(samples, summary, os.path.join(a.out, "soak.png")))

@@ -36,16 +36,18 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
                  host_table_bytes=info.host_table_bytes)
 
 
-def describe_machine(gpu_gib: float, util: float, host_gib: float = 0):
+def describe_machine(gpu_gib: float, util: float, host_gib: float = 0, probe: bool = True):
     """lvllm.autofit's description of this machine: GPU memory (or --gpu-gib), host RAM available (or
     --host-gib), physical cores, and the two bandwidths measured here (the engine's read probe, a pinned
-    host-to-device copy)."""
+    host-to-device copy). probe=False leaves the bandwidths at their typical figures: only the GPU-prefill
+    threshold reads them, and a plan that holds the threshold as set need not spend seconds measuring."""
     cpus = sorted(os.sched_getaffinity(0))
     gpu_bytes, h2d, isa, read = int(gpu_gib * GiB), 25.0, "avx512_bf16", 60.0
     try:
         import torch
         if torch.cuda.is_available():
             gpu_bytes = gpu_bytes or min(torch.cuda.mem_get_info(i)[1] for i in range(torch.cuda.device_count()))
+        if probe and torch.cuda.is_available():
             src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
             dst = torch.empty_like(src, device="cuda")
             dst.copy_(src)
@@ -62,8 +64,9 @@ def describe_machine(gpu_gib: float, util: float, host_gib: float = 0):
     try:
         import lk_moe
         isa = lk_moe.isa()
-        pool = lk_moe.make_pool(threads=0)  # every physical core, as the read bound of decode is measured
-        read = sorted(pool.measure_read_bandwidth(1 << 30, 3))[1]
+        if probe:
+            pool = lk_moe.make_pool(threads=0)  # every physical core, as the read bound of decode is measured
+            read = sorted(pool.measure_read_bandwidth(1 << 30, 3))[1]
     except Exception:  # the engine not built here: a typical two-channel-per-socket figure
         pass
     host = int(host_gib * GiB) or _meminfo().get("MemAvailable", 0)
@@ -115,7 +118,7 @@ def plan_at_startup(cfg: LvllmConfig, env: Mapping[str, str],
     info = read_checkpoint(mc.model) if os.path.isdir(mc.model) else info_from_config(text, mc.model, estimate=True)
     kv_dtype = str(vc.cache_config.cache_dtype)
     model = describe_model(info, tp, mc.max_model_len, 1 if kv_dtype.startswith("fp8") else mc.dtype.itemsize)
-    machine = describe_machine(0, vc.cache_config.gpu_memory_utilization)
+    machine = describe_machine(0, vc.cache_config.gpu_memory_utilization, probe=not cache_only)
     explicit = explicit_settings(env, cfg)
     if cache_only:
         explicit.update(resident_layers=len(cfg.resident_layers), gpu_prefill_min_batch=cfg.gpu_prefill_min_batch)

@@ -12,7 +12,7 @@ LVLLM_GPU_EXPERT_CACHE            GiB of VRAM per rank for the GPU expert cache:
                                   routed experts of the hybrid layers, computed on the GPU while
                                   the CPU computes the rest (default 0 = off); "auto": lvllm.autofit's
                                   plan sizes it (what is left after the weights, lvllm's reserve and the
-                                  KV cache of the requested context), the other settings held as set
+                                  KV cache of two full-context sequences), the other settings held as set
 LVLLM_DRAFT_MOE                   MoE layers of a speculative draft model (MTP / NextN layers): "gpu"
                                   (default: resident, vLLM's own kernels; one layer) or "cpu" (hybrid,
                                   experts in host RAM like the target's)

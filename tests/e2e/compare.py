@@ -209,7 +209,8 @@ def compare_outputs(ref: list, test: list, flip_margin: float = FLIP_MARGIN, lab
     ref_again: the reference run's second pass over the same prompts, if there is one (its own noise)."""
     c = into if into is not None else Comparison()
     if len(ref) != len(test) or (ref_again is not None and len(ref_again) != len(ref)):
-        c.failures.append(f"{label}: {len(ref)} vs {len(test)} prompts")
+        c.failures.append(f"{label}: {len(ref)} vs {len(test)} prompts"
+                          + (f" ({len(ref_again)} in the reference's second pass)" if ref_again is not None else ""))
         return c
     for p, (r, t) in enumerate(zip(ref, test)):
         c.total += len(r["tokens"])

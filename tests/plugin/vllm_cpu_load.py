@@ -36,7 +36,7 @@ if os.environ.get("AUTOFIT_TEST_MACHINE"):  # LVLLM_AUTO_FIT on a described mach
     import lvllm.autofit_inputs
     from lvllm.autofit import Machine
     _described = Machine(**json.loads(os.environ["AUTOFIT_TEST_MACHINE"]))
-    lvllm.autofit_inputs.describe_machine = lambda gpu_gib, util, host_gib=0: _described
+    lvllm.autofit_inputs.describe_machine = lambda gpu_gib, util, host_gib=0, probe=True: _described
     # the plan's GPU-resident layers keep vLLM's own experts: its CPU kernel's prepacking needs vllm._C,
     # which this build lacks, and the test computes only hybrid layers
     from vllm.model_executor.layers.fused_moe.experts import cpu_moe
