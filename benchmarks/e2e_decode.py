@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""End-to-end decode speed and TTFT through vLLM 0.33.0, Qwen3-30B-A3B shape, dummy bf16 weights.
+"""End-to-end decode speed and TTFT through vLLM 0.33.0 on a real model's shape with dummy weights:
+Qwen3-30B-A3B in bf16 by default, or --arch deepseek_v4 --quant mxfp4 (DeepSeek-V4-Flash as released:
+MXFP4 experts, FP8 block projections; --layers 20 where its 43 layers of experts exceed host RAM).
 
 Modes (each its own vLLM process, as a user would run it):
   hybrid   LVLLM_MOE_NUMA_ENABLED=1: routed experts in host RAM on lk_moe, GPU prefill from
@@ -18,6 +20,7 @@ the mode; the host's bandwidth drifts by 10-20% between minutes), the bound it s
 bandwidth / routed-expert bytes per token, and each hybrid mode's fraction of its own bound.
 
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
+    python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
 """
 from __future__ import annotations
 
@@ -32,7 +35,6 @@ import time
 
 from harness import read_bandwidth, run_child
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _worker(a) -> None:
@@ -98,9 +100,12 @@ def _log_figures(log_path: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="hybrid")
-    ap.add_argument("--model", default="", help="checkpoint dir (default: a generated Qwen3-30B-A3B config)")
+    ap.add_argument("--model", default="", help="checkpoint dir (default: a generated config of --arch's real shape)")
+    ap.add_argument("--arch", default="qwen3_moe", help="generated model: a tools/make_tiny_checkpoint.py --arch")
+    ap.add_argument("--quant", default="bf16", help="generated model: its format (deepseek_v4: mxfp4, as released)")
     ap.add_argument("--layers", type=int, default=0,
-                    help="generated model: fewer layers than the real 48 (faster start; the bound scales with it)")
+                    help="generated model: fewer layers than the real model (faster start, less host RAM; the "
+                         "bound scales with it)")
     ap.add_argument("--log-dir", default="", help="write each mode's full vLLM log here")
     ap.add_argument("--results", default="",
                     help="JSON file that accumulates results across invocations (one mode per device run)")
@@ -119,13 +124,17 @@ def main() -> int:
         return 0
     if not a.model:
         from lvllm.testing.tiny_checkpoint import make_checkpoint
-        a.model = make_checkpoint("qwen3_moe", os.path.join(tempfile.gettempdir(), f"lvllm-qwen3-30b-a3b-L{a.layers or 48}"),
-                                  "big", layers=a.layers)
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
-    H, I, K, L = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
-    bytes_per_token = L * K * 3 * H * I * 2
-    print(f"routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB", flush=True)
+        a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(),
+                                                       f"lvllm-{a.arch}-{a.quant}-big-L{a.layers or 'all'}"),
+                                  "big", layers=a.layers, quant=a.quant)
+    from lvllm.cli.checkpoint_info import expert_shape, read_checkpoint
+    info = read_checkpoint(a.model)  # its weight files, or config.json's shapes for a config-only model
+    K = int(info.config.get("num_experts_per_tok") or info.config.get("moe_topk"))
+    experts = expert_shape(info.config)[0]
+    bytes_per_token = info.expert_bytes * K // experts  # K experts in each MoE layer, every step
+    print(f"{info.architecture}: {info.moe_layers} MoE layers of {experts} experts, top-{K}, "
+          f"{', '.join(info.expert_dtypes)}: routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB, "
+          f"all experts {info.expert_bytes / 2**30:.2f} GiB", flush=True)
     results = {}
     if a.results and os.path.exists(a.results):
         with open(a.results) as f:
@@ -185,7 +194,7 @@ def main() -> int:
                   f"TTFT 8K {o['ttft_8192_s'] / h['ttft_8192_s']:.1f}x better")
         if "stock" in results and "weights_gib" in h and "weights_gib" in results["stock"]:
             saved = results["stock"]["weights_gib"] - h["weights_gib"]
-            experts_gib = bytes_per_token / K * cfg["num_experts"] / 2**30
+            experts_gib = info.expert_bytes / 2**30
             print(f"GPU weight memory: hybrid {h['weights_gib']:.2f} GiB vs stock {results['stock']['weights_gib']:.2f} GiB: "
                   f"{saved:.2f} GiB less; the routed experts are {experts_gib:.2f} GiB")
     return 0

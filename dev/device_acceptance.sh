@@ -35,6 +35,8 @@
 #                                             # threads) and the bf16 e2e suite side by side (KV-cache test aside)
 #   bash dev/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
+#   bash dev/device_acceptance.sh v4flash   # e2e_decode on DeepSeek-V4-Flash's shape (MXFP4 experts), V4_LAYERS (20) of 43
+#                                             # layers, V4_MODES (hybrid; then V4_MODES=stock as a second part)
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
 #   bash dev/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
@@ -60,7 +62,8 @@
 #   bash dev/device_acceptance.sh rotate1   # M=1 decode of one layer rotating over 4 GiB vs ~50 GB of packed copies
 #                                             # (random routing over all the expert memory vs a few GiB of it)
 #   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
-#                                             # Qwen3-Next, GLM-5, MiniMax-M2, Qwen3.5-MoE), switch on vs off
+#                                             # Qwen3-Next, GLM-5, MiniMax-M2, Qwen3.5-MoE, DeepSeek-V4, Kimi-K2.5),
+#                                             # switch on vs off (LVLLM_E2E_ARCHS=a,b: only these)
 #   then bf16_1 and quant1 as above
 #   (decode1, harden1, prefill1 and probe1/2 need no vLLM: run them without the payload, as the first
 #   command of a machine)
@@ -179,6 +182,12 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
   hybrid1)
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${HYBRID_MODES:-hybrid,hybrid-v1} --results \$OUT/bench.json \
 --log-dir \$OUT --timeout 300 > \$OUT/bench_hybrid.log 2>&1; grep -v '^ *\$' \$OUT/bench_hybrid.log | tail -16" ;;
+  v4flash)  # DeepSeek-V4-Flash's shape as released (MXFP4 experts, FP8 projections, dummy weights), V4_LAYERS of
+            # its 43 layers (all 43 hold 147 GB of experts: more than the host's RAM); one mode a run (V4_MODES),
+            # results adding up in /root/bench_v4.json on the machine
+    body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers \${V4_LAYERS:-20} \
+--modes \${V4_MODES:-hybrid} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
+> \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
   base1)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock --reps 2 --decode-tokens 64 \

@@ -24,7 +24,8 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
     """lvllm.autofit's description of a checkpoint (doctor's reading of its files or config)."""
     cfg = info.config
     experts, H, I = expert_shape(cfg)
-    fmt = ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
+    # DeepSeek-V4: MXFP4 experts (expert_dtype "fp4") under an FP8 config for the other projections
+    fmt = "mxfp4" if cfg.get("expert_dtype") == "fp4" else ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
     activation = ("swigluoai" if info.model_type == "gpt_oss" else "silu_clamp" if cfg.get("swiglu_limit")
                   else "silu")
     layer = info.expert_bytes_per_layer

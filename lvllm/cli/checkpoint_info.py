@@ -90,8 +90,16 @@ def _layer_counts(cfg: dict) -> tuple:
 
 # Rough bytes per expert weight by quantization method (scales included); ModelOpt names its
 # algorithm separately: read_checkpoint folds it in ("modelopt/NVFP4").
-_BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 0.53, "modelopt_fp4": 0.56,
+_BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 17 / 32, "modelopt_fp4": 0.56,
                      "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0}
+
+
+def expert_bytes_per_weight(info: "CheckpointInfo", cfg: dict) -> float:
+    """Bytes per routed-expert weight, scales included: DeepSeek-V4's `expert_dtype: fp4` (MXFP4 experts
+    under an FP8 config for the rest) first, else the quantization method's, else bf16."""
+    if cfg.get("expert_dtype") == "fp4":
+        return _BYTES_PER_WEIGHT["mxfp4"]
+    return _BYTES_PER_WEIGHT.get(info.quant_method or "", 2.0)
 
 
 def expert_shape(cfg: dict) -> tuple:
@@ -105,7 +113,7 @@ def expert_shape(cfg: dict) -> tuple:
 def _estimate(info: CheckpointInfo, cfg: dict) -> None:
     """Expert bytes from the config's shapes (bf16 unless the config says otherwise)."""
     E, H, I = expert_shape(cfg)
-    per_weight = _BYTES_PER_WEIGHT.get(info.quant_method or "", 2.0)
+    per_weight = expert_bytes_per_weight(info, cfg)
     info.expert_bytes = int(info.moe_layers * E * 3 * H * I * per_weight)
     V = cfg.get("vocab_size", 0)
     info.other_bytes = int(2 * V * H * 2 + info.num_layers * 4 * H * H * 2)  # embeddings + rough attention

@@ -417,11 +417,18 @@ def _deepseek_v4_mxfp4(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[s
     # vLLM fuses wq_a + wkv and each compressor's wkv + wgate: their fused names are listed too
     fused = {n.rsplit(".", 1)[0] + ".fused_wqa_wkv" for n in keep_bf16 if n.endswith(".attn.wq_a")}
     fused |= {n.rsplit(".", 1)[0] + ".fused_wkv_wgate" for n in keep_bf16 if n.endswith("compressor.wkv")}
+    _deepseek_v4_release_quant(config, sorted(keep_bf16 | fused))
+    return out
+
+
+def _deepseek_v4_release_quant(config: dict, ignored_layers=()) -> None:
+    """The release's quantization: MXFP4 routed experts (expert_dtype "fp4") under an FP8 block config
+    (128 x 128 blocks, ue8m0 scales) for the other projections, minus ignored_layers."""
     config["expert_dtype"] = "fp4"
     config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
-                                     "ignored_layers": sorted(keep_bf16 | fused)}
-    return out
+                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    if ignored_layers:
+        config["quantization_config"]["ignored_layers"] = list(ignored_layers)
 
 
 def _vision_tower(s: dict, w: "_Weights") -> None:
@@ -637,14 +644,15 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
     compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
     "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
-    activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8); quantized variants: tiny only.
+    activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8); quantized variants: tiny only, but
+    DeepSeek-V4's mxfp4 (big: the release's quantization config over dummy weights).
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels)."""
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
-    if quant != "bf16" and size != "tiny":
-        raise ValueError("quantized variants are written for --size tiny only")
+    if quant != "bf16" and size != "tiny" and (arch, quant) != ("deepseek_v4", "mxfp4"):
+        raise ValueError("quantized variants are written for --size tiny only (and DeepSeek-V4's mxfp4 release)")
     if arch == "gpt_oss" and quant != "bf16":
         raise ValueError("gpt_oss checkpoints always hold MXFP4 experts (as released); use the default quant")
     if arch not in ARCHS:
@@ -670,7 +678,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
     experts_only = experts_only or fp8_experts_only
-    if tensors is not None and quant == "mxfp4":
+    if tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
+        _deepseek_v4_release_quant(config)
+    elif tensors is not None and quant == "mxfp4":
         tensors = _deepseek_v4_mxfp4(tensors, config)
     elif tensors is not None:
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
@@ -703,7 +713,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     ap.add_argument("--quant", default="bf16", choices=QUANTS + ("mxfp4",),
-                    help="expert/projection format (tiny only; mxfp4: DeepSeek-V4's release layout)")
+                    help="expert/projection format (tiny only, but mxfp4: DeepSeek-V4's release layout, also big)")
     ap.add_argument("--experts-only", action="store_true",
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")

@@ -1,6 +1,7 @@
 """The newer MoE architectures end to end through the real vLLM 0.33.0, switch on vs off, as
 tests/e2e/test_switch.py does for the older ones (its runs, criterion and teacher-forced fp32 check):
-a file of its own so the older suites' device runs keep their size (`pytest tests/e2e/test_architectures.py`).
+a file of its own so the older suites' device runs keep their size (`pytest tests/e2e/test_architectures.py`;
+LVLLM_E2E_ARCHS=deepseek_v4,kimi_k25 runs only those architectures' vLLM runs).
 
 Qwen3-Next: Gated-DeltaNet linear attention in 3 of 4 layers and gated full attention in the 4th (two
 KV-cache groups: vLLM's padding marks hold for both), a shared expert behind a sigmoid gate in every
@@ -13,10 +14,12 @@ and as released (qwen3_5_moe_vl): the text model under model.language_model. bes
 prompts here; vLLM profiles the vision tower at startup with its own dummy images).
 Kimi-K2.5 (as released): DeepSeek-V3's text model under language_model. beside a MoonViT vision tower (text
 prompts; vLLM profiles the tower at startup), vLLM's own Kimi_K25Config and media processor.
-DeepSeek-V4 (bf16 experts so far): mHC residual streams, sliding / CSA / HCA compressed attention, a
+DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC residual streams, sliding / CSA / HCA compressed attention, a
 hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts (the engine's silu_clamp).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -34,28 +37,45 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16")]
 
 
+def _selected() -> set:
+    """LVLLM_E2E_ARCHS=a,b: run only these architectures' vLLM runs (a device run's time); default all."""
+    names = {a for a in os.environ.get("LVLLM_E2E_ARCHS", "").split(",") if a}
+    unknown = names - set(NEW_ARCHS)
+    if unknown:
+        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}")
+    return names or set(NEW_ARCHS)
+
+
+def _only_selected(arch: str) -> None:
+    if arch not in _selected():
+        pytest.skip(f"{arch} not in LVLLM_E2E_ARCHS")
+
+
 @pytest.fixture(scope="module")
 def arch_runs(tmp_path_factory):
-    specs = []
-    for arch in NEW_ARCHS:
+    specs, chosen = [], _selected()
+    for arch in [a for a in NEW_ARCHS if a in chosen]:
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
-    for arch, quant in NEW_QUANTIZED:
+    for arch, quant in [(a, q) for a, q in NEW_QUANTIZED if a in chosen]:
         specs += [(arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
     return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
 
 
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
 def test_new_architecture_cpu_experts_match_switch_off(arch_runs, arch):
+    _only_selected(arch)
     check_cpu_run(arch_runs, arch)
 
 
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
 def test_new_architecture_gpu_prefill_and_resident_match_switch_off(arch_runs, arch):
+    _only_selected(arch)
     check_gpu_run(arch_runs, arch, NEW_ARCHS[arch])
 
 
 @pytest.mark.parametrize("arch,quant", NEW_QUANTIZED)
 def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch, quant):
+    _only_selected(arch)
     on = _get(arch_runs, f"{arch}-{quant}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"]
     _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} switch on vs bf16 twin")

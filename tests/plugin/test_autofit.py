@@ -112,6 +112,23 @@ def test_engram_tables_count_in_host_ram_not_in_vram(tmp_path):
         plan(h200_host(gpu=48 * GB, host=125 * GiB), big, Request(max_model_len=4096))
 
 
+def test_deepseek_v4_flash_experts_are_read_as_mxfp4_under_its_fp8_config(tmp_path):
+    """The release's config says "fp8" for the projections and expert_dtype "fp4" for the routed experts: the
+    planner and doctor count MXFP4 bytes (17/32 per weight) and plan the engine's mxfp4 format for them."""
+    import json
+
+    from lvllm.autofit_inputs import describe_model
+    from lvllm.cli.checkpoint_info import read_checkpoint
+    from lvllm.testing.tiny_checkpoint import make_checkpoint
+    path = make_checkpoint("deepseek_v4", str(tmp_path / "v4"), "big", quant="mxfp4")
+    cfg = json.load(open(f"{path}/config.json"))
+    assert cfg["expert_dtype"] == "fp4" and cfg["quantization_config"]["quant_method"] == "fp8"
+    info = read_checkpoint(path)
+    assert info.moe_layers == 43 and info.expert_bytes == 43 * 256 * 3 * 4096 * 2048 * 17 // 32
+    model = describe_model(info, 1, 8192)
+    assert model.fmt == "mxfp4" and model.top_k == 6 and model.slot_bytes == 0  # silu_clamp: no cache slots
+
+
 def test_a_small_model_on_a_big_gpu_is_all_resident():
     p = plan(h200_host(), qwen3_30b(), Request(max_model_len=40960))
     assert p.resident_layers == 48 and p.cache_bytes == 0 and p.gpu_prefill_min_batch == 0
