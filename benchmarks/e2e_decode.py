@@ -51,6 +51,8 @@ def _worker(a) -> None:
         kwargs["cpu_offload_gb"] = a.offload_gb
     if a.mode == "hybrid-eager":
         kwargs["enforce_eager"] = True
+    if a.no_jit_warmup:
+        kwargs["kernel_config"] = {"enable_jit_warmup": False}
     t0 = time.time()
     llm = LLM(**kwargs)
     startup = time.time() - t0
@@ -117,6 +119,9 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--gpu-util", type=float, default=0.85)
     ap.add_argument("--timeout", type=int, default=1500)
+    ap.add_argument("--no-jit-warmup", action="store_true",
+                    help="every mode: vLLM's --kernel-config '{\"enable_jit_warmup\": false}' (DeepSeek-V4: its ~200 "
+                         "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.mode:
@@ -152,7 +157,7 @@ def main() -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-               "--gpu-util", str(a.gpu_util)]
+               "--gpu-util", str(a.gpu_util)] + (["--no-jit-warmup"] if a.no_jit_warmup else [])
         bw_before = read_bandwidth()
         t = time.time()
         log_path = os.path.join(a.log_dir or tempfile.gettempdir(), f"e2e_decode-{mode}.log")

@@ -42,7 +42,30 @@ def vllm_dequantize_nvfp4(codes, scales, global_scale):
                                    block_size=16, swizzle=False).cpu()
 
 
-def assert_matches_reference(out, x, w13, w2, ids, weights, **act):
+def folded_weights_magnitude(x, w13, w2, ids, weights):
+    """Per output element, sum_k |w_k| |w2_e| @ (1.1 |up_e| (|gate rows| @ |x|) + |silu(gate_e)| (|up rows| @ |x|)):
+    what rounding every gate/up weight by at most u (relative) moves an output by, to first order (silu's
+    slope is at most 1.1; silu(gate) * up is differentiated in each factor). [gate; up] row order; silu, and
+    silu_clamp under the same figure (its clamps only lower both slopes and both factors' magnitudes)."""
+    xf = x.float()
+    I = w2.shape[2]
+    mag = torch.zeros(x.shape[0], w2.shape[1])
+    for e in ids.unique().tolist():
+        tok, k = (ids == e).nonzero(as_tuple=True)
+        w = w13[e].float()
+        h, ah = xf[tok] @ w.t(), xf[tok].abs() @ w.abs().t()
+        d = 1.1 * h[:, I:].abs() * ah[:, :I] + torch.nn.functional.silu(h[:, :I]).abs() * ah[:, I:]
+        mag.index_add_(0, tok, (d @ w2[e].float().abs().t()) * weights[tok, k].abs().unsqueeze(1))
+    return mag
+
+
+def rounds_weights(fmt: str) -> bool:
+    """Whether the current tier's prefill rounds code x scale to bf16 for lvllm.testing.experts' layers of
+    this format (their int4 groups are 32: the amx tier's q4_folds)."""
+    return fmt == "wna16_int4" and lk_moe.isa() == "amx"
+
+
+def assert_matches_reference(out, x, w13, w2, ids, weights, weights_rounded=False, **act):
     """Compare with the fp32 torch reference, element by element, with a rigorous bound; act: the
     activation / bias options of moe_reference.
 
@@ -56,6 +79,12 @@ def assert_matches_reference(out, x, w13, w2, ids, weights, **act):
     That bound is a worst case (correct layers reach ~0.1 of it), so the relative RMS error must
     also stay <= 2^-8 (random-signed roundings: measured 0.20-0.25% for a correct layer).
     A wrong expert, weight, slot or block breaks both by orders of magnitude.
+    weights_rounded: the kernel rounds each weight (code x scale) to bf16 once, as vLLM's GPU kernels
+    dequantize (the amx tier's int4 group-32 prefill, see csrc/cpu/kernels/int4.cpp q4_folds): each down
+    term moves by u more (u * mag again) and each gate/up weight by u, which moves an output by at most
+    u * folded_weights_magnitude (first order; the 1.01 covers the rest). The RMS limit grows by sqrt(2):
+    the weights' roundings are a second random-signed source of the activation's size (measured 0.0035
+    against 0.0023 without).
     The bound carries over to swigluoai and biases unchanged: the biases are added in fp32 on both
     sides, and the swigluoai clamps (min(gate, 7), clamp(up, -7, 7)) are 1-Lipschitz, so the kink at
     +-limit cannot amplify the fp32 summation-order differences of the pre-activations (covered by
@@ -70,12 +99,17 @@ def assert_matches_reference(out, x, w13, w2, ids, weights, **act):
     assert torch.isfinite(out).all()
     u = 2.0 ** -8
     err = (out - ref).abs()
-    bound = 1.01 * u * (mag + ref.abs()) + 1e-5 * mag
+    rounding = mag + ref.abs()
+    if weights_rounded:
+        assert act.get("activation", "silu") in ("silu", "silu_clamp") and not act.get("interleaved"), act
+        rounding = rounding + mag + folded_weights_magnitude(x, w13, w2, ids, weights)
+    bound = 1.01 * u * rounding + 1e-5 * mag
     worst = (err / bound.clamp_min(1e-30)).max().item()
     assert worst <= 1.0, f"error exceeds the rounding bound by {worst:.3g}x"
     rms = ref.pow(2).mean().sqrt().clamp_min(1e-30)
     rel_rms = (err.pow(2).mean().sqrt() / rms).item()
-    assert rel_rms <= 2 ** -8, f"relative RMS error {rel_rms:.4g} > 2^-8"
+    limit = 2 ** -8 * (2 ** 0.5 if weights_rounded else 1)
+    assert rel_rms <= limit, f"relative RMS error {rel_rms:.4g} > {limit:.4g}"
     return rel_rms, worst
 
 

@@ -39,6 +39,11 @@ def make_int4_experts(E, H, I, gs, asym, scale_dtype=torch.bfloat16, seed=0):
     return tensors, d13, d2
 
 
+def folds(gs: int) -> bool:
+    """Whether this tier's prefill rounds code x scale to bf16 (the amx tier, group 32: q4_folds)."""
+    return gs == 32 and lk_moe.isa() == "amx"
+
+
 def build(tensors, int8_act=False, **kw):
     """A wna16_int4 layer; by default with exact bf16 activations (the rounding-bound tests)."""
     with int8_activations(int8_act):
@@ -90,7 +95,27 @@ def test_wna16_every_tier(tier, H, I, E, K, gs, asym):
     for M in MS:
         x = torch.randn(M, H).bfloat16()
         ids, w = random_routing(M, E, K)
-        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w, weights_rounded=folds(gs))
+
+
+def test_wna16_group32_amx_prefill_rounds_code_times_scale_to_bf16_once():
+    """The amx tier's group-32 prefill (16+ rows an expert) runs its tiles over bf16(code x scale): the
+    exact-math bound holds against the reference on those rounded weights, and every rounding is the
+    nearest bf16 (a truncation, a double rounding or a scale applied twice breaks the tight bound)."""
+    if "amx" not in lk_moe.supported_isas():
+        pytest.skip("no AMX on this CPU")
+    before = lk_moe.isa()
+    lk_moe.set_isa("amx")
+    try:
+        for asym in (False, True):
+            layer, d13, d2 = make_layer(4, 2048, 768, 32, asym)
+            x = torch.randn(600, 2048).bfloat16()  # ~300 rows an expert: every expert on the AMX tiles
+            ids, w = random_routing(600, 4, 2)
+            out = layer.forward(x, ids, w)
+            assert_matches_reference(out, x, d13.bfloat16(), d2.bfloat16(), ids, w)
+            assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=True)
+    finally:
+        lk_moe.set_isa(before)
 
 
 def test_wna16_fp16_scales_and_activations(tier):
@@ -191,7 +216,7 @@ def test_wna16_split_across_numa_slices(tmp_path):
     for M in (1, 40):
         x = torch.randn(M, 512).bfloat16()
         ids, w = random_routing(M, 4, 2)
-        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w, weights_rounded=folds(32))
 
 
 def test_wna16_identity_g_idx_is_accepted():

@@ -158,6 +158,24 @@ inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* ds
 #endif
 }
 
+#if defined(LK_AMX)
+// q4_dequant_seg with the segment's row scales folded in (FoldScales: bf16((u - z) x scale)).
+inline void q4_dequant_seg_folded(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg, const FoldScales& f) {
+  const __m512i lut = _mm512_loadu_si512((const void*)kQ4Lut.v);
+  const __m512i zv = zero ? q4_zero_words(zero) : _mm512_set1_epi16(8);
+  const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
+  const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
+  for (int o = 0; o < seg / 8; ++o) {
+    __m512i pr[4];
+    q4_octet_words(src + o * 64, idx0, idx2, pr);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      _mm512_storeu_si512((void*)(dst + o * 128 + i * 32),
+                          f.apply(_mm512_permutexvar_epi16(_mm512_sub_epi16(pr[i], zv), lut)));
+  }
+}
+#endif
+
 #if defined(LK_V512)
 constexpr int kFusedQ4Rows = 4;
 constexpr int kQ4PrefetchOctets = 96;  // prefetch distance in each block stream (64 B per octet)
@@ -422,6 +440,27 @@ inline void q4_panel_block(const Int4Weights& q, const uint8_t* src, const uint1
 }
 #endif
 
+#if defined(LK_AMX)
+// The amx tier's row tiles over groups of one k-step (32 inputs): the block whole into a panel of
+// bf16((u - z) x scale) (FoldScales), so the tiles need no segment scales. Per-segment scaling would store and
+// re-add the accumulator tiles every k-step: 1.28 / 1.50 / 1.75x bf16's prefill at 64 / 256 / 1024 tokens
+// (Qwen3-30B-A3B shape, 2 cores) against 1.22 / 1.07 / 1.15x folded. Larger groups keep their exact codes
+// and scale per segment: group 128 measured 0.95 / 1.03 / 1.12x so, 1.25 / 1.08 / 1.15x folded (the fold's
+// conversions cost more than a tile store every 4 k-steps).
+inline bool q4_folds(int m, int kp, int group) { return m >= kAmxMinRows && group == 32 && group < kp; }
+inline void q4_folded_panel_block(const Int4Weights& q, const uint8_t* src, const uint16_t* scale,
+                                  const uint8_t* zero, int kp, uint16_t* dst) {
+  float sf[16];
+  for (int s = 0; s < kp / q.group; ++s) {
+    scales_16(scale + s * kBlockN, q.fp16_scale, sf);
+    q4_dequant_seg_folded(src + size_t(s) * q.group * kBlockN / 2, zero ? zero + s * 8 : nullptr,
+                          dst + size_t(s) * q.group * kBlockN, q.group, FoldScales(sf));
+  }
+}
+#else
+inline bool q4_folds(int, int, int) { return false; }
+#endif
+
 #if defined(LK_F32_PANELS)
 // One int4 block whole into an avx2 fp32 panel: (u - z) x the group's row scale, exact in fp32. Per
 // octet and 8-row half one load gives the 8 rows' dwords of 4 code bytes: input i of the octet is the
@@ -485,6 +524,17 @@ void gate_up_q4(const GateUpTask& t) {
         gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
       continue;
     }
+#if defined(LK_AMX)
+    if (q4_folds(t.m, t.kp, seg)) {
+      q4_folded_panel_block(q, bg, scg, zg, t.kp, panel_of(*t.scratch, t.kp, 0));
+      q4_folded_panel_block(q, bu, scu, zu, t.kp, panel_of(*t.scratch, t.kp, 1));
+      uint16_t* act = t.act + j * kBlockN;
+      const void* next = j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr;
+      gate_up_panel<kSegNone>(t, j, seg, nullptr, nullptr, next, 2 * block_bytes,
+                              [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
+      continue;
+    }
+#endif
 #if defined(LK_V512)
     {
       float* fs = panel_scales(*t.scratch, t.kp);  // [gate groups x 16 | up groups x 16]
@@ -558,16 +608,27 @@ void down_q4(const DownTask& t) {
     return;
   }
 #if defined(LK_V512)
+  const bool folds = q4_folds(t.m, t.kp, seg);
   float* fs = panel_scales(*t.scratch, t.kp);
   for (int j = 0; j < t.nblk; j += 2) {
     const int nb = tmin(2, t.nblk - j);
+    const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
+    const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block_bytes;
+    if (folds) {
+#if defined(LK_AMX)
+      for (int h = 0; h < nb; ++h)
+        q4_folded_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
+                              q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, panel_of(*t.scratch, t.kp, h));
+#endif
+      down_panel<kSegNone>(t, j, nb, seg, nullptr, nullptr, 1.0f, next, next_bytes);
+      continue;
+    }
     for (int h = 0; h < nb; ++h)
       q4_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
                      q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, panel_of(*t.scratch, t.kp, h),
                      fs + size_t(h) * nseg * 16);
     const float* ss[2] = {fs, fs + size_t(nb - 1) * nseg * 16};
-    const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
-    down_panel<kSegVector>(t, j, nb, seg, ss, nullptr, 1.0f, next, size_t(tmin(2, t.nblk - j - 2)) * block_bytes);
+    down_panel<kSegVector>(t, j, nb, seg, ss, nullptr, 1.0f, next, next_bytes);
   }
   return;
 #elif defined(LK_F32_PANELS)

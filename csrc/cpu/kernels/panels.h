@@ -208,6 +208,28 @@ inline void amx_panel_tile(const uint16_t* a, size_t lda, const void* const* b, 
   else amx_tile_32x32_seg<SEG>(a, lda, b0, b1, kp, seg, scale, c, tmp, w);
 }
 
+// Segment scales folded into a panel for the AMX row tiles: each weight of a pair-row of the bf16 block
+// layout (word 2n + b: row n, input b of the pair) times its row's scale, rounded to bf16 once (to nearest
+// even): the rounding vLLM's GPU kernels apply when they dequantize (Marlin's W4A16 multiplies code and
+// scale in 16 bits). The tiles then run over all of K with no partial sums through memory, where
+// per-segment scaling stores the four accumulator tiles and adds them back every segment (int4 group 32:
+// every k-step). FoldScales holds a segment's 16 row scales as the two halves' per-word vectors; apply()
+// folds one pair-row in registers, as the dequantization writes it.
+struct FoldScales {
+  __m512 lo, hi;
+  explicit FoldScales(const float* s16) {
+    const __m512i idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512 sv = _mm512_loadu_ps(s16);
+    lo = _mm512_permutexvar_ps(idx, sv);
+    hi = _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), sv);
+  }
+  __m512i apply(__m512i w) const {
+    const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16));
+    const __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16));
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(b, hi), _mm512_mul_ps(a, lo));
+  }
+};
+
 // The unit's token rows gathered once into a tile-strided panel (rows up to the tile height zeroed).
 inline void amx_gather_rows(const GateUpTask& t) {
   const int mt = (t.m + 31) / 32 * 32;
