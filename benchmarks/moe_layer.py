@@ -375,7 +375,7 @@ def main():
                         "see --decode-units) and guided (guided self-scheduling, the default); with the other "
                         "A/B options, every combination")
     p.add_argument("--fp4-acts", default="",
-                   help="A/B of the mxfp4/nvfp4 decode chunks' activations (M <= 16): comma list of q15 (15-bit "
+                   help="A/B of the 4-bit formats' decode chunks' activations (M <= 16): comma list of q15 (15-bit "
                         "integer rows, the default) and bf16 (the vdpbf16ps tile)")
     p.add_argument("--rounds", type=int, default=1,
                    help="decode cases (M <= 16) this many times, each round's ratio against the mean of a read "

@@ -19,10 +19,10 @@ LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the 
                    fp8_channel from sm_89, int8_channel and wna16_int4 from sm_80; mxfp4 and nvfp4
                    always take the fallback). See lk_moe.gpu_dequant.gpu_path.
 LK_INT8_ACT        auto (default) | 1 | 0 (true/false, yes/no, on/off): int8 activations in the decode
-                   of 4-bit experts (auto: wna16_int4 only; 1: mxfp4 and nvfp4 too; 0: none; see
-                   csrc/cpu/moe_layer.cpp). LK_WNA16_INT8_ACT, its first name (int4 only, no auto), is
-                   read while it is unset. Read again each time a layer is built (int8_act_from_env).
-
+                   of 4-bit experts (wna16_int4, mxfp4, nvfp4; 1: on; auto and 0: off, their decode takes
+                   15-bit activations, bf16's error; see csrc/cpu/format.h). LK_WNA16_INT8_ACT, its first
+                   name (1: int4 only, no auto), is read while it is unset. Read again each time a layer is
+                   built (int8_act_from_env).
 Empty means unset for every variable.
 
 A bad value raises ConfigError (a ValueError) naming the variable.
@@ -52,7 +52,7 @@ class EngineConfig:
     spin_us: int = 1000
     cpu_signal: str = "auto"
     force_gpu_fallback: bool = False
-    int8_act: str = "auto"  # auto | on | off (LK_INT8_ACT)
+    int8_act: str = "auto"  # auto | on | off | int4 (LK_INT8_ACT; int4: LK_WNA16_INT8_ACT=1)
 
 
 TRUE_VALUES = ("1", "true", "yes", "on")
@@ -74,11 +74,12 @@ def force_gpu_fallback(env: Optional[Mapping[str, str]] = None) -> bool:
 
 
 # LK_INT8_ACT first, then its first name LK_WNA16_INT8_ACT: (name, its "1" as a setting, takes auto)
-_INT8_ACT_VARS = (("LK_INT8_ACT", "on", True), ("LK_WNA16_INT8_ACT", "auto", False))
+_INT8_ACT_VARS = (("LK_INT8_ACT", "on", True), ("LK_WNA16_INT8_ACT", "int4", False))
 
 
 def int8_act_from_env(env: Optional[Mapping[str, str]] = None) -> str:
-    """LK_INT8_ACT (or LK_WNA16_INT8_ACT while it is unset) as "auto", "on" or "off". Parsed on
+    """LK_INT8_ACT (or LK_WNA16_INT8_ACT while it is unset) as "auto", "on", "off" or "int4" (the first name's
+    1: int8 for wna16_int4 only; auto is off everywhere since 2026-12-04). Parsed on
     every layer build, since the engine reads the variable then (tests switch it between layers)."""
     env = os.environ if env is None else env
     for name, on, takes_auto in _INT8_ACT_VARS:
@@ -88,7 +89,7 @@ def int8_act_from_env(env: Optional[Mapping[str, str]] = None) -> str:
         if raw == "auto" and takes_auto:
             return "auto"
         if raw in TRUE_VALUES:
-            return on  # the first name's 1 switched int4 only: what auto does now
+            return on
         if raw in FALSE_VALUES:
             return "off"
         raise ConfigError(f"{name}={env.get(name)!r} is not a switch: use {'auto, ' if takes_auto else ''}"

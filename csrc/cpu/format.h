@@ -51,13 +51,13 @@ struct Format {
   bool per_row = false;     // kByteCodes: one scale per output row (else one per block of the checkpoint)
   bool nv = false;          // kFp4: NVFP4 (fp8 e4m3fn scales per 16 inputs, fp32 global scales); else MXFP4
   // Decode chunks: the least DecodeWide policy that starts them with wide units; whether LK_INT8_ACT
-  // applies (int8 activations) and is on when it says auto (int8_act_auto); whether they take 15-bit
-  // activations by default (Fp4DecodeActs). int8_act_auto: wna16_int4 only, where it paid on the
-  // 16-core AMX host (M=1 0.354 -> 0.245 ms, 2026-12-01); mxfp4/nvfp4 gained 5-6% there while their
-  // int8 error (~0.01 relative RMS vs 0.002) moved gpt-oss's greedy logprobs past the e2e bound, so
-  // they keep 15-bit activations unless LK_INT8_ACT=1.
+  // applies (int8 activations, off unless asked for); whether they take 15-bit activations otherwise
+  // (q15_decode, Fp4DecodeActs: every 4-bit format). int8 activations (~0.01 relative RMS against 0.002)
+  // moved gpt-oss's greedy logprobs past the e2e bound (mxfp4, 2026-12-01) and Kimi-K2.5's int4 decode away
+  // from its own bf16 prefill (wna16_int4, H200, 2026-12-04), so 15-bit activations (bf16's error) are the
+  // default for all three; int8 was 0.354 -> 0.245 ms a layer at M=1 for wna16_int4 on the 16-core AMX host.
   DecodeWide decode_wide = DecodeWide::kAll;
-  bool int8_act = false, int8_act_auto = false, q15_decode = false;
+  bool int8_act = false, q15_decode = false;
   bool swigluoai = false;  // the swigluoai activation is supported
   // Checks the checkpoint tensors (src) against the layer's E, I, H (set in sh, as kp1 and kp2) and sets
   // the format's parameters in sh; per-expert global scales into gs13 ([E][2]) and gs2 ([E]). A layer

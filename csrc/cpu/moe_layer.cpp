@@ -31,19 +31,18 @@ enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowS
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
 
 // LK_INT8_ACT: int8 activations in the decode of the formats that have it (Format::int8_act). auto
-// (default): the formats whose row says so (Format::int8_act_auto; format.h says why); 1/true/yes/on:
-// all of them; 0/false/no/off: none. LK_WNA16_INT8_ACT, its first name (it switched the auto-on ones
-// only), is read when it is unset or empty. Empty (or blank) means unset, as for every LK_*
+// (default) and 0/false/no/off: none (the 4-bit formats take 15-bit activations; format.h says why);
+// 1/true/yes/on: all of them. LK_WNA16_INT8_ACT, its first name (it only ever switched wna16_int4, and
+// knows no "auto"), is read when it is unset or empty. Empty (or blank) means unset, as for every LK_*
 // variable; lk_moe.config validates both names (ConfigError) before any layer is built, so the throw below is a
 // backstop for callers of the engine that bypass it.
 struct Int8ActVariable {
   const char* name;
-  bool all_formats;  // false for the first name: it only ever switched int4 (auto-on formats), and knows no "auto"
+  bool all_formats;  // false for the first name
 };
 
-// auto_off: the format's int8-activation decode stays off under auto (Format::int8_act_auto false: the fp4
-// formats), and the first name does not switch it.
-bool int8_act_from_env(bool auto_off) {
+// first_name_applies: the format is the one LK_WNA16_INT8_ACT switches (wna16_int4).
+bool int8_act_from_env(bool first_name_applies) {
   for (const Int8ActVariable var : {Int8ActVariable{"LK_INT8_ACT", true}, Int8ActVariable{"LK_WNA16_INT8_ACT", false}}) {
     const char* v = std::getenv(var.name);
     if (!v) continue;
@@ -53,13 +52,13 @@ bool int8_act_from_env(bool auto_off) {
     s.erase(s.begin(), std::find_if_not(s.begin(), s.end(), blank));
     if (s.empty()) continue;
     for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    if (s == "auto" && var.all_formats) return !auto_off;
-    if (s == "1" || s == "true" || s == "yes" || s == "on") return var.all_formats || !auto_off;
+    if (s == "auto" && var.all_formats) return false;
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return var.all_formats || first_name_applies;
     if (s == "0" || s == "false" || s == "no" || s == "off") return false;
     throw std::invalid_argument(std::string(var.name) + "=" + v + " is not a switch: use " +
                                 (var.all_formats ? "auto, " : "") + "1/0, true/false, yes/no or on/off");
   }
-  return !auto_off;
+  return false;
 }
 size_t elem_size(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
@@ -127,7 +126,7 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   shape_.i_blocks = shape_.kp2 / kBlockN;
   shape_.h_blocks = (hidden + kBlockN - 1) / kBlockN;
   fmt.configure(src, shape_, gs13_, gs2_);
-  shape_.int8_act = fmt.int8_act && int8_act_from_env(!fmt.int8_act_auto);
+  shape_.int8_act = fmt.int8_act && int8_act_from_env(fmt.family == Family::kInt4);
   if (act == Activation::kSwigluOAI && !fmt.swigluoai)
     throw std::invalid_argument(std::string("activation swigluoai is not supported for ") + fmt.name + " experts");
   if (act == Activation::kSiLUClamp) {

@@ -23,6 +23,15 @@ def tier(request):
     lk_moe.set_isa(before)
 
 
+@pytest.fixture
+def acts_setting():
+    """Restores the process-wide 4-bit decode activations setting (q15 / bf16, lk_moe._C._set_fp4_decode_acts)
+    after a test that changes it."""
+    before = lk_moe._C._fp4_decode_acts()
+    yield
+    lk_moe._C._set_fp4_decode_acts(before)
+
+
 def make_experts(E, H, I, dtype=torch.bfloat16, seed=0):
     """Random experts scaled like trained ones (unit-variance pre-activations)."""
     g = torch.Generator().manual_seed(seed)

@@ -74,8 +74,8 @@ class Case:
                 kw = GPT_OSS_ACT if fmt == "mxfp4" else {}
                 self.layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, pool=pool, **kw)
         # Chunks of <= 16 tokens on the AVX-512 tiers: int8 decode activations (LK_INT8_ACT) or, for
-        # mxfp4, q15 ones (the default); both within the int8 budget, the rest exact.
-        self.switches = int8_act or fmt == "mxfp4"
+        # the 4-bit formats, q15 ones (the default); both within the int8 budget, the rest exact.
+        self.switches = int8_act or fmt in ("mxfp4", "wna16_int4")
 
     def forward(self, x, ids, w):
         """Into a NaN-filled tensor: a row the engine skips fails the finiteness check."""

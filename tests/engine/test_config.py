@@ -89,7 +89,7 @@ def test_auto_signal_names_why_the_kernel_cannot_run_here():
     ({}, "auto"), ({"LK_INT8_ACT": ""}, "auto"), ({"LK_INT8_ACT": "  "}, "auto"), ({"LK_INT8_ACT": " On "}, "on"),
     ({"LK_INT8_ACT": "0"}, "off"), ({"LK_INT8_ACT": "AUTO"}, "auto"),
     # the first name (int4 only, no "auto"), read while LK_INT8_ACT is unset or empty
-    ({"LK_WNA16_INT8_ACT": "0"}, "off"), ({"LK_WNA16_INT8_ACT": "yes"}, "auto"), ({"LK_WNA16_INT8_ACT": ""}, "auto"),
+    ({"LK_WNA16_INT8_ACT": "0"}, "off"), ({"LK_WNA16_INT8_ACT": "yes"}, "int4"), ({"LK_WNA16_INT8_ACT": ""}, "auto"),
     ({"LK_INT8_ACT": "", "LK_WNA16_INT8_ACT": "off"}, "off"), ({"LK_INT8_ACT": "1", "LK_WNA16_INT8_ACT": "0"}, "on"),
 ])
 def test_int8_act_is_parsed_like_the_other_variables(env, want):

@@ -55,14 +55,6 @@ def assert_q15_exact(out, x, w13, w2, ids, w, **act):
     return worst
 
 
-@pytest.fixture
-def acts_setting():
-    """Restores the process-wide fp4 decode activations setting after a test that changes it."""
-    before = lk_moe._C._fp4_decode_acts()
-    yield
-    lk_moe._C._set_fp4_decode_acts(before)
-
-
 def _cases(fmt, H, I, E):
     """A layer without int8 activations (whatever LK_INT8_ACT says), its dense weights and act options."""
     with int8_activations(False):

@@ -332,10 +332,9 @@ def test_nvfp4_rejects_bad_inputs():
     assert lk_moe.MoELayer.tensor_names("nvfp4") == (NAMES, ("w13_input_scale", "w2_input_scale"))
 
 
-def test_int8_activations_default_to_wna16_only():
-    """LK_INT8_ACT unset or auto: wna16_int4 decodes with int8 activations, the FP4 formats keep exact
-    bf16 activations (bit for bit LK_INT8_ACT=0); LK_INT8_ACT=1 turns them on for FP4 too; the first
-    name LK_WNA16_INT8_ACT=1 stays int4-only."""
+def test_int8_activations_are_off_unless_asked_for():
+    """LK_INT8_ACT unset or auto: the 4-bit formats decode with 15-bit activations, bit for bit LK_INT8_ACT=0;
+    LK_INT8_ACT=1 turns int8 on for all of them; the first name LK_WNA16_INT8_ACT=1 for wna16_int4 only."""
     from .test_wna16 import make_int4_experts
     if not (lk_moe.isa().startswith("avx512") or lk_moe.isa() == "amx"):
         pytest.skip("the int8-activation decode runs on the AVX-512 tiers")
@@ -357,9 +356,9 @@ def test_int8_activations_default_to_wna16_only():
                 if before[n] is not None:
                     os.environ[n] = before[n]
 
-    for fmt, t, default_int8 in (("nvfp4", fp4, False), ("wna16_int4", int4, True)):
+    for fmt, t in (("nvfp4", fp4), ("wna16_int4", int4)):
         exact, on = out(fmt, t, {"LK_INT8_ACT": "0"}), out(fmt, t, {"LK_INT8_ACT": "1"})
         assert not torch.equal(exact, on)
         for env in ({}, {"LK_INT8_ACT": "auto"}, {"LK_INT8_ACT": "AUTO"}):
-            assert torch.equal(out(fmt, t, env), on if default_int8 else exact), (fmt, env)
+            assert torch.equal(out(fmt, t, env), exact), (fmt, env)
         assert torch.equal(out(fmt, t, {"LK_WNA16_INT8_ACT": "1"}), on if fmt == "wna16_int4" else exact)

@@ -118,6 +118,36 @@ def test_wna16_group32_amx_prefill_rounds_code_times_scale_to_bf16_once():
         lk_moe.set_isa(before)
 
 
+@pytest.mark.parametrize("gs,asym", [(32, False), (128, True)], ids=["g32-sym", "g128-asym"])
+def test_wna16_decode_takes_15_bit_activations(tier, gs, asym, acts_setting):
+    """Decode chunks (<= 16 tokens) on the AVX-512 tiers, by default: x and the activation as q15 rows
+    (test_fp4_q15.q15 emulates them in torch), every code x q product summed exactly in integers. The exact-
+    math bound holds (bf16's error), and against the q15-emulating reference the relative RMS error is the
+    output's bf16 rounding alone (measured 0.00165; bound 2^-9): a lost low half (lo) or a wrong 128 x hi
+    shows there. The tight element bound of the fp4 formats does not carry over: int4's fp32 group-scale
+    products make a few activations round to the other bf16 neighbour than the reference's (one element
+    measured at 4e-5 mag). Not the vdpbf16ps tile's output, not the int8 rows' (their error is 5x)."""
+    from .test_fp4_q15 import q15
+    from lk_moe.reference import moe_reference
+    layer, d13, d2 = make_layer(4, 2048, 768, gs, asym)
+    int8_layer = make_layer(4, 2048, 768, gs, asym, int8_act=True)[0]
+    for M in (1, 4, 5, 16):
+        x = torch.randn(M, 2048).bfloat16()
+        ids, w = random_routing(M, 4, 2)
+        out = layer.forward(x, ids, w)
+        assert_matches_reference(out, x, d13, d2, ids, w)
+        if tier in ("generic", "avx2"):  # no q15 rows there: the exact bf16 tiles
+            continue
+        ref = moe_reference(q15(x), d13, d2, ids, w, act_round=lambda a: q15(a.bfloat16()))
+        rel = ((out.float() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+        assert rel <= 2 ** -9, f"relative RMS {rel:.3g} against the q15 reference"
+        lk_moe._C._set_fp4_decode_acts("bf16")
+        assert not torch.equal(layer.forward(x, ids, w), out)
+        lk_moe._C._set_fp4_decode_acts("q15")
+        with pytest.raises(AssertionError, match="relative RMS"):
+            assert_matches_reference(int8_layer.forward(x, ids, w), x, d13, d2, ids, w)
+
+
 def test_wna16_fp16_scales_and_activations(tier):
     layer, d13, d2 = make_layer(4, 512, 256, 64, True, torch.float16)
     for M in (1, 3, 40):

@@ -163,7 +163,7 @@ void down_task(const TaskBlocks& w, DownTask& t) {
 
 const Format kWna16Int4Format = {
     .name = "wna16_int4", .family = Family::kInt4, .decode_wide = DecodeWide::kFourBit, .int8_act = true,
-    .int8_act_auto = true, .configure = &configure, .allocate = &allocate, .repack13 = &repack13,
+    .q15_decode = true, .configure = &configure, .allocate = &allocate, .repack13 = &repack13,
     .repack2 = &repack2, .gate_up_task = &gate_up_task, .down_task = &down_task};
 
 }  // namespace lk

@@ -12,16 +12,18 @@ namespace {
 // nibble) and 8o + 4 + j (high nibble) of row n, so one cache line is 128 codes and one and (low) or
 // shift + and (high) yields 16 dwords of 4 consecutive u8 codes per output row: the u8 operand of
 // vpdpbusd, without widening anything to 16 bits.
-// Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT=0, first named
-// LK_WNA16_INT8_ACT, turns it off): the engine quantizes each activation row once per chunk (x before
-// phase 1, act before phase 2) per 32 inputs to symmetric int8 (q8_row: d = max|x| / 127, llama.cpp's
-// Q8_0 scheme); dot_tile_q4q8 accumulates u * q in int32 with vpdpbusd (vpmaddubsw + vpmaddwd on the avx512 tier,
-// same integers: no saturation at |2 * 15 * 127|), converts every 32 inputs and multiplies by d in
-// fp32, and per weight group subtracts z * sum(d * sum q) and applies the 16 row scales. About 5
-// vector ops per 128 weights and row (against ~16 for the bf16 widening below); up to 4 rows share
-// each weight load. Error: rel RMS of the layer output ~0.012 against the fp32 reference on the
-// dequantized weights (exact path ~0.0035); budget and reasoning in tests/engine/conftest.py.
-// Decode, exact (LK_INT8_ACT=0, m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
+// Decode (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers): the engine quantizes each activation row
+// once per chunk (x before phase 1, act before phase 2) per 32 inputs to integers: by default 15-bit q15
+// rows (act_quant.cpp: q = 128 hi + lo, a power-of-two scale; bf16's error), with LK_INT8_ACT=1 (first
+// named LK_WNA16_INT8_ACT) symmetric int8 (q8_row: d = max|x| / 127, llama.cpp's Q8_0 scheme);
+// dot_tile_q4q8 accumulates u * q in int32 with vpdpbusd (vpmaddubsw + vpmaddwd on the avx512 tier,
+// same integers: no saturation at |2 * 15 * 127|; q15: a second one on hi), converts every 32 inputs and
+// multiplies by d in fp32, and per weight group subtracts z * sum(d * sum q) and applies the 16 row
+// scales. About 5 vector ops per 128 weights and row with int8 (q15: ~7; the bf16 widening below: ~16);
+// up to 4 rows share each weight load (q15: 2). Error: rel RMS of the layer output ~0.012 with int8
+// against the fp32 reference on the dequantized weights (q15 and the exact path ~0.0035); budget and
+// reasoning in tests/engine/conftest.py.
+// Decode, exact (the A/B setting _set_fp4_decode_acts("bf16"), m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
 // pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR 0x4300 = bf16(128 +
 // u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
 // in fp32 per group, then (128 + z) * sum A (row sums computed once per task) is subtracted and the
@@ -272,12 +274,17 @@ constexpr int kQ8PrefetchOctets = 96;  // prefetch distance in each block stream
 // and/shift per 128 codes, no widening), times d in fp32; per group minus z * sum_b d * sum q, times
 // the scales. With few rows the accumulator chains bound the speed: S independent integer
 // accumulators per (row, block) take the low/high nibbles of each octet in turn.
-template <int MR, int NB, bool ASYM>
+// Q15 (the default, Format::q15_decode): q15 rows, x_r ~ d_r[b] * (128 hi_r[k] + lo_r[k]): each weight load
+// feeds a second vpdpbusd, on hi, and 128 sum(u hi) + sum(u lo) is sum(u q) exactly (|.| <= 32 x 15 x 16256 <
+// 2^24: its fp32 conversion is exact too), so the error is bf16's, not int8's (act_quant.cpp, q15_row).
+// Fewer chains then (the hi accumulators take their registers); tiles of at most 2 rows (dot_rows_q4q8_t).
+template <int MR, int NB, bool ASYM, bool Q15>
 inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
                           const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
   const int far = far_prefetch_bytes();
-  constexpr int S = MR == 1 ? 4 : 2;
-  __m512i acc[S][MR][NB];
+  constexpr int S = Q15 ? (MR == 1 ? 2 : 1) : (MR == 1 ? 4 : 2);
+  __m512i acc[S][MR][NB];              // q8: q; q15: lo
+  __m512i hacc[Q15 ? S : 1][MR][NB];   // q15: hi
   __m512 gacc[MR][NB], tot[MR][NB];
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
@@ -285,13 +292,17 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
     for (int j = 0; j < NB; ++j) {
       tot[r][j] = gacc[r][j] = _mm512_setzero_ps();
 #pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+      for (int i = 0; i < S; ++i) acc[i][r][j] = hacc[Q15 ? i : 0][r][j] = _mm512_setzero_si512();
     }
   const __m512i mask = _mm512_set1_epi8(0x0F);
   const int nb = kp / kQ8Group, ngroups = kp / group, bpg = group / kQ8Group;
   const float* d[MR];
+  const int32_t* s16[MR];  // q15: sums of q per 16 inputs (q8 rows keep d * sum q per block at d + nb)
 #pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) d[r] = reinterpret_cast<const float*>(a[r] + kp);
+  for (int r = 0; r < MR; ++r) {  // row layouts: kernel_table.h (q8_row_bytes, q15_row_bytes)
+    d[r] = reinterpret_cast<const float*>(a[r] + (Q15 ? 2 : 1) * size_t(kp));
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + nb);
+  }
   for (int g = 0; g < ngroups; ++g) {
     for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) {
 #pragma GCC unroll 4
@@ -309,14 +320,28 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
         const int il = (2 * oo) % S, ih = (2 * oo + 1) % S;
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r) {
-          int32_t x0, x1;
+          int32_t x0, x1;  // q8: q; q15: hi
           memcpy(&x0, a[r] + 8 * o, 4);
           memcpy(&x1, a[r] + 8 * o + 4, 4);
           const __m512i a0 = _mm512_set1_epi32(x0), a1 = _mm512_set1_epi32(x1);
+          if constexpr (Q15) {
+            int32_t y0, y1;  // lo
+            memcpy(&y0, a[r] + kp + 8 * o, 4);
+            memcpy(&y1, a[r] + kp + 8 * o + 4, 4);
+            const __m512i b0 = _mm512_set1_epi32(y0), b1 = _mm512_set1_epi32(y1);
 #pragma GCC unroll 2
-          for (int j = 0; j < NB; ++j) {
-            acc[il][r][j] = dot4_u8s8(acc[il][r][j], lo[j], a0);
-            acc[ih][r][j] = dot4_u8s8(acc[ih][r][j], hi[j], a1);
+            for (int j = 0; j < NB; ++j) {
+              hacc[il][r][j] = dot4_u8s8(hacc[il][r][j], lo[j], a0);
+              hacc[ih][r][j] = dot4_u8s8(hacc[ih][r][j], hi[j], a1);
+              acc[il][r][j] = dot4_u8s8(acc[il][r][j], lo[j], b0);
+              acc[ih][r][j] = dot4_u8s8(acc[ih][r][j], hi[j], b1);
+            }
+          } else {
+#pragma GCC unroll 2
+            for (int j = 0; j < NB; ++j) {
+              acc[il][r][j] = dot4_u8s8(acc[il][r][j], lo[j], a0);
+              acc[ih][r][j] = dot4_u8s8(acc[ih][r][j], hi[j], a1);
+            }
           }
         }
       }
@@ -325,7 +350,8 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
         const __m512 dv = _mm512_set1_ps(d[r][bb]);
 #pragma GCC unroll 2
         for (int j = 0; j < NB; ++j) {
-          const __m512i sum = take_chains<MR, NB, S>(acc, r, j);
+          __m512i sum = take_chains<MR, NB, S>(acc, r, j);
+          if constexpr (Q15) sum = _mm512_add_epi32(_mm512_slli_epi32(take_chains<MR, NB, S>(hacc, r, j), 7), sum);
           gacc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dv, gacc[r][j]);
         }
       }
@@ -334,7 +360,8 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
       zs[r] = 0.0f;
-      for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) zs[r] += d[r][nb + bb];
+      for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb)
+        zs[r] += Q15 ? d[r][bb] * float(s16[r][2 * bb] + s16[r][2 * bb + 1]) : d[r][nb + bb];
     }
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
@@ -355,21 +382,34 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, tot[r][j]);
 }
 
-template <int NB, bool ASYM>
+template <int NB, bool ASYM, bool Q15>
 void dot_rows_q4q8_t(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
                      const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
+  if constexpr (Q15) {  // tiles of 1-2 rows (the hi chains double the accumulators)
+    for (int r0 = 0; r0 < mr; r0 += 2) {
+      if (mr - r0 == 1) dot_tile_q4q8<1, NB, ASYM, true>(a + r0, b, kp, c + r0 * 32, group, scale, zero, fp16);
+      else dot_tile_q4q8<2, NB, ASYM, true>(a + r0, b, kp, c + r0 * 32, group, scale, zero, fp16);
+    }
+    return;
+  }
   switch (mr) {
-    case 1: dot_tile_q4q8<1, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
-    case 2: dot_tile_q4q8<2, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
-    case 3: dot_tile_q4q8<3, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
-    default: dot_tile_q4q8<4, NB, ASYM>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 1: dot_tile_q4q8<1, NB, ASYM, false>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 2: dot_tile_q4q8<2, NB, ASYM, false>(a, b, kp, c, group, scale, zero, fp16); break;
+    case 3: dot_tile_q4q8<3, NB, ASYM, false>(a, b, kp, c, group, scale, zero, fp16); break;
+    default: dot_tile_q4q8<4, NB, ASYM, false>(a, b, kp, c, group, scale, zero, fp16); break;
   }
 }
+// The rows are q15 rows if q15, else q8 rows (dot_tile_q4q8).
 template <int NB>
-void dot_rows_q4q8(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
+void dot_rows_q4q8(bool q15, int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c, int group,
                    const uint16_t* const* scale, const uint8_t* const* zero, bool fp16) {
-  if (zero[0]) dot_rows_q4q8_t<NB, true>(mr, a, b, kp, c, group, scale, zero, fp16);
-  else dot_rows_q4q8_t<NB, false>(mr, a, b, kp, c, group, scale, zero, fp16);
+  if (q15) {
+    if (zero[0]) dot_rows_q4q8_t<NB, true, true>(mr, a, b, kp, c, group, scale, zero, fp16);
+    else dot_rows_q4q8_t<NB, false, true>(mr, a, b, kp, c, group, scale, zero, fp16);
+  } else {
+    if (zero[0]) dot_rows_q4q8_t<NB, true, false>(mr, a, b, kp, c, group, scale, zero, fp16);
+    else dot_rows_q4q8_t<NB, false, false>(mr, a, b, kp, c, group, scale, zero, fp16);
+  }
 }
 
 void gate_up_q4q8(const GateUpTask& t) {
@@ -386,7 +426,7 @@ void gate_up_q4q8(const GateUpTask& t) {
     const uint8_t* zz[2] = {zg, zg ? zg + per / 2 : nullptr};
     for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
       const int mr = tmin(kQ8TileRows, t.m - r0);
-      dot_rows_q4q8<2>(mr, t.q8_rows + r0, b, t.kp, c, q.group, sc, zz, q.fp16_scale);
+      dot_rows_q4q8<2>(t.q15, mr, t.q8_rows + r0, b, t.kp, c, q.group, sc, zz, q.fp16_scale);
       for (int r = 0; r < mr; ++r)
         gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
     }
@@ -408,8 +448,8 @@ void down_q4q8(const DownTask& t) {
     for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
       const int mr = tmin(kQ8TileRows, t.m - r0);
       for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-      if (nb == 2) dot_rows_q4q8<2>(mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
-      else dot_rows_q4q8<1>(mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
+      if (nb == 2) dot_rows_q4q8<2>(t.q15, mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
+      else dot_rows_q4q8<1>(t.q15, mr, rows, b, t.kp, c, q.group, s, z, q.fp16_scale);
       for (int r = 0; r < mr; ++r) {
         float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
         for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
