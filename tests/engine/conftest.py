@@ -153,8 +153,9 @@ def int8_activations(on: bool, name: str = "LK_INT8_ACT"):
 # format in its tests: 0.010-0.014). Budget: relative RMS <= 2^-6 (0.0156; grouping per 64 inputs or
 # a wrong rounding would exceed it), and every element within 2^-4 * (mag + |ref|) (mag: the
 # magnitude of assert_matches_reference's rounding analysis; a wrong block, scale, offset or zero
-# point is off by O(1)). LK_INT8_ACT=0 (read when a layer is built) keeps the exact bf16 path; the
-# generic/avx2 tiers and chunks of more than 16 tokens (prefill) are exact either way.
+# point is off by O(1)). LK_INT8_ACT unset, auto or 0 (read when a layer is built) keeps bf16's error (15-bit
+# activations, test_fp4_q15 / test_wna16); the generic/avx2 tiers and chunks of more than 16 tokens (prefill)
+# never quantize the activations.
 INT8_REL_RMS = 2.0 ** -6
 
 
