@@ -169,14 +169,17 @@ class Comparison:
 
     def summary(self) -> str:
         p = self.problems()
+        return self.figures() + (f"; FAIL: {'; '.join(p[:5])}" if p else "; ok")
+
+    def figures(self) -> str:
+        """The comparison's numbers without the suite's verdict (for comparisons judged otherwise)."""
         return (f"compared {self.positions}/{self.total} positions ({self.coverage:.0%}); |dlogprob| median "
                 f"{self.quantile(0.5):.3f} p90 {self.quantile(0.9):.3f} max {self.max_logprob_diff:.3f}; "
                 f">{TOL}: {self.outlier_fraction():.0%}; near-tie flips {self.allowed_flips}"
                 + (f"; spike flips {len(self.spike_flips)} ({'; '.join(self.spike_flips.values())})"
                    if self.spike_flips else "")
                 + (f"; teacher-forced: reference {self.oracle[0].summary()}, test {self.oracle[1].summary()}"
-                   if self.oracle else "")
-                + (f"; FAIL: {'; '.join(p[:5])}" if p else "; ok"))
+                   if self.oracle else ""))
 
 
 def _margin(top: dict) -> float:

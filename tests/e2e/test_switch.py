@@ -294,7 +294,7 @@ def _check_w8a8(twin, off, on, label):
         if q > max(ref * DRIFT_FACTOR + DRIFT_SLACK, floor):
             problems.append(f"greedy vs twin {what} {q:.3f} > the switch-off run's {ref:.3f} x {DRIFT_FACTOR:g} + {DRIFT_SLACK}")
     print(f"[e2e] {label}: teacher-forced reference (switch off) {tf.oracle[0].summary()}, test {tf.oracle[1].summary()}; "
-          f"greedy vs twin: {greedy.summary()}; switch off vs twin: {yardstick.summary()}"
+          f"greedy vs twin: {greedy.figures()}; switch off vs twin: {yardstick.figures()}"
           + (f"; FAIL: {'; '.join(problems)}" if problems else "; ok"))
     assert not problems, problems
 
@@ -380,7 +380,7 @@ def test_quantized_experts_match_switch_off(quantized_runs, arch, quant):
     assert "lk_moe: hybrid MoE layers" in on["log"]
     for label, a, b in ((f"{arch} {quant} switch off (vLLM's {quant} kernels) vs bf16 twin", twin, off),
                         (f"{arch} {quant} switch on vs switch off", off, on)):
-        print(f"[e2e] {label}: {compare_runs(a, b, label).summary()}")
+        print(f"[e2e] {label}: {compare_runs(a, b, label).figures()}")
     _check(twin, on, f"{arch} {quant} switch on vs bf16 twin")
 
 
