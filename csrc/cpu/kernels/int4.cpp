@@ -23,15 +23,15 @@ namespace {
 // up to 4 rows share each weight load (q15: 2). Error: rel RMS of the layer output ~0.012 with int8
 // against the fp32 reference on the dequantized weights (q15 and the exact path ~0.0035); budget and
 // reasoning in tests/engine/conftest.py.
-// Decode, exact (the A/B setting _set_fp4_decode_acts("bf16"), m <= kFusedQ4Rows, dot_tile_q4): each octet becomes 4 bf16
-// pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR 0x4300 = bf16(128 +
-// u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
+// Decode, exact (the A/B setting _set_fp4_decode_acts("bf16"), m <= kFusedQ4Rows, dot_tile_q4): each
+// octet becomes 4 bf16 pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR
+// 0x4300 = bf16(128 + u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)
 // in fp32 per group, then (128 + z) * sum A (row sums computed once per task) is subtracted and the
 // group's 16 per-row scales applied in fp32.
 // Prefill (more rows): u - z of the block (pair) dequantized to bf16 (exact: |u - z| <= 15; a 32-entry
 // vpermw table on AVX-512), on the AVX-512 tiers whole into a panel with the group scales applied per
 // segment by the tile (vector dot_tile, or AMX tiles on the amx tier; see panels.h, "Prefill of the quantized
-// formats"), on the avx2 tier whole into an fp32 panel with the scales folded in (q4_f32_panel_block),
+// formats"; the amx tier's group-32 tiles take bf16(code x scale) panels instead, q4_folds), on the avx2 tier whole into an fp32 panel with the scales folded in (q4_f32_panel_block),
 // on the generic tier one group at a time into L1, adding scale x partial into fp32 sums.
 // Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
 // wna16_int4 --shapes qwen3-30b-a3b, gs=128 sym; docs/results/2026-11-30_epyc2c_wna16_vnni_moe_layer.log):
