@@ -36,7 +36,6 @@ import time
 from harness import read_bandwidth, run_child
 
 
-
 def _worker(a) -> None:
     """One mode in this process: load, warm up, measure, print one JSON line."""
     import random

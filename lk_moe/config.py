@@ -23,6 +23,7 @@ LK_INT8_ACT        auto (default) | 1 | 0 (true/false, yes/no, on/off): int8 act
                    15-bit activations, bf16's error; see csrc/cpu/format.h). LK_WNA16_INT8_ACT, its first
                    name (1: int4 only, no auto), is read while it is unset. Read again each time a layer is
                    built (int8_act_from_env).
+
 Empty means unset for every variable.
 
 A bad value raises ConfigError (a ValueError) naming the variable.

@@ -14,8 +14,9 @@ and as released (qwen3_5_moe_vl): the text model under model.language_model. bes
 prompts here; vLLM profiles the vision tower at startup with its own dummy images).
 Kimi-K2.5 (as released): DeepSeek-V3's text model under language_model. beside a MoonViT vision tower (text
 prompts; vLLM profiles the tower at startup), vLLM's own Kimi_K25Config and media processor.
-DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC residual streams, sliding / CSA / HCA compressed attention, a
-hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts (the engine's silu_clamp).
+DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC residual streams, sliding /
+CSA / HCA compressed attention, a hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts
+(the engine's silu_clamp).
 """
 from __future__ import annotations
 

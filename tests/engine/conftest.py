@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import lk_moe
-from lk_moe.reference import moe_reference, random_routing
+from lk_moe.reference import moe_reference, random_routing, routed_experts
 
 
 @pytest.fixture(autouse=True)
@@ -59,8 +59,7 @@ def folded_weights_magnitude(x, w13, w2, ids, weights):
     xf = x.float()
     I = w2.shape[2]
     mag = torch.zeros(x.shape[0], w2.shape[1])
-    for e in ids.unique().tolist():
-        tok, k = (ids == e).nonzero(as_tuple=True)
+    for e, tok, k in routed_experts(ids):
         w = w13[e].float()
         h, ah = xf[tok] @ w.t(), xf[tok].abs() @ w.abs().t()
         d = 1.1 * h[:, I:].abs() * ah[:, :I] + torch.nn.functional.silu(h[:, :I]).abs() * ah[:, I:]

@@ -31,8 +31,8 @@ namespace {
 // Prefill (more rows): u - z of the block (pair) dequantized to bf16 (exact: |u - z| <= 15; a 32-entry
 // vpermw table on AVX-512), on the AVX-512 tiers whole into a panel with the group scales applied per
 // segment by the tile (vector dot_tile, or AMX tiles on the amx tier; see panels.h, "Prefill of the quantized
-// formats"; the amx tier's group-32 tiles take bf16(code x scale) panels instead, q4_folds), on the avx2 tier whole into an fp32 panel with the scales folded in (q4_f32_panel_block),
-// on the generic tier one group at a time into L1, adding scale x partial into fp32 sums.
+// formats"; the amx tier's group-32 tiles take bf16(code x scale) panels instead, q4_folds), on the avx2
+// tier whole into an fp32 panel with the scales folded in (q4_f32_panel_block), on the generic tier one group at a time into L1, adding scale x partial into fp32 sums.
 // Measured on the 2-core Zen4 dev VM (avx512_bf16, 2 threads, benchmarks/moe_layer.py --format
 // wna16_int4 --shapes qwen3-30b-a3b, gs=128 sym; docs/results/2026-11-30_epyc2c_wna16_vnni_moe_layer.log):
 // medians of 3 runs, before (bf16 widening) -> after: M=1 0.565 -> 0.535 ms (0.75 -> 0.78 of read
@@ -129,21 +129,30 @@ inline __attribute__((always_inline)) void q4_octet_words(const uint8_t* src, __
 
 // One segment (seg inputs = seg/8 octets) of an int4 block -> bf16 block layout (seg/2 pair-rows of
 // 32), values u - z exactly. zero: 8 bytes of 16 zero points, or null for the symmetric 8.
-inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg) {
-  const int octets = seg / 8;
 #if defined(LK_V512)
+// The AVX-512 body of q4_dequant_seg: each pair-row of u - z words passes through map before its store
+// (the identity, or FoldScales::apply for the amx tier's folded panels).
+template <typename Map>
+inline void q4_dequant_words(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg, Map&& map) {
   const __m512i lut = _mm512_loadu_si512((const void*)kQ4Lut.v);
   const __m512i zv = zero ? q4_zero_words(zero) : _mm512_set1_epi16(8);
   const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
   const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
-  for (int o = 0; o < octets; ++o) {
+  for (int o = 0; o < seg / 8; ++o) {
     __m512i pr[4];
     q4_octet_words(src + o * 64, idx0, idx2, pr);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i)
-      _mm512_storeu_si512((void*)(dst + o * 128 + i * 32), _mm512_permutexvar_epi16(_mm512_sub_epi16(pr[i], zv), lut));
+      _mm512_storeu_si512((void*)(dst + o * 128 + i * 32), map(_mm512_permutexvar_epi16(_mm512_sub_epi16(pr[i], zv), lut)));
   }
+}
+#endif
+
+inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg) {
+#if defined(LK_V512)
+  q4_dequant_words(src, zero, dst, seg, [](__m512i w) { return w; });
 #else
+  const int octets = seg / 8;
   uint8_t zn[16];
   for (int n = 0; n < 16; ++n) zn[n] = zero ? (zero[n / 2] >> (4 * (n % 2))) & 15 : 8;
   for (int o = 0; o < octets; ++o) {
@@ -159,24 +168,6 @@ inline void q4_dequant_seg(const uint8_t* src, const uint8_t* zero, uint16_t* ds
   }
 #endif
 }
-
-#if defined(LK_AMX)
-// q4_dequant_seg with the segment's row scales folded in (FoldScales: bf16((u - z) x scale)).
-inline void q4_dequant_seg_folded(const uint8_t* src, const uint8_t* zero, uint16_t* dst, int seg, const FoldScales& f) {
-  const __m512i lut = _mm512_loadu_si512((const void*)kQ4Lut.v);
-  const __m512i zv = zero ? q4_zero_words(zero) : _mm512_set1_epi16(8);
-  const __m512i idx0 = _mm512_loadu_si512((const void*)kQ4Perm.v);
-  const __m512i idx2 = _mm512_add_epi16(idx0, _mm512_set1_epi16(2));
-  for (int o = 0; o < seg / 8; ++o) {
-    __m512i pr[4];
-    q4_octet_words(src + o * 64, idx0, idx2, pr);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i)
-      _mm512_storeu_si512((void*)(dst + o * 128 + i * 32),
-                          f.apply(_mm512_permutexvar_epi16(_mm512_sub_epi16(pr[i], zv), lut)));
-  }
-}
-#endif
 
 #if defined(LK_V512)
 constexpr int kFusedQ4Rows = 4;
@@ -493,12 +484,11 @@ inline void q4_folded_panel_block(const Int4Weights& q, const uint8_t* src, cons
   float sf[16];
   for (int s = 0; s < kp / q.group; ++s) {
     scales_16(scale + s * kBlockN, q.fp16_scale, sf);
-    q4_dequant_seg_folded(src + size_t(s) * q.group * kBlockN / 2, zero ? zero + s * 8 : nullptr,
-                          dst + size_t(s) * q.group * kBlockN, q.group, FoldScales(sf));
+    const FoldScales f(sf);
+    q4_dequant_words(src + size_t(s) * q.group * kBlockN / 2, zero ? zero + s * 8 : nullptr,
+                     dst + size_t(s) * q.group * kBlockN, q.group, [&](__m512i w) { return f.apply(w); });
   }
 }
-#else
-inline bool q4_folds(int, int, int) { return false; }
 #endif
 
 #if defined(LK_F32_PANELS)
@@ -648,21 +638,23 @@ void down_q4(const DownTask& t) {
     return;
   }
 #if defined(LK_V512)
+#if defined(LK_AMX)
   const bool folds = q4_folds(t.m, t.kp, seg);
+#endif
   float* fs = panel_scales(*t.scratch, t.kp);
   for (int j = 0; j < t.nblk; j += 2) {
     const int nb = tmin(2, t.nblk - j);
     const void* next = j + 2 < t.nblk ? q.w + size_t(j + 2) * block_bytes : nullptr;
     const size_t next_bytes = size_t(tmin(2, t.nblk - j - 2)) * block_bytes;
-    if (folds) {
 #if defined(LK_AMX)
+    if (folds) {
       for (int h = 0; h < nb; ++h)
         q4_folded_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
                               q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, panel_of(*t.scratch, t.kp, h));
-#endif
       down_panel<kSegNone>(t, j, nb, seg, nullptr, nullptr, 1.0f, next, next_bytes);
       continue;
     }
+#endif
     for (int h = 0; h < nb; ++h)
       q4_panel_block(q, q.w + size_t(j + h) * block_bytes, q.scale + size_t(j + h) * per,
                      q.zero ? q.zero + size_t(j + h) * per / 2 : nullptr, t.kp, panel_of(*t.scratch, t.kp, h),
