@@ -67,10 +67,10 @@ def folded_weights_magnitude(x, w13, w2, ids, weights):
     return mag
 
 
-def rounds_weights(fmt: str) -> bool:
-    """Whether the current tier's prefill rounds code x scale to bf16 for lvllm.testing.experts' layers of
-    this format (their int4 groups are 32: the amx tier's q4_folds)."""
-    return fmt == "wna16_int4" and lk_moe.isa() == "amx"
+def rounds_weights(fmt: str, group: int = 32) -> bool:
+    """Whether the current tier's prefill rounds code x scale to bf16 for layers of this format (the amx
+    tier's int4 group-32 panels, q4_folds; lvllm.testing.experts' int4 groups are 32)."""
+    return fmt == "wna16_int4" and group == 32 and lk_moe.isa() == "amx"
 
 
 def assert_matches_reference(out, x, w13, w2, ids, weights, weights_rounded=False, **act):

@@ -11,7 +11,7 @@ from lk_moe.reference import dequantize_wna16_int4, random_routing, unpack_int4
 from lvllm.testing.quantizers import pack_int4, quantize_int4 as quantize_int4_codes
 
 from .conftest import (assert_int8_budget as int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
-                       check_int8_decode, int8_activations)
+                       check_int8_decode, int8_activations, rounds_weights)
 
 
 # ------------------------------------------------------------------ vLLM's tensors
@@ -37,11 +37,6 @@ def make_int4_experts(E, H, I, gs, asym, scale_dtype=torch.bfloat16, seed=0):
     if asym:
         tensors.update(w13_weight_zero_point=z13, w2_weight_zero_point=z2)
     return tensors, d13, d2
-
-
-def folds(gs: int) -> bool:
-    """Whether this tier's prefill rounds code x scale to bf16 (the amx tier, group 32: q4_folds)."""
-    return gs == 32 and lk_moe.isa() == "amx"
 
 
 def build(tensors, int8_act=False, **kw):
@@ -95,7 +90,8 @@ def test_wna16_every_tier(tier, H, I, E, K, gs, asym):
     for M in MS:
         x = torch.randn(M, H).bfloat16()
         ids, w = random_routing(M, E, K)
-        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w, weights_rounded=folds(gs))
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w,
+                                 weights_rounded=rounds_weights("wna16_int4", gs))
 
 
 def test_wna16_group32_amx_prefill_rounds_code_times_scale_to_bf16_once():
@@ -246,7 +242,8 @@ def test_wna16_split_across_numa_slices(tmp_path):
     for M in (1, 40):
         x = torch.randn(M, 512).bfloat16()
         ids, w = random_routing(M, 4, 2)
-        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w, weights_rounded=folds(32))
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w,
+                                 weights_rounded=rounds_weights("wna16_int4"))
 
 
 def test_wna16_identity_g_idx_is_accepted():
