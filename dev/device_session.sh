@@ -41,6 +41,9 @@ if [ "${LVLLM_DEVICE_WHEEL:-0}" = "1" ]; then
   # otherwise run the old wheel: session 18 lost a run to that).
   src_stamp=$(find lk_moe lvllm csrc setup.py pyproject.toml CMakeLists.txt -type f \( -name '*.py' -o -name '*.cpp' \
     -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.toml' -o -name '*.txt' \) | sort | xargs sha256sum | sha256sum | cut -c1-16)
+  # ... and against the torch it was built with (a bare machine's wheel, built on its own torch, fails to load once
+  # the payload's torch is installed: session 23)
+  src_stamp="$src_stamp $(PYTHONPATH=/root/site python3 -c 'import torch; print(torch.__version__, torch.__file__)' 2>/dev/null)"
   [ "$(cat /root/lvllm-wheel/.src-stamp 2>/dev/null)" = "$src_stamp" ] || rm -rf /root/lvllm-wheel
   if [ ! -d /root/lvllm-wheel/lvllm ]; then
     mkdir -p "$out/wheel"
