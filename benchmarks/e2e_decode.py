@@ -122,8 +122,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=1500)
     ap.add_argument("--no-jit-warmup", action="store_true",
                     help="every mode: vLLM's --kernel-config '{\"enable_jit_warmup\": false}' (DeepSeek-V4: its ~200 "
-                         "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine) and "
-                         "VLLM_DEEP_GEMM_WARMUP=skip (its FP8 projections: 2541 DeepGEMM shapes, ~25 min)")
+                         "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine) "
+                         "and VLLM_DEEP_GEMM_WARMUP=skip (its FP8 projections: 2541 DeepGEMM shapes, ~25 min)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.mode:
