@@ -122,11 +122,26 @@ def _estimate(info: CheckpointInfo, cfg: dict) -> None:
     info.estimated = True
 
 
+def _text_config(cfg: dict) -> dict:
+    """The text model's config; a nested one gets the top level's quantization fields it lacks (DeepSeek-V4.1
+    keeps its quantization config beside text_config, with the experts' dtype inside it)."""
+    if "num_hidden_layers" in cfg or "text_config" not in cfg:
+        return cfg
+    text = dict(cfg["text_config"])
+    for key in ("quantization_config", "expert_dtype"):
+        if key not in text and key in cfg:
+            text[key] = cfg[key]
+    q = text.get("quantization_config")
+    if "expert_dtype" not in text and isinstance(q, dict) and "expert_dtype" in q:
+        text["expert_dtype"] = q["expert_dtype"]
+    return text
+
+
 def info_from_config(cfg: dict, path: str = "?", estimate: bool = False) -> CheckpointInfo:
     """What a config.json says (its text config for a multimodal model); `estimate`: the bytes too, from
     its shapes (for a model whose weight files are not at hand)."""
-    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
-    info = CheckpointInfo(path=path, architecture=(cfg.get("architectures") or ["?"])[0],
+    top, cfg = cfg, _text_config(cfg)
+    info = CheckpointInfo(path=path, architecture=(cfg.get("architectures") or top.get("architectures") or ["?"])[0],
                           model_type=cfg.get("model_type", "?"), config=cfg)
     q = cfg.get("quantization_config") or {}
     info.quant_method = q.get("quant_method") if isinstance(q, dict) else None

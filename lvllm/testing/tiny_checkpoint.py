@@ -9,7 +9,7 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
-mxfp4), kimi_k25 (Kimi-K2.5 / K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT
+mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 / K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT
 vision tower; bf16, or w4a16: its int4 experts as released)
 (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
@@ -29,11 +29,15 @@ from typing import Dict
 
 import torch
 
+from . import deepseek_v41
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
-         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "kimi_k25")
+         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25")
+# Written as config + tokenizer only, at either size (serve with --load-format dummy): their weight layout is
+# not written yet
+CONFIG_ONLY = ("deepseek_v41",)
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 # Where each release keeps its text model's "model." part, and its lm_head
@@ -619,8 +623,10 @@ def _corpus():
         yield " ".join(words[i] for i in idx) + ". 0123456789 ,;:!?"
 
 
-def write_tokenizer(out: str, vocab_size: int, extra_special=()) -> int:
-    """extra_special: more special tokens, ids right after SPECIAL's (vision tokens of VL models)."""
+def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 0) -> int:
+    """extra_special: more special tokens, ids right after SPECIAL's (vision tokens of VL models).
+    fill_to: pad the vocabulary with reserved tokens up to this size (a model that maps every token id the
+    way its tokenizer does, as DeepSeek-V4.1's Engram, then meets no id its tokenizer lacks)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -629,6 +635,8 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=()) -> int:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL + list(extra_special),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(), trainer)
+    if fill_to > tok.get_vocab_size():
+        tok.add_tokens([f"<|reserved_{i}|>" for i in range(tok.get_vocab_size(), fill_to)])
     tok.save(os.path.join(out, "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
            "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 4096,
@@ -651,7 +659,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     linear kernels)."""
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
-    if quant != "bf16" and size != "tiny" and (arch, quant) != ("deepseek_v4", "mxfp4"):
+    if quant != "bf16" and size != "tiny" and not (arch.startswith("deepseek_v4") and quant == "mxfp4"):
         raise ValueError("quantized variants are written for --size tiny only (and DeepSeek-V4's mxfp4 release)")
     if arch == "gpt_oss" and quant != "bf16":
         raise ValueError("gpt_oss checkpoints always hold MXFP4 experts (as released); use the default quant")
@@ -659,27 +667,31 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in ("tiny", "big"):
         raise ValueError("size must be tiny or big")
-    s = dict(SHAPES[VL_TEXT[arch]][size], **SHAPES[arch][size]) if arch in VL_TEXT else dict(SHAPES[arch][size])
+    shapes = deepseek_v41.SHAPES if arch == "deepseek_v41" else SHAPES[arch]
+    s = dict(SHAPES[VL_TEXT[arch]][size], **shapes[size]) if arch in VL_TEXT else dict(shapes[size])
     if arch in VL_TEXT and quant != "bf16" and (arch, quant) != ("kimi_k25", "w4a16"):
         raise ValueError(f"{arch}: bf16 only" + (", or w4a16 (the release's int4 experts)" if arch == "kimi_k25" else
                                                  " (the quantizers do not know the vision tower's layers)"))
-    if arch == "deepseek_v4" and quant not in ("bf16", "mxfp4"):
+    if arch in ("deepseek_v4", "deepseek_v41") and quant not in ("bf16", "mxfp4"):
         raise ValueError(f"{arch}: bf16, or mxfp4 (the release's MXFP4 experts; the other layers bf16)")
-    if quant == "mxfp4" and arch != "deepseek_v4":
+    if quant == "mxfp4" and arch not in ("deepseek_v4", "deepseek_v41"):
         raise ValueError("quant mxfp4 is DeepSeek-V4's expert layout (gpt_oss holds MXFP4 experts as released)")
     if layers:
         s["L"] = layers
     os.makedirs(out, exist_ok=True)
-    n_tok = write_tokenizer(out, min(s["V"], 2048), VISION_SPECIAL.get(arch, ()))
+    n_tok = write_tokenizer(out, min(s["V"], 2048), VISION_SPECIAL.get(arch, ()),
+                            fill_to=s["V"] if arch == "deepseek_v41" else 0)
     for name, content in VL_PROCESSOR_FILES.get(arch, {}).items():
         with open(os.path.join(out, name), "w") as f:
             json.dump(content, f, indent=1)
     vocab = max(s["V"], n_tok)
-    config = _config(arch, s, vocab)
-    tensors = _weights(arch, s, vocab, seed) if size == "tiny" else None
+    config = deepseek_v41.config(s, vocab, out) if arch == "deepseek_v41" else _config(arch, s, vocab)
+    tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
         _deepseek_v4_release_quant(config)
+        if arch == "deepseek_v41":  # its release names the expert dtype inside the quantization config
+            config["quantization_config"]["expert_dtype"] = config.pop("expert_dtype")
     elif tensors is not None and quant == "mxfp4":
         tensors = _deepseek_v4_mxfp4(tensors, config)
     elif tensors is not None:
@@ -720,7 +732,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
-          + (" (config + tokenizer only: serve with --load-format dummy)" if a.size == "big" else ""))
+          + (" (config + tokenizer only: serve with --load-format dummy)"
+             if a.size == "big" or a.arch in CONFIG_ONLY else ""))
     return 0
 
 

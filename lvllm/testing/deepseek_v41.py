@@ -1,0 +1,89 @@
+"""DeepSeek-V4.1's config.json for lvllm.testing.tiny_checkpoint: the text model nested under text_config
+(vLLM 0.33.0's DeepseekV41Config flattens it), DeepSeek-V4's MoE and mHC fields, V4.1's attention topology
+and its Engram n-gram tables.
+
+V4.1's attention: per layer a compress ratio (0 sliding window only, 1 a full-length compressed cache,
+2 every second token); compressors and compressed caches live only on the kv-source layers, indexers only
+on the index-source layers, and the other compressed layers read the nearest source below them. Engram:
+on engram_layer_ids, n-gram hashes of the last tokens (over a "compressed" vocabulary: tokens that
+normalize alike share an id) look up FP8 rows in tables that vLLM keeps in pinned host memory by default
+(EngramConfig.cpu_offload), one prime-sized bucket range per (n-gram size, head).
+
+The release's config is not public here: "big" is DeepSeek-V4-Flash's backbone (the V4.1 runner is ported
+from V4's) with this topology, and the table sizes make the Engram tables ~8 GiB (the real checkpoint's
+~189 GiB do not fit beside the experts on a 125 GiB host). Config only: no weights are written for V4.1
+yet, serve it with --load-format dummy.
+"""
+from __future__ import annotations
+
+import types
+
+# tiny: CI-fast, the kernels' fixed widths (head_dim 512, 64 indexer heads of 128, a top-k FlashMLA tiles
+# divide); big: DeepSeek-V4-Flash's backbone (transformers' DeepseekV4Config defaults)
+SHAPES = {
+    "tiny": dict(H=256, L=4, nh=4, hd=512, q_lora=128, o_groups=2, o_lora=64, E=16, K=4, I=128, V=2048,
+                 idx_heads=64, idx_dim=128, idx_topk=128, hc=4, swiglu_limit=10.0,
+                 engram_layers=(1,), engram_vocab=1000, engram_heads=4, engram_dim=64, ngram=3, ctx=4096),
+    "big": dict(H=4096, L=43, nh=64, hd=512, q_lora=1024, o_groups=8, o_lora=1024, E=256, K=6, I=2048,
+                V=129280, idx_heads=64, idx_dim=128, idx_topk=512, hc=4, swiglu_limit=10.0,
+                engram_layers=(1, 12), engram_vocab=1_000_000, engram_heads=8, engram_dim=256, ngram=3,
+                ctx=1048576),
+}
+
+
+def attention_topology(n_layers: int) -> dict:
+    """Layers 0-1 sliding window only; from layer 2 groups of four whose first layer is a kv and index
+    source, ratio 2 and ratio 1 groups alternating (both kinds of compressed cache, sources and readers)."""
+    ratios, sources = [], []
+    for i in range(n_layers):
+        if i < 2:
+            ratios.append(0)
+            continue
+        group = (i - 2) // 4
+        ratios.append(2 if group % 2 == 0 else 1)
+        if (i - 2) % 4 == 0:
+            sources.append(i)
+    return dict(compress_ratios=ratios, kv_source_layer_ids=sources, index_source_layer_ids=sources,
+                candidate_source_layer_id=-1, candidate_topk_blocks=0, candidate_block_size=0)
+
+
+def compressed_vocab_size(tokenizer_dir: str) -> int:
+    """The size vLLM's Engram derives from the tokenizer at startup (it refuses a config that differs)."""
+    from transformers import AutoTokenizer
+    from vllm.models.deepseek_v41.common.engram import build_compressed_token_map
+
+    return build_compressed_token_map(AutoTokenizer.from_pretrained(tokenizer_dir))[1]
+
+
+def engram_fields(s: dict, n_layers: int, tokenizer_dir: str) -> dict:
+    """engram_* of the text config; each layer's table holds exactly its prime-sized bucket ranges."""
+    from vllm.models.deepseek_v41.common.engram import EngramLayout
+
+    layers = [i for i in s["engram_layers"] if i < n_layers]
+    fields = dict(engram_layer_ids=layers, engram_vocab_size=s["engram_vocab"], engram_n_heads=s["engram_heads"],
+                  engram_head_dim=s["engram_dim"], engram_max_ngram_size=s["ngram"], engram_pad_token_id=0,
+                  engram_compressed_vocab_size=compressed_vocab_size(tokenizer_dir))
+    if not layers:
+        return fields
+    probe = EngramLayout(types.SimpleNamespace(**fields, engram_num_embeddings=[0] * len(layers)))
+    fields["engram_num_embeddings"] = [sum(p for per_ngram in layer for p in per_ngram) for layer in probe.primes]
+    return fields
+
+
+def config(s: dict, vocab: int, tokenizer_dir: str) -> dict:
+    L = s["L"]
+    text = dict(vocab_size=vocab, hidden_size=s["H"], num_hidden_layers=L, num_attention_heads=s["nh"],
+                num_key_value_heads=1, head_dim=s["hd"], qk_rope_head_dim=64, q_lora_rank=s["q_lora"],
+                o_groups=s["o_groups"], o_lora_rank=s["o_lora"], hidden_act="silu", rms_norm_eps=1e-6,
+                max_position_embeddings=s["ctx"], n_routed_experts=s["E"], n_shared_experts=1,
+                num_experts_per_tok=s["K"], moe_intermediate_size=s["I"], scoring_func="sqrtsoftplus",
+                topk_method="noaux_tc", norm_topk_prob=True, routed_scaling_factor=1.5,
+                swiglu_limit=s["swiglu_limit"], hc_mult=s["hc"], hc_sinkhorn_iters=20, hc_eps=1e-6,
+                index_n_heads=s["idx_heads"], index_head_dim=s["idx_dim"], index_topk=s["idx_topk"],
+                sliding_window=128, mlp_layer_types=["moe"] * L, num_nextn_predict_layers=0,
+                rope_theta=10000.0, compress_rope_theta=160000.0, rope_scaling={"rope_type": "default"},
+                tie_word_embeddings=False, torch_dtype="bfloat16")
+    text.update(attention_topology(L))
+    text.update(engram_fields(s, L, tokenizer_dir))
+    return dict(architectures=["DeepseekV41ForCausalLM"], model_type="deepseek_v41", text_config=text,
+                tie_word_embeddings=False, torch_dtype="bfloat16")
