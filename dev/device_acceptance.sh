@@ -37,7 +37,7 @@
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash dev/device_acceptance.sh v4flash   # e2e_decode on DeepSeek-V4-Flash's shape (MXFP4 experts), V4_LAYERS (20) of 43
 #                                             # layers, V4_MODES (hybrid; then V4_MODES=stock as a second part)
-#   bash dev/device_acceptance.sh v41probe  # e2e_decode on a DeepSeek-V4.1 config (dummy weights, V41_LAYERS (6) layers,
+#   bash dev/device_acceptance.sh v41probe  # e2e_decode on a DeepSeek-V4.1 config (dummy weights, V41_LAYERS (10) layers,
 #                                             # MXFP4 experts), hybrid then stock: does it start, decode, where are its tables
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
@@ -190,14 +190,15 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
             # every mode (with them, the hybrid start did not finish in 536 s on 2026-12-04: 208 TileLang compile keys after
             # 285 s of start; in session 23: 858 of 2541 DeepGEMM shapes after 348 s)
     body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers \${V4_LAYERS:-20} --no-jit-warmup \
---modes \${V4_MODES:-hybrid} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
+--modes \${V4_MODES:-hybrid} \${V4_ARGS:-} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
 > \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
   v41probe)  # DeepSeek-V4.1 (its own 0.33 runner: kv-sharing compressed attention, Engram tables in pinned host RAM)
-             # with dummy weights: V41_LAYERS (6) of a config on V4-Flash's backbone, MXFP4 experts; hybrid and stock
-             # each get half the run (a start that fails or hangs leaves the other its time)
-    body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v41 --quant mxfp4 --layers \${V41_LAYERS:-6} \
+             # with dummy weights: V41_LAYERS (10) of a config on V4-Flash's backbone, MXFP4 experts; each mode
+             # gets its share of the run (a start that fails or hangs leaves the others their time)
+    body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v41 --quant mxfp4 --layers \${V41_LAYERS:-10} \
 --no-jit-warmup --modes \${V41_MODES:-hybrid,stock} --reps 1 --decode-tokens 32 --results \$OUT/bench_v41.json \
---log-dir \$OUT --timeout \$(((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60) / 2)) > \$OUT/bench_v41.log 2>&1
+--log-dir \$OUT --timeout \$(((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60) / \$(echo \${V41_MODES:-hybrid,stock} | tr , ' ' | wc -w))) \
+> \$OUT/bench_v41.log 2>&1
 grep -v '^ *\$' \$OUT/bench_v41.log | tail -20; grep -h 'Engram\|engram\|Traceback\|Error' \$OUT/e2e_decode-*.log | cut -c1-300 | head -20" ;;
   base1)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
@@ -217,13 +218,14 @@ echo \"doctor: rc \$?\"; timeout $left bash commands/demo_tiny_serve_tp1.sh > \$
 tail -2 \$OUT/gpu/all.log; grep -h 'read bandwidth\|^## \|^ *[14] \|phases' \$OUT/moe_layer.log
 $e2e_lines \$OUT/e2e_serve.log; tail -4 \$OUT/demo.log" ;;
   decode1)  # per-format M=1 decode (every core and serve's thread count; fp4: q15 / bf16 activations A/B),
-            # after the fp4 CPU tests on the AMX tier
+            # after the fp4 CPU tests on the AMX tier; DECODE_SHAPES (qwen3-30b-a3b) and DECODE_FORMATS (all)
+            # narrow it, e.g. DECODE_SHAPES=deepseek-v4-flash DECODE_FORMATS=mxfp4
     export LVLLM_DEVICE_NO_VLLM=1
     body="timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_fp4_q15.py tests/engine/test_mxfp4.py \
 tests/engine/test_nvfp4.py > \$OUT/fp4_tests.log 2>&1; tail -3 \$OUT/fp4_tests.log
-timeout $left bash -c 'for r in 1 2; do for f in mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel int8_channel bf16; do \
+timeout $left bash -c 'for r in 1 2; do for f in \${DECODE_FORMATS:-mxfp4 nvfp4 wna16_int4 fp8_block fp8_channel int8_channel bf16}; do \
 a=; case \$f in *fp4) a=\"--fp4-acts q15,bf16\";; esac; python3 benchmarks/moe_layer.py --format \$f \
---shapes qwen3-30b-a3b --tokens 1 --threads all,serve --reps 15 --rounds 6 \$a; done; done' > \$OUT/moe_layer.log 2>&1
+--shapes \${DECODE_SHAPES:-qwen3-30b-a3b} --tokens 1 --threads all,serve --reps 15 --rounds 6 \$a; done; done' > \$OUT/moe_layer.log 2>&1
 grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
   harden1)  # the engine-hardening tests and every format's tests on every tier of the AMX host, then CPU
              # prefill of every format against bf16 (benchmarks/prefill_formats.py) on its two fastest tiers

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import types
 
+# The release's image placeholder and its id: vLLM's V4.1 processor refuses a tokenizer that has it elsewhere, and
+# its router and Engram key image positions off the id (a V4.1 vocabulary therefore has the release's size)
+IMAGE_PLACEHOLDER = ("<｜deepseek_image｜>", 129264)
+
 # tiny: CI-fast, the kernels' fixed widths (head_dim 512, 64 indexer heads of 128, a top-k FlashMLA tiles
 # divide); big: DeepSeek-V4-Flash's backbone (transformers' DeepseekV4Config defaults)
 SHAPES = {
-    "tiny": dict(H=256, L=4, nh=4, hd=512, q_lora=128, o_groups=2, o_lora=64, E=16, K=4, I=128, V=2048,
+    "tiny": dict(H=256, L=4, nh=4, hd=512, q_lora=128, o_groups=2, o_lora=64, E=16, K=4, I=128, V=129280,
                  idx_heads=64, idx_dim=128, idx_topk=128, hc=4, swiglu_limit=10.0,
                  engram_layers=(1,), engram_vocab=1000, engram_heads=4, engram_dim=64, ngram=3, ctx=4096),
     "big": dict(H=4096, L=43, nh=64, hd=512, q_lora=1024, o_groups=8, o_lora=1024, E=256, K=6, I=2048,
@@ -33,14 +37,16 @@ SHAPES = {
 
 def attention_topology(n_layers: int) -> dict:
     """Layers 0-1 sliding window only; from layer 2 groups of four whose first layer is a kv and index
-    source, ratio 2 and ratio 1 groups alternating (both kinds of compressed cache, sources and readers)."""
+    source, ratio 2 and ratio 1 groups alternating (both kinds of compressed cache, sources and readers), the
+    last group ratio 1 (vLLM replays the layers past the last kv source on a window: it must not be ratio 2)."""
     ratios, sources = [], []
+    last_group = max(n_layers - 3, 0) // 4
     for i in range(n_layers):
         if i < 2:
             ratios.append(0)
             continue
         group = (i - 2) // 4
-        ratios.append(2 if group % 2 == 0 else 1)
+        ratios.append(1 if (last_group - group) % 2 == 0 else 2)
         if (i - 2) % 4 == 0:
             sources.append(i)
     return dict(compress_ratios=ratios, kv_source_layer_ids=sources, index_source_layer_ids=sources,
@@ -82,7 +88,8 @@ def config(s: dict, vocab: int, tokenizer_dir: str) -> dict:
                 index_n_heads=s["idx_heads"], index_head_dim=s["idx_dim"], index_topk=s["idx_topk"],
                 sliding_window=128, mlp_layer_types=["moe"] * L, num_nextn_predict_layers=0,
                 rope_theta=10000.0, compress_rope_theta=160000.0, rope_scaling={"rope_type": "default"},
-                tie_word_embeddings=False, torch_dtype="bfloat16")
+                tie_word_embeddings=False, torch_dtype="bfloat16",
+                image_token_id=IMAGE_PLACEHOLDER[1])
     text.update(attention_topology(L))
     text.update(engram_fields(s, L, tokenizer_dir))
     return dict(architectures=["DeepseekV41ForCausalLM"], model_type="deepseek_v41", text_config=text,

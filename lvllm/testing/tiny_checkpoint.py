@@ -623,6 +623,10 @@ def _corpus():
         yield " ".join(words[i] for i in idx) + ". 0123456789 ,;:!?"
 
 
+# Tokens a model expects at a fixed id of its release's vocabulary (written when the vocabulary reaches it)
+FIXED_ID_TOKENS = {deepseek_v41.IMAGE_PLACEHOLDER[1]: deepseek_v41.IMAGE_PLACEHOLDER[0]}
+
+
 def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 0) -> int:
     """extra_special: more special tokens, ids right after SPECIAL's (vision tokens of VL models).
     fill_to: pad the vocabulary with reserved tokens up to this size (a model that maps every token id the
@@ -636,7 +640,8 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(), trainer)
     if fill_to > tok.get_vocab_size():
-        tok.add_tokens([f"<|reserved_{i}|>" for i in range(tok.get_vocab_size(), fill_to)])
+        fixed = FIXED_ID_TOKENS if fill_to > max(FIXED_ID_TOKENS) else {}
+        tok.add_tokens([fixed.get(i, f"<|reserved_{i}|>") for i in range(tok.get_vocab_size(), fill_to)])
     tok.save(os.path.join(out, "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
            "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 4096,
