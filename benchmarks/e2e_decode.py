@@ -36,6 +36,14 @@ import time
 from harness import read_bandwidth, run_child
 
 
+def _engine_decode_totals(worker):
+    """Runs in the vLLM worker (collective_rpc): the engine's decode-sized runs so far, all layers together
+    (nanoseconds of engine wall time, nanoseconds waiting for the pool), and the first layer's decode rows."""
+    from lvllm import runtime
+    t = runtime._runtime.monitor.totals()
+    return t.cpu_decode_ns, t.cpu_queue_ns, t.cpu_decode_tokens
+
+
 def _worker(a) -> None:
     """One mode in this process: load, warm up, measure, print one JSON line."""
     import random
@@ -68,18 +76,30 @@ def _worker(a) -> None:
         llm.generate(prompts, sp, use_tqdm=False)
         return time.perf_counter() - t
 
+    def engine():
+        return llm.collective_rpc(_engine_decode_totals)[0] if a.mode.startswith("hybrid") else None
+
     gen([prompt(32)], 8)  # warm-up
     res = {"mode": a.mode, "startup_s": round(startup, 1)}
     for conc in (1, 4):
-        rates = []
+        rates, engine_ms, queue_ms = [], [], []
         for _ in range(a.reps):
             ps = [prompt(32) for _ in range(conc)]
             t_first = gen(ps, 1)
             ps = [prompt(32) for _ in range(conc)]
+            before = engine()
             t_all = gen(ps, a.decode_tokens + 1)
+            after = engine()
             rates.append(conc * a.decode_tokens / max(t_all - t_first, 1e-9))
+            if before is not None and after[2] > before[2]:  # per decode step (conc rows each), all layers
+                steps = (after[2] - before[2]) / conc
+                engine_ms.append((after[0] - before[0]) / 1e6 / steps)
+                queue_ms.append((after[1] - before[1]) / 1e6 / steps)
         res[f"decode_tok_s_{conc}"] = statistics.median(rates)
         res[f"decode_tok_s_{conc}_all"] = [round(r, 2) for r in rates]
+        if engine_ms:  # where a decode step's time goes: the engine's share of it tells CPU from GPU/sync time
+            res[f"engine_ms_per_step_{conc}"] = round(statistics.median(engine_ms), 3)
+            res[f"engine_queue_ms_per_step_{conc}"] = round(statistics.median(queue_ms), 3)
     for n in (1024, 8192):
         ts = [gen([prompt(n)], 1) for _ in range(a.reps)]
         res[f"ttft_{n}_s"] = statistics.median(ts)
@@ -149,6 +169,8 @@ def main() -> int:
     for mode in [m for m in a.modes.split(",") if m]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        # collective_rpc sends the engine-counter reader (a function) to the engine process pickled: vLLM asks for this
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         if mode.startswith("hybrid"):
             env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill))
             env.setdefault("LVLLM_STATS_INTERVAL", "15")  # the engine's own per-step numbers in the log
@@ -193,6 +215,12 @@ def main() -> int:
         r = results[m]
         print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
               f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})")
+        if "engine_ms_per_step_1" in r:
+            step_ms, eng = 1e3 / r["decode_tok_s_1"], r["engine_ms_per_step_1"]
+            print(f"{m} decode @1 step {step_ms:.2f} ms: engine {eng:.2f} ms ({eng / step_ms:.0%}; of it "
+                  f"{r['engine_queue_ms_per_step_1']:.2f} ms waiting for the pool) at "
+                  f"{bytes_per_token / eng / 1e6:.1f} GB/s = {bytes_per_token / eng / 1e6 / r['read_bw_gbs']:.2f} of "
+                  f"the read bandwidth; the other {step_ms - eng:.2f} ms: GPU work and hand-offs")
     if "hybrid" in results:
         h = results["hybrid"]
         if "offload" in results:
