@@ -55,7 +55,8 @@ def experts_forward(x_pad: torch.Tensor, batch: RoutedBatch, w13: torch.Tensor, 
     expert_ids, with w13/w2 indexed by position in that list) into out_acc [M, h_pad] fp32.
     w13: [n, 2*kp2, kp1], w2: [n, h_pad, kp2], x_pad: [M, kp1]; biases: None or (b13 [n, 2*kp2],
     b2 [n, h_pad]) bf16 (mxfp4, as the engine holds them); act: lk_moe.reference.gate_activation
-    ("silu", "silu_clamp" or "swigluoai", with swiglu = (alpha, limit))."""
+    ("silu", "silu_clamp", "situ" or "swigluoai", with swiglu = the engine's two constants: (alpha, limit),
+    situ's (beta, linear_beta))."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
     kp2 = w2.shape[2]

@@ -289,7 +289,8 @@ class HybridMoE:
             else:
                 impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"
             self.copy_layout = GpuCopyLayout(self.layer, impl)
-        # The engine's activation (silu_clamp, or mxfp4's swigluoai) and its (alpha, limit), applied by the GPU paths too.
+        # The engine's activation (silu_clamp, situ, or mxfp4's swigluoai) and its two constants, applied by the GPU
+        # paths too.
         self.activation = self.layer.activation
         self.swiglu = tuple(self.layer._impl.swiglu)
         # What dequantizes the weights (None: nothing does, bf16 or the native path).

@@ -64,13 +64,16 @@ class MoELayer:
     """
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor, activation: str = "silu", *, pool=None,
-                 swiglu_limit: float = 7.0):
-        """activation: "silu", or "silu_clamp" (silu(min(gate, swiglu_limit)) * clamp(up, +-swiglu_limit))."""
+                 swiglu_limit: float = 7.0, situ_beta: float = 0.0, situ_linear_beta: float = 0.0):
+        """activation: "silu", "silu_clamp" (silu(min(gate, swiglu_limit)) * clamp(up, +-swiglu_limit)) or
+        "situ" (situ_beta * tanh(gate / situ_beta) * sigmoid(gate) * up, up soft-clipped by situ_linear_beta
+        the same way when > 0)."""
         if not isinstance(w13, torch.Tensor) or not isinstance(w2, torch.Tensor):
             raise TypeError("w13 and w2 must be torch.Tensor")
         int8_act_from_env()  # the engine reads LK_INT8_ACT at construction: a bad value is a ConfigError here
         self._pool = pool if pool is not None else default_pool()
-        self._impl = _C.Layer(self._pool, w13, w2, activation, swiglu_limit=float(swiglu_limit))
+        self._impl = _C.Layer(self._pool, w13, w2, activation, swiglu_limit=float(swiglu_limit),
+                              situ_beta=float(situ_beta), situ_linear_beta=float(situ_linear_beta))
         self.activation = activation
         self._source_bytes = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
 
@@ -97,13 +100,16 @@ class MoELayer:
     def from_checkpoint(cls, format: str, tensors: dict, *, activation: str = "silu", pool=None,
                         block_size=None, hidden_size: int | None = None, intermediate_size: int | None = None,
                         interleaved: bool | None = None, swiglu_alpha: float = 1.702,
-                        swiglu_limit: float = 7.0) -> "MoELayer":
+                        swiglu_limit: float = 7.0, situ_beta: float = 0.0,
+                        situ_linear_beta: float = 0.0) -> "MoELayer":
         """Build from the tensors vLLM's MoE method holds for `format` (names as vLLM's parameters).
         Block sizes and the like are read from the tensors' shapes; `block_size=(rows, cols)` is
         needed only where the shapes do not tile exactly. Unquantized: "bf16" (fp16 too).
 
         activation: the model's, for every format: "silu" (default), "silu_clamp" (vLLM's silu with
-        swiglu_limit, DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit)), or for "mxfp4"
+        swiglu_limit, DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit)), "situ" (Kimi's SituGLU,
+        Kimi-K3: situ_beta * tanh(gate / situ_beta) * sigmoid(gate) * up', up' = situ_linear_beta * tanh(up /
+        situ_linear_beta), or up when situ_linear_beta is 0), or for "mxfp4"
         "swigluoai" (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g *
         sigmoid(alpha * g) with swiglu_alpha = 1.702; swiglu_limit (default 7.0, gpt-oss's) is the
         limit of both clamped ones; w13_bias is added to gate/up before the activation, and the expert
@@ -125,7 +131,8 @@ class MoELayer:
                 raise TypeError(f"{n} must be a torch.Tensor, got {type(tensors[n]).__name__}")
         if format == "bf16":
             return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool,
-                       swiglu_limit=swiglu_limit)
+                       swiglu_limit=swiglu_limit, situ_beta=situ_beta, situ_linear_beta=situ_linear_beta)
+        situ_args = dict(situ_beta=float(situ_beta), situ_linear_beta=float(situ_linear_beta))
         self = cls.__new__(cls)
         int8_act_from_env()  # as in __init__: a ConfigError for every format, before the engine reads it
         self._pool = pool if pool is not None else default_pool()
@@ -139,20 +146,21 @@ class MoELayer:
                                         hidden_size=int(hidden_size or 0),
                                         intermediate_size=int(intermediate_size or 0),
                                         interleaved=bool(interleaved), swiglu_alpha=float(swiglu_alpha),
-                                        swiglu_limit=float(swiglu_limit))
+                                        swiglu_limit=float(swiglu_limit), **situ_args)
         elif format == "nvfp4":
             self._impl = _C.Layer.nvfp4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
-                                        swiglu_limit=float(swiglu_limit))
+                                        swiglu_limit=float(swiglu_limit), **situ_args)
         elif format == "wna16_int4":
             self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
-                                             swiglu_limit=float(swiglu_limit))
+                                             swiglu_limit=float(swiglu_limit), **situ_args)
         elif format == "fp8_block":
             bn, bk = block_size if block_size is not None else (0, 0)
             self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,
-                                            block_n=int(bn), block_k=int(bk), swiglu_limit=float(swiglu_limit))
+                                            block_n=int(bn), block_k=int(bk), swiglu_limit=float(swiglu_limit),
+                                            **situ_args)
         else:
             self._impl = _C.Layer.per_channel(self._pool, *(tensors[n] for n in names), activation=activation,
-                                              format=format, swiglu_limit=float(swiglu_limit))
+                                              format=format, swiglu_limit=float(swiglu_limit), **situ_args)
         self.activation = activation
         present = names + tuple(n for n, t in zip(row.optional, opt) if t is not None)
         self._source_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in present)

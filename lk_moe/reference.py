@@ -19,15 +19,26 @@ def silu_clamp(gate, up, limit):
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
 
 
-ACTIVATIONS = ("silu", "silu_clamp", "swigluoai")
+def situ(gate, up, beta, linear_beta=0.0):
+    """Kimi's SituGLU (vLLM's SituAndMul.forward_native): beta * tanh(gate / beta) * sigmoid(gate) * up', with
+    up' = linear_beta * tanh(up / linear_beta), or up when linear_beta is unset (0 or None)."""
+    g = beta * torch.tanh(gate / beta) * torch.sigmoid(gate)
+    return g * (linear_beta * torch.tanh(up / linear_beta) if linear_beta else up)
+
+
+ACTIVATIONS = ("silu", "silu_clamp", "swigluoai", "situ")
 
 
 def gate_activation(activation, gate, up, alpha=1.702, limit=7.0):
-    """The experts' activation of the pre-activations gate and up, by name (ACTIVATIONS)."""
+    """The experts' activation of the pre-activations gate and up, by name (ACTIVATIONS), with its two
+    constants as the engine holds them (MoELayer._impl.swiglu): swigluoai's (alpha, limit), silu_clamp's
+    limit, situ's (beta, linear_beta)."""
     if activation == "swigluoai":
         return swigluoai(gate, up, alpha, limit)
     if activation == "silu_clamp":
         return silu_clamp(gate, up, limit)
+    if activation == "situ":
+        return situ(gate, up, alpha, limit)
     if activation == "silu":
         return F.silu(gate) * up
     raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
@@ -57,11 +68,11 @@ def _dequantizing_baseline(x, topk_ids, topk_weights, expert_weights) -> torch.T
 
 def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *, activation="silu",
                   interleaved=False, w13_bias=None, w2_bias=None, swiglu_alpha=1.702, swiglu_limit=7.0,
-                  act_round=None):
+                  situ_beta=None, situ_linear_beta=0.0, act_round=None):
     """fp32 math on the given (bf16/fp16) values; returns fp32 [M, H].
 
     activation "silu": silu(gate) * up; "silu_clamp": see `silu_clamp`; "swigluoai": see `swigluoai`
-    (both clamp at swiglu_limit). interleaved: w13 rows are
+    (both clamp at swiglu_limit); "situ": see `situ` (situ_beta, situ_linear_beta). interleaved: w13 rows are
     gate_0, up_0, gate_1, ... (gpt-oss) instead of [gate; up]. Biases (optional, [E, 2I] in w13's row
     order and [E, H]): h = x w13^T + b13 before the activation, y = act w2^T + b2 scaled by the weight.
 
@@ -79,7 +90,8 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
         if w13_bias is not None:
             h = h + w13_bias[e].float()
         gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :I], h[:, I:])
-        act = gate_activation(activation, gate, up, swiglu_alpha, swiglu_limit)
+        act = (situ(gate, up, situ_beta, situ_linear_beta) if activation == "situ" else
+               gate_activation(activation, gate, up, swiglu_alpha, swiglu_limit))
         if act_round is not None:
             act = act_round(act)
         w2e = w2[e].float()

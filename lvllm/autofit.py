@@ -77,10 +77,14 @@ class Model:
 BF16_SLOT_FORMATS = ("nvfp4", "mxfp4")
 
 
+# The activations the cache's GPU kernel computes (lk_moe.expert_cache.KERNEL_ACTIVATIONS): vLLM's fused-MoE
+# kernel passes no clamp (silu_clamp) and no SituGLU constants (situ)
+CACHE_ACTIVATIONS = ("silu", "swigluoai")
+
+
 def slot_bytes(fmt: str, expert_bytes: int, hidden: int, expert_intermediate: int, activation: str = "silu") -> int:
-    """One expert's cache slot (lk_moe.expert_cache's rule), 0 where the cache cannot serve the layer
-    (silu_clamp: vLLM's fused-MoE kernel passes no clamp)."""
-    if activation == "silu_clamp":
+    """One expert's cache slot (lk_moe.expert_cache's rule), 0 where the cache cannot serve the layer."""
+    if activation not in CACHE_ACTIVATIONS:
         return 0
     return 3 * hidden * expert_intermediate * 2 if fmt in BF16_SLOT_FORMATS else expert_bytes
 

@@ -27,7 +27,7 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
     # DeepSeek-V4: MXFP4 experts (expert_dtype "fp4") under an FP8 config for the other projections
     fmt = "mxfp4" if cfg.get("expert_dtype") == "fp4" else ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
     activation = ("swigluoai" if info.model_type == "gpt_oss" else "silu_clamp" if cfg.get("swiglu_limit")
-                  else "silu")
+                  else "situ" if cfg.get("hidden_act") == "situ" else "silu")
     layer = info.expert_bytes_per_layer
     return Model(name=info.architecture, moe_layers=info.moe_layers, experts=experts,
                  top_k=int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 8), hidden=H,

@@ -17,7 +17,7 @@ import torch
 from lk_moe import formats
 
 from .padding import engine_ids
-from .policy import LayerPlan, engine_activation
+from .policy import LayerPlan, engine_activation, situ_args
 
 
 def _fixed(value):
@@ -186,6 +186,8 @@ def _format_args(layer, plan: LayerPlan) -> dict:
     # gpt-oss leaves them unset on the layer; its kernels take 1.702 and 7.0 (the engine's defaults).
     if limit is not None:
         args["swiglu_limit"] = limit
+    if act == "situ":
+        args.update(situ_args(layer.moe_config))
     if plan.format != "mxfp4":
         return args
     args.update(activation=act, interleaved=act == "swigluoai", hidden_size=int(layer.hidden_size),

@@ -118,12 +118,22 @@ _REFUSALS = (
 def engine_activation(activation, swiglu_limit) -> tuple:
     """(the engine's activation name, its limit or None) for vLLM's (MoEActivation, layer.swiglu_limit):
     silu with a swiglu_limit is the engine's "silu_clamp" (DeepSeek-V4); swigluoai keeps its limit
-    (None: gpt-oss's 7.0)."""
+    (None: gpt-oss's 7.0); situ (Kimi-K3) takes its constants from the layer's moe_config (situ_args)."""
     name = enum_value(activation)
     limit = None if swiglu_limit is None else float(swiglu_limit)
     if name == "silu" and limit is not None:
         return "silu_clamp", limit
     return name, limit
+
+
+def situ_args(moe_config) -> dict:
+    """The engine's situ constants from vLLM's FusedMoEConfig (activation_situ_beta, _linear_beta: None = the
+    up projection is not clipped)."""
+    beta = getattr(moe_config, "activation_situ_beta", None)
+    linear_beta = getattr(moe_config, "activation_situ_linear_beta", None)
+    if beta is None:
+        raise UnsupportedMoELayer("a situ MoE layer came without activation_situ_beta in its FusedMoEConfig")
+    return {"situ_beta": float(beta), "situ_linear_beta": float(linear_beta or 0.0)}
 
 
 def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:

@@ -63,22 +63,30 @@ inline lk::Binding parse_binding(const std::string& s) {
 }
 
 // The activation a checkpoint adapter was given: "silu", "silu_clamp" (silu with vLLM's swiglu_limit:
-// needs swiglu_limit > 0) or, where the format computes it, "swigluoai".
+// needs swiglu_limit > 0), "situ" (Kimi's SituGLU: situ_beta > 0, situ_linear_beta >= 0, 0 = up not clipped)
+// or, where the format computes it, "swigluoai".
 struct ActivationArg {
   lk::Activation act = lk::Activation::kSiLU;
   float clamp_limit = 0;  // kSiLUClamp's bound (lk::WeightSource::clamp_limit)
+  float situ_beta = 0, situ_linear_beta = 0;  // kSitu's constants (lk::WeightSource::situ_beta, ...)
 };
-inline ActivationArg parse_activation(const std::string& activation, double swiglu_limit, const std::string& format,
-                                      bool swigluoai = false) {
+inline ActivationArg parse_activation(const std::string& activation, double swiglu_limit, double situ_beta,
+                                      double situ_linear_beta, const std::string& format, bool swigluoai = false) {
   if (activation == "silu") return {};
-  if (activation == "swigluoai" && swigluoai) return {lk::Activation::kSwigluOAI, 0};
+  if (activation == "swigluoai" && swigluoai) return {lk::Activation::kSwigluOAI};
   if (activation == "silu_clamp") {
     if (!(swiglu_limit > 0) || !std::isfinite(swiglu_limit))
       throw py::value_error("activation 'silu_clamp' needs swiglu_limit > 0 (finite), got " + std::to_string(swiglu_limit));
     return {lk::Activation::kSiLUClamp, float(swiglu_limit)};
   }
-  throw py::value_error("activation '" + activation + "' is not supported for " + format + " (supported: silu, silu_clamp" +
-                        (swigluoai ? ", swigluoai)" : ")"));
+  if (activation == "situ") {
+    if (!(situ_beta > 0) || !std::isfinite(situ_beta) || !(situ_linear_beta >= 0) || !std::isfinite(situ_linear_beta))
+      throw py::value_error("activation 'situ' needs situ_beta > 0 and situ_linear_beta >= 0 (0: none), finite; got " +
+                            std::to_string(situ_beta) + " and " + std::to_string(situ_linear_beta));
+    return {lk::Activation::kSitu, 0, float(situ_beta), float(situ_linear_beta)};
+  }
+  throw py::value_error("activation '" + activation + "' is not supported for " + format +
+                        " (supported: silu, silu_clamp, situ" + (swigluoai ? ", swigluoai)" : ")"));
 }
 
 // "[a, b, c]": the shape a tensor must have, for an error message.
@@ -134,7 +142,7 @@ struct Layer {
   Layer() = default;
   // bf16 / fp16 experts: w13 [E, 2I, H], w2 [E, H, I] (layer.cpp).
   Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
-        const std::string& activation, double swiglu_limit);
+        const std::string& activation, double swiglu_limit, double situ_beta, double situ_linear_beta);
   // Builds the engine layer without the GIL; a shape the engine cannot take is a ValueError.
   static Layer build(std::shared_ptr<lk::ThreadPool> pool, lk::WeightSource src, int64_t E, int64_t I,
                      int64_t H, ActivationArg act = {});
@@ -147,21 +155,25 @@ struct Layer {
                                                    const char* s2_name);
   static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                          const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                         int64_t block_n, int64_t block_k, double swiglu_limit);
+                         int64_t block_n, int64_t block_k, double swiglu_limit, double situ_beta,
+                         double situ_linear_beta);
   static Layer per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                            const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
-                           const std::string& format, double swiglu_limit);
+                           const std::string& format, double swiglu_limit, double situ_beta,
+                         double situ_linear_beta);
   static Layer wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                           const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
-                          std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit);
+                          std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit, double situ_beta,
+                         double situ_linear_beta);
   static Layer mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> b13,
                      std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
-                     int64_t intermediate_size, bool interleaved, double alpha, double limit);
+                     int64_t intermediate_size, bool interleaved, double alpha, double limit, double situ_beta,
+                         double situ_linear_beta);
   static Layer nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
                      std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation,
-                     double swiglu_limit);
+                     double swiglu_limit, double situ_beta, double situ_linear_beta);
 
   py::tuple dequantized() const;  // dequantized.cpp
 };

@@ -140,7 +140,8 @@ void def_gpu_export(py::class_<Layer>& layer) {
              return py::make_tuple(g13, g2);
            })
       .def_property_readonly("swiglu", [](const Layer& l) {
-        // (alpha, limit) of the clamped activations: swigluoai (fp4 layers), silu_clamp (any format).
+        // The activation's two constants: swigluoai's (alpha, limit) (fp4 layers), silu_clamp's limit, situ's
+        // (beta, linear_beta) (any format).
         return py::make_tuple(l.impl->shape().alpha, l.impl->shape().limit);
       })
       .def("pin_for_gpu",

@@ -4,8 +4,8 @@
 namespace lk_bind {
 
 Layer::Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
-             const std::string& activation, double swiglu_limit) {
-  const ActivationArg act = parse_activation(activation, swiglu_limit, "bf16");
+             const std::string& activation, double swiglu_limit, double situ_beta, double situ_linear_beta) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "bf16");
   const DType t13 = half_type(w13, "w13"), t2 = half_type(w2, "w2");
   if (t13 != t2) throw py::type_error("w13 and w2 must have the same dtype, got " + dtype_name(w13) + " and " + dtype_name(w2));
   if (w13.dim() != 3) throw py::value_error("w13 must have shape [E, 2*I, H], got " + shape_str(w13));
@@ -30,6 +30,8 @@ Layer Layer::build(std::shared_ptr<lk::ThreadPool> pool, lk::WeightSource src, i
                    int64_t H, ActivationArg act) {
   Layer l;
   src.clamp_limit = act.clamp_limit;
+  src.situ_beta = act.situ_beta;
+  src.situ_linear_beta = act.situ_linear_beta;
   try {
     py::gil_scoped_release nogil;
     l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), act.act);
@@ -92,8 +94,10 @@ void def_layer(py::module_& m) {
 
   py::class_<Layer> layer(m, "Layer");
   layer
-      .def(py::init<std::shared_ptr<lk::ThreadPool>, const at::Tensor&, const at::Tensor&, const std::string&, double>(),
-           py::arg("pool"), py::arg("w13"), py::arg("w2"), py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0);
+      .def(py::init<std::shared_ptr<lk::ThreadPool>, const at::Tensor&, const at::Tensor&, const std::string&, double,
+                    double, double>(),
+           py::arg("pool"), py::arg("w13"), py::arg("w2"), py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0,
+           py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0);
   def_checkpoints(layer);
   def_dequantized(layer);
   layer

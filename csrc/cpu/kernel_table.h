@@ -33,8 +33,11 @@ enum class Family : int { kBf16 = 0, kByteCodes = 1, kInt4 = 2, kFp4 = 3 };
 // kSiLU: silu(gate) * up. kSwigluOAI (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit),
 // (u + 1) * g * sigmoid(alpha * g) (see moe_layer.h for the sources). kSiLUClamp (vLLM's silu with
 // swiglu_limit, DeepSeek-V4): silu(min(gate, limit)) * clamp(up, -limit, limit)
-// (fused_moe/activation.py silu_and_mul_with_clamp); every format computes it (kernels/simd.h gate_act_16).
-enum class Activation : int { kSiLU = 0, kSwigluOAI = 1, kSiLUClamp = 2 };
+// (fused_moe/activation.py silu_and_mul_with_clamp). kSitu (Kimi's SituGLU, activation.py SituAndMul):
+// beta * tanh(gate / beta) * sigmoid(gate) * up', up' = linear_beta * tanh(up / linear_beta), or up where
+// linear_beta is unset (0); beta and linear_beta travel as the constants (alpha, limit). Every format computes
+// kSiLUClamp and kSitu (kernels/simd.h gate_act_16).
+enum class Activation : int { kSiLU = 0, kSwigluOAI = 1, kSiLUClamp = 2, kSitu = 3 };
 
 // Per-worker scratch owned by the thread pool; sizes are guaranteed by the caller.
 struct KernelScratch {
@@ -129,7 +132,7 @@ struct GateUpTask {
   const uint16_t* bias = nullptr;  // bf16 [nblk][gate, up][16] added to the pre-activations, or null
   const int8_t* const* q8_rows = nullptr;  // int4 / fp4 decode: the m rows as q8 rows (q8_row_bytes(kp)), or null
   bool q15 = false;                        // fp4 decode: q8_rows are q15 rows (q15_row_bytes(kp))
-  float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants; limit: kSiLUClamp's too
+  float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI constants; limit: kSiLUClamp's too; kSitu: beta, linear_beta
 };
 
 // Phase 2: out_acc[out_row[r], j*16 + n] += row_weight[r] * (w2_j[n] . act_r)

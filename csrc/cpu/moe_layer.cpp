@@ -134,6 +134,14 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
       throw std::invalid_argument("the clamped silu needs a finite swiglu_limit > 0, got " + std::to_string(src.clamp_limit));
     shape_.limit = src.clamp_limit;
   }
+  if (act == Activation::kSitu) {
+    if (!(src.situ_beta > 0) || !std::isfinite(src.situ_beta) || !(src.situ_linear_beta >= 0) ||
+        !std::isfinite(src.situ_linear_beta))
+      throw std::invalid_argument("the situ activation needs a finite beta > 0 and a finite linear_beta >= 0 (0: none), got " +
+                                  std::to_string(src.situ_beta) + " and " + std::to_string(src.situ_linear_beta));
+    shape_.alpha = src.situ_beta;
+    shape_.limit = src.situ_linear_beta;
+  }
   if (pool_->num_nodes() > 64) throw std::invalid_argument("more than 64 NUMA nodes with threads are not supported");
 
   const std::vector<int> ib = split_blocks(shape_.i_blocks, *pool_);

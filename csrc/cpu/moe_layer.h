@@ -46,7 +46,8 @@ struct MoEShape {
   bool zero_points = false;   // wna16_int4: zero points stored (else the symmetric zero 8)
   bool fp16_scales = false;   // wna16_int4: 16-bit scales are fp16 (else bf16)
   bool bias = false;          // w13 / w2 biases held (bf16)
-  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants; limit: the clamped silu's too (kSiLUClamp)
+  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants; limit: the clamped silu's too (kSiLUClamp);
+                                       // kSitu: beta, linear_beta (0: up not clipped)
   bool int8_act = false;      // 4-bit decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
 };
 
@@ -91,6 +92,7 @@ struct WeightSource {
   const void* w2 = nullptr;   // [E, H, I]
   std::variant<std::monostate, ByteScales, Int4Groups, Fp4Blocks> rest;  // none for bf16 / fp16
   float clamp_limit = 0;  // Activation::kSiLUClamp: the bound of gate (above) and up (both sides), > 0
+  float situ_beta = 0, situ_linear_beta = 0;  // Activation::kSitu: beta > 0; linear_beta > 0, or 0 for none
   // The rest as the format expects it; std::invalid_argument when the adapter filled another kind.
   template <class T>
   const T& as() const {

@@ -109,7 +109,7 @@ def assert_matches_reference(out, x, w13, w2, ids, weights, weights_rounded=Fals
     err = (out - ref).abs()
     rounding = mag + ref.abs()
     if weights_rounded:
-        assert act.get("activation", "silu") in ("silu", "silu_clamp") and not act.get("interleaved"), act
+        assert act.get("activation", "silu") in ("silu", "silu_clamp", "situ") and not act.get("interleaved"), act
         rounding = rounding + mag + folded_weights_magnitude(x, w13, w2, ids, weights)
     bound = 1.01 * u * rounding + 1e-5 * mag
     worst = (err / bound.clamp_min(1e-30)).max().item()

@@ -3,6 +3,8 @@ what its readers (MoELayer, the GPU paths, the plugin's policy) use; and every r
 activation it offers and with and without its optional tensors, builds a layer
 whose forward is the plain-torch reference on the weights its tensors encode, on every ISA tier.
 A new row is tested here once lvllm.testing.experts can quantize to it."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -57,6 +59,10 @@ def _cases():
 
 
 CASES = list(_cases())
+# Kimi's SituGLU constants: beta below the gates' spread (tanh saturates for most of them), and a linear beta
+# that soft-clips most ups (or none: 0)
+SITU_BETA = 0.6
+SITU_LINEAR_BETA = 0.8
 
 
 def test_every_engine_row_has_a_quantizer():
@@ -82,12 +88,13 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
     w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
     tensors, d13, d2 = quantize_experts(fmt, w13, w2, optional)
     assert set(formats.get(fmt).tensors) <= set(tensors)
+    situ = dict(situ_beta=SITU_BETA, situ_linear_beta=SITU_LINEAR_BETA) if activation == "situ" else {}
     with int8_activations(int8_act):
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation=activation)
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation=activation, **situ)
     assert layer.format == fmt
     # from_checkpoint's default row order: gpt-oss's interleaved gate/up rows for swigluoai
     act = dict(activation=activation, interleaved=activation == "swigluoai",
-               w13_bias=tensors.get("w13_bias"), w2_bias=tensors.get("w2_bias"))
+               w13_bias=tensors.get("w13_bias"), w2_bias=tensors.get("w2_bias"), **situ)
 
     def exact(out, x, ids, w):
         assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), **act)
@@ -126,6 +133,54 @@ def test_silu_clamp_is_the_clamped_reference(tier, fmt):
         assert (plain - clamped).norm() > 0.3 * clamped.norm(), "the limit clamps too little to test it"
 
 
+@pytest.mark.parametrize("linear_beta", [0.0, SITU_LINEAR_BETA])
+@pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE])
+def test_situ_is_the_reference_situ(tier, fmt, linear_beta):
+    """Kimi-K3's SituGLU on every format and tier, prefill and decode sizes, with and without the soft clip of
+    the up projection: the exact bound against vLLM's formula in fp32 (lk_moe.reference.situ), and far from
+    plain silu (so the tanh terms really ran)."""
+    E, H, I, K = 8, 256, 128, 4
+    g = torch.Generator().manual_seed(17 + len(fmt))
+    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    situ = dict(situ_beta=SITU_BETA, situ_linear_beta=linear_beta)
+    with int8_activations(False):  # bf16 activations everywhere: the exact bound
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation="situ", **situ)
+    assert layer.activation == "situ" and tuple(layer._impl.swiglu) == pytest.approx((SITU_BETA, linear_beta))
+    from lk_moe.reference import moe_reference
+    for M in (1, 5, 40):
+        x = torch.randn(M, H, generator=g).bfloat16()
+        ids, w = random_routing(M, E, K, generator=g)
+        out = layer.forward(x, ids, w)
+        assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), activation="situ",
+                                 **situ)
+        plain = moe_reference(x, d13, d2, ids, w, activation="silu")
+        ref = moe_reference(x, d13, d2, ids, w, activation="situ", **situ)
+        assert (plain - ref).norm() > 0.3 * ref.norm(), "situ too close to silu to test it"
+
+
+def test_situ_reference_is_vllms_formula():
+    """lk_moe.reference.situ against vLLM's SituAndMul.forward_native where vLLM is installed."""
+    activation = pytest.importorskip("vllm.model_executor.layers.activation")
+    x = torch.randn(64, 2 * 48, generator=torch.Generator().manual_seed(3)) * 3
+    from lk_moe.reference import situ
+    for linear_beta in (None, SITU_LINEAR_BETA):
+        ours = situ(x[:, :48], x[:, 48:], SITU_BETA, linear_beta)
+        # its native forward on the constants alone (instantiating the CustomOp needs a vLLM config)
+        theirs = activation.SituAndMul.forward_native(SimpleNamespace(beta=SITU_BETA, linear_beta=linear_beta), x)
+        torch.testing.assert_close(theirs, ours, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta,linear_beta", [(0.0, 0.0), (-1.0, 0.0), (float("nan"), 0.0), (1.0, -1.0),
+                                              (1.0, float("inf"))])
+def test_situ_needs_finite_constants(beta, linear_beta):
+    w13 = torch.randn(2, 64, 32).bfloat16()
+    w2 = torch.randn(2, 32, 32).bfloat16()
+    with pytest.raises(ValueError, match="activation 'situ' needs situ_beta > 0 and situ_linear_beta >= 0"):
+        lk_moe.MoELayer(w13, w2, activation="situ", situ_beta=beta, situ_linear_beta=linear_beta)
+
+
 @pytest.mark.parametrize("limit", [0.0, -1.0, float("inf"), float("nan")])
 def test_silu_clamp_needs_a_finite_positive_limit(limit):
     w13 = torch.randn(2, 64, 32).bfloat16()
@@ -137,5 +192,5 @@ def test_silu_clamp_needs_a_finite_positive_limit(limit):
 def test_an_unknown_activation_names_the_supported_ones():
     w13 = torch.randn(2, 64, 32).bfloat16()
     w2 = torch.randn(2, 32, 32).bfloat16()
-    with pytest.raises(ValueError, match=r"activation 'gelu' is not supported for bf16 \(supported: silu, silu_clamp\)"):
+    with pytest.raises(ValueError, match=r"activation 'gelu' is not supported for bf16 \(supported: silu, silu_clamp, situ\)"):
         lk_moe.MoELayer(w13, w2, activation="gelu")

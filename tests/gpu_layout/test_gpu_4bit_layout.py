@@ -33,10 +33,12 @@ def make_4bit_layer(fmt, E, H, I, pool=None, seed=0, **opt):
     dequantized in fp32 from the ORIGINAL tensors by lk_moe.reference, and the moe_reference keyword
     arguments of the layer's activation (mxfp4: swigluoai with biases, in [gate; up] order).
     opt: wna16_int4 gs (default 32), asym (True), scale_dtype (bf16); mxfp4 Hp, Ip (vLLM-padded
-    tensors), bias (True); wna16_int4 and nvfp4: clamp, a swiglu_limit (the layer computes silu_clamp)."""
+    tensors), bias (True); wna16_int4 and nvfp4: clamp, a swiglu_limit (the layer computes silu_clamp), or situ,
+    (beta, linear_beta) (the layer computes Kimi's SituGLU)."""
     act = {}
-    clamp = opt.get("clamp")
-    silu_args = dict(activation="silu_clamp", swiglu_limit=clamp) if clamp else {}
+    clamp, situ = opt.get("clamp"), opt.get("situ")
+    silu_args = (dict(activation="silu_clamp", swiglu_limit=clamp) if clamp else
+                 dict(activation="situ", situ_beta=situ[0], situ_linear_beta=situ[1]) if situ else {})
     if fmt == "wna16_int4":
         t, _, _ = make_int4_experts(E, H, I, opt.get("gs", 32), opt.get("asym", True),
                                     opt.get("scale_dtype", torch.bfloat16), seed)
@@ -226,7 +228,9 @@ def _streamed_on_cpu(layer, x, ids, w, chunks):
                                          ("mxfp4", 256, 192, dict(bias=False)),
                                          ("nvfp4", 176, 80, {}),
                                          ("wna16_int4", 256, 192, dict(gs=32, asym=False, clamp=0.25)),
-                                         ("nvfp4", 176, 80, dict(clamp=0.25))])
+                                         ("nvfp4", 176, 80, dict(clamp=0.25)),
+                                         ("wna16_int4", 256, 192, dict(gs=32, asym=False, situ=(0.6, 0.8))),
+                                         ("nvfp4", 176, 80, dict(situ=(0.6, 0.0)))])
 def test_fallback_math_on_the_cpu(tmp_path, fmt, H, I, opt, M):
     """The streamed path's compute run on the CPU, chunk by chunk, on one NUMA slice and on three.
     Tolerance: against the fp32 reference on the bf16-rounded dequantized weights (what the path
@@ -326,6 +330,6 @@ def test_4bit_layers_refuse_the_other_views_and_the_kernel():
 
 def test_experts_forward_rejects_an_unknown_activation():
     batch = RoutedBatch(torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1), 1)
-    with pytest.raises(ValueError, match="activation must be one of silu, silu_clamp, swigluoai, got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be one of silu, silu_clamp, swigluoai, situ, got 'gelu'"):
         experts_forward(torch.zeros(1, 32).bfloat16(), batch, torch.zeros(1, 64, 32).bfloat16(),
                         torch.zeros(1, 16, 32).bfloat16(), 0, torch.zeros(1, 16), activation="gelu")

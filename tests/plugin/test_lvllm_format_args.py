@@ -2,13 +2,16 @@
 import enum
 from types import SimpleNamespace
 
+import pytest
+
 from lvllm.hybrid_method import _format_args
-from lvllm.policy import LayerPlan
+from lvllm.policy import LayerPlan, UnsupportedMoELayer
 
 
-class Act(enum.Enum):
+class Act(enum.Enum):  # vLLM's MoEActivation values
     SILU = "silu"
     SWIGLUOAI = "swigluoai"
+    SITU = "situ"
 
 
 def layer(act, **kw):
@@ -37,3 +40,13 @@ def test_a_swiglu_limit_with_silu_is_the_clamped_silu_for_every_format():
         assert args == {"activation": "silu_clamp", "swiglu_limit": 10.0}, fmt
     args = _format_args(layer(Act.SILU, swiglu_limit=10.0), LayerPlan("p", 1, "hybrid", "mxfp4"))
     assert args["activation"] == "silu_clamp" and args["swiglu_limit"] == 10.0 and args["interleaved"] is False
+
+
+def test_situ_takes_its_constants_from_the_moe_config():
+    """Kimi-K3's experts (MoEActivation.SITU): beta and linear beta from vLLM's FusedMoEConfig (None: up not clipped)."""
+    for fmt, linear_beta, want in (("bf16", None, 0.0), ("mxfp4", 4.0, 4.0), ("fp8_block", 2.5, 2.5)):
+        cfg = SimpleNamespace(activation_situ_beta=1.5, activation_situ_linear_beta=linear_beta)
+        args = _format_args(layer(Act.SITU, moe_config=cfg), LayerPlan("p", 1, "hybrid", fmt))
+        assert (args["activation"], args["situ_beta"], args["situ_linear_beta"]) == ("situ", 1.5, want), fmt
+    with pytest.raises(UnsupportedMoELayer, match="without activation_situ_beta"):
+        _format_args(layer(Act.SITU, moe_config=SimpleNamespace()), LayerPlan("p", 1, "hybrid", "bf16"))

@@ -207,6 +207,22 @@ inline void silu_mul_16(const float* g, const float* u, uint16_t* out) {
   _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(y));
 }
 
+// b * tanh(x / b) as 1 - 2 / (exp(2x / b) + 1), times b: exp_v's bounds give +-b at the ends, a NaN stays NaN.
+inline __m512 soft_clip_v(__m512 x, float b) {
+  const __m512 one = _mm512_set1_ps(1.0f), bv = _mm512_set1_ps(b);
+  const __m512 e = exp_v(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / b)));
+  return _mm512_mul_ps(bv, _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one))));
+}
+
+// Activation::kSitu: beta * tanh(g / beta) * sigmoid(g) * u', u' = linear_beta * tanh(u / linear_beta) (u if 0).
+inline void situ_mul_16(const float* g, const float* u, float beta, float linear_beta, uint16_t* out) {
+  const __m512 gv = _mm512_loadu_ps(g), one = _mm512_set1_ps(1.0f);
+  const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, exp_v(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+  __m512 uv = _mm512_loadu_ps(u);
+  if (linear_beta > 0) uv = soft_clip_v(uv, linear_beta);
+  _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(_mm512_mul_ps(_mm512_mul_ps(soft_clip_v(gv, beta), sig), uv)));
+}
+
 inline void axpy_16(float w, const float* c, float* o) {
   _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(c), _mm512_loadu_ps(o)));
 }
@@ -411,6 +427,27 @@ inline void silu_mul_16(const float* g, const float* u, uint16_t* out) {
   store_bf16_16(y, out);
 }
 
+// b * tanh(x / b) as 1 - 2 / (exp(2x / b) + 1), times b: exp_v's bounds give +-b at the ends, a NaN stays NaN.
+inline __m256 soft_clip_v(__m256 x, float b) {
+  const __m256 one = _mm256_set1_ps(1.0f), bv = _mm256_set1_ps(b);
+  const __m256 e = exp_v(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / b)));
+  return _mm256_mul_ps(bv, _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one))));
+}
+
+// Activation::kSitu: beta * tanh(g / beta) * sigmoid(g) * u', u' = linear_beta * tanh(u / linear_beta) (u if 0).
+inline void situ_mul_16(const float* g, const float* u, float beta, float linear_beta, uint16_t* out) {
+  float y[16];
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 gv = _mm256_loadu_ps(g + 8 * h);
+    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp_v(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    __m256 uv = _mm256_loadu_ps(u + 8 * h);
+    if (linear_beta > 0) uv = soft_clip_v(uv, linear_beta);
+    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(_mm256_mul_ps(soft_clip_v(gv, beta), sig), uv));
+  }
+  store_bf16_16(y, out);
+}
+
 inline void axpy_16(float w, const float* c, float* o) {
   __m256 wv = _mm256_set1_ps(w);
   _mm256_storeu_ps(o, _mm256_fmadd_ps(wv, _mm256_loadu_ps(c), _mm256_loadu_ps(o)));
@@ -492,6 +529,20 @@ inline void silu_mul_16(const float* g, const float* u, uint16_t* out) {
   }
 }
 
+inline float exp_bounded(float x) { return __builtin_expf(x < -kExpHi ? -kExpHi : (x > kExpHi ? kExpHi : x)); }
+
+// b * tanh(x / b) as the vector tiers compute it: b * (1 - 2 / (exp(2x / b) + 1)).
+inline float soft_clip(float x, float b) { return b * (1.0f - 2.0f / (exp_bounded(x * (2.0f / b)) + 1.0f)); }
+
+// Activation::kSitu: beta * tanh(g / beta) * sigmoid(g) * u', u' = linear_beta * tanh(u / linear_beta) (u if 0).
+inline void situ_mul_16(const float* g, const float* u, float beta, float linear_beta, uint16_t* out) {
+  for (int n = 0; n < 16; ++n) {
+    const float sig = 1.0f / (1.0f + exp_bounded(-g[n]));
+    const float uv = linear_beta > 0 ? soft_clip(u[n], linear_beta) : u[n];
+    out[n] = f32_to_bf16(soft_clip(g[n], beta) * sig * uv);
+  }
+}
+
 inline void axpy_16(float w, const float* c, float* o) {
   for (int n = 0; n < 16; ++n) o[n] += w * c[n];
 }
@@ -526,10 +577,11 @@ constexpr int kMaxRows = 4;
 #endif
 
 // act[0:16] of a gate/up task from its pre-activations g and u (16 each), as bf16: silu(g) * u, or for
-// Activation::kSiLUClamp silu(min(g, limit)) * clamp(u, -limit, limit). The clamps keep a NaN a NaN, as
-// vLLM's torch.clamp does. Every format's gate/up kernel ends in it (the fp4 formats' act_16 adds biases
-// and kSwigluOAI around it).
+// Activation::kSiLUClamp silu(min(g, limit)) * clamp(u, -limit, limit), for kSitu situ_mul_16 with
+// (beta, linear_beta) = (alpha, limit). The clamps keep a NaN a NaN, as vLLM's torch.clamp does. Every
+// format's gate/up kernel ends in it (the fp4 formats' act_16 adds biases and kSwigluOAI around it).
 inline void gate_act_16(const GateUpTask& t, const float* g, const float* u, uint16_t* out) {
+  if (t.act_fn == Activation::kSitu) return situ_mul_16(g, u, t.alpha, t.limit, out);
   if (t.act_fn != Activation::kSiLUClamp) return silu_mul_16(g, u, out);
   const float lim = t.limit;
   float gc[16], uc[16];
