@@ -68,7 +68,7 @@ def _worker(a) -> None:
     rng = random.Random(0)
 
     def prompt(n):
-        return TokensPrompt(prompt_token_ids=[rng.randrange(10, 30000) for _ in range(n)])
+        return TokensPrompt(prompt_token_ids=[rng.randrange(10, min(30000, a.vocab)) for _ in range(n)])
 
     def gen(prompts, max_tokens):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -126,6 +126,8 @@ def main() -> int:
     ap.add_argument("--model", default="", help="checkpoint dir (default: a generated config of --arch's real shape)")
     ap.add_argument("--arch", default="qwen3_moe", help="generated model: a tools/make_tiny_checkpoint.py --arch")
     ap.add_argument("--quant", default="bf16", help="generated model: its format (deepseek_v4: mxfp4, as released)")
+    ap.add_argument("--size", default="big", choices=("big", "tiny"),
+                    help="generated model: the real shape (default), or the tiny one (startup probes of a new architecture)")
     ap.add_argument("--layers", type=int, default=0,
                     help="generated model: fewer layers than the real model (faster start, less host RAM; the "
                          "bound scales with it)")
@@ -145,6 +147,7 @@ def main() -> int:
                          "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine) "
                          "and VLLM_DEEP_GEMM_WARMUP=skip (its FP8 projections: 2541 DeepGEMM shapes, ~25 min)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, default=30000, help=argparse.SUPPRESS)  # prompt ids stay below it
     a = ap.parse_args()
     if a.mode:
         _worker(a)
@@ -152,11 +155,11 @@ def main() -> int:
     if not a.model:
         from lvllm.testing.tiny_checkpoint import make_checkpoint
         a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(),
-                                                       f"lvllm-{a.arch}-{a.quant}-big-L{a.layers or 'all'}"),
-                                  "big", layers=a.layers, quant=a.quant)
-    from lvllm.cli.checkpoint_info import expert_shape, read_checkpoint
+                                                       f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}"),
+                                  a.size, layers=a.layers, quant=a.quant)
+    from lvllm.cli.checkpoint_info import expert_shape, experts_per_token, read_checkpoint
     info = read_checkpoint(a.model)  # its weight files, or config.json's shapes for a config-only model
-    K = int(info.config.get("num_experts_per_tok") or info.config.get("moe_topk"))
+    K = experts_per_token(info.config)
     experts = expert_shape(info.config)[0]
     bytes_per_token = info.expert_bytes * K // experts  # K experts in each MoE layer, every step
     print(f"{info.architecture}: {info.moe_layers} MoE layers of {experts} experts, top-{K}, "
@@ -181,7 +184,8 @@ def main() -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-               "--gpu-util", str(a.gpu_util)] + (["--no-jit-warmup"] if a.no_jit_warmup else [])
+               "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000)] + \
+            (["--no-jit-warmup"] if a.no_jit_warmup else [])
         bw_before = read_bandwidth()
         t = time.time()
         log_path = os.path.join(a.log_dir or tempfile.gettempdir(), f"e2e_decode-{mode}.log")

@@ -37,8 +37,8 @@
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash dev/device_acceptance.sh v4flash   # e2e_decode on DeepSeek-V4-Flash's shape (MXFP4 experts), V4_LAYERS (20) of 43
 #                                             # layers, V4_MODES (hybrid; then V4_MODES=stock as a second part)
-#   bash dev/device_acceptance.sh v41probe  # e2e_decode on a DeepSeek-V4.1 config (dummy weights, V41_LAYERS (10) layers,
-#                                             # MXFP4 experts), hybrid then stock: does it start, decode, where are its tables
+#   bash dev/device_acceptance.sh archprobe # e2e_decode on a new architecture's config (dummy weights; PROBE_ARCH, default
+#                                             # deepseek_v41), hybrid then stock: does it start, decode, where are its tables
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
 #   bash dev/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
@@ -192,14 +192,17 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
     body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers \${V4_LAYERS:-20} --no-jit-warmup \
 --modes \${V4_MODES:-hybrid} \${V4_ARGS:-} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
 > \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
-  v41probe)  # DeepSeek-V4.1 (its own 0.33 runner: kv-sharing compressed attention, Engram tables in pinned host RAM)
-             # with dummy weights: V41_LAYERS (10) of a config on V4-Flash's backbone, MXFP4 experts; each mode
-             # gets its share of the run (a start that fails or hangs leaves the others their time)
-    body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v41 --quant mxfp4 --layers \${V41_LAYERS:-10} \
---no-jit-warmup --modes \${V41_MODES:-hybrid,stock} --reps 1 --decode-tokens 32 --results \$OUT/bench_v41.json \
---log-dir \$OUT --timeout \$(((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60) / \$(echo \${V41_MODES:-hybrid,stock} | tr , ' ' | wc -w))) \
-> \$OUT/bench_v41.log 2>&1
-grep -v '^ *\$' \$OUT/bench_v41.log | tail -20; grep -h 'Engram\|engram\|Traceback\|Error' \$OUT/e2e_decode-*.log | cut -c1-300 | head -20" ;;
+  archprobe)  # a new architecture's first start through vLLM with dummy weights (e2e_decode, short): PROBE_ARCH
+              # (deepseek_v41: its own 0.33 runner, kv-sharing compressed attention, Engram tables in pinned host RAM),
+              # PROBE_SIZE (big: V4-Flash's backbone for V4.1), PROBE_LAYERS (10), PROBE_QUANT (mxfp4), PROBE_MODES
+              # (hybrid,stock), each mode its share of the run; kimi_k3: PROBE_ARCH=kimi_k3 PROBE_SIZE=tiny
+              # PROBE_LAYERS=0 PROBE_QUANT=bf16
+    body="timeout $left python3 benchmarks/e2e_decode.py --arch \${PROBE_ARCH:-deepseek_v41} --quant \${PROBE_QUANT:-mxfp4} \
+--size \${PROBE_SIZE:-big} --layers \${PROBE_LAYERS:-10} --no-jit-warmup --modes \${PROBE_MODES:-hybrid,stock} --reps 1 \
+--decode-tokens 32 --results \$OUT/bench_probe.json --log-dir \$OUT \
+--timeout \$(((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60) / \$(echo \${PROBE_MODES:-hybrid,stock} | tr , ' ' | wc -w))) \
+> \$OUT/bench_probe.log 2>&1
+grep -v '^ *\$' \$OUT/bench_probe.log | tail -20; grep -h 'Engram\|engram\|Traceback\|Error' \$OUT/e2e_decode-*.log | cut -c1-300 | head -20" ;;
   base1)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock --reps 2 --decode-tokens 64 \

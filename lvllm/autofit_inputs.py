@@ -6,7 +6,7 @@ import os
 from typing import Mapping, Optional, Tuple
 
 from .autofit import Machine, Model, Request, plan, slot_bytes
-from .cli.checkpoint_info import expert_shape, info_from_config, moe_layer_indices, read_checkpoint
+from .cli.checkpoint_info import expert_shape, experts_per_token, info_from_config, moe_layer_indices, read_checkpoint
 from .cli.doctor import _meminfo
 from .config import LvllmConfig
 from .fit import kv_bytes_per_token
@@ -30,7 +30,7 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
                   else "situ" if cfg.get("hidden_act") == "situ" else "silu")
     layer = info.expert_bytes_per_layer
     return Model(name=info.architecture, moe_layers=info.moe_layers, experts=experts,
-                 top_k=int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 8), hidden=H,
+                 top_k=experts_per_token(cfg, 8), hidden=H,
                  expert_intermediate=I, layer_expert_bytes=layer, other_bytes=info.other_bytes,
                  kv_bytes_per_token=kv_bytes_per_token(cfg, max_model_len, tp, kv_dtype_bytes), fmt=fmt,
                  slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation),

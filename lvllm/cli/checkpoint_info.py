@@ -103,11 +103,18 @@ def expert_bytes_per_weight(info: "CheckpointInfo", cfg: dict) -> float:
 
 
 def expert_shape(cfg: dict) -> tuple:
-    """(routed experts, hidden size, an expert's intermediate size) of a config (the text config of a
-    multimodal one), under the names each family uses; 0 where the config has none."""
+    """(routed experts, the experts' input width, an expert's intermediate size) of a config (the text config
+    of a multimodal one), under the names each family uses; 0 where the config has none. The input width is
+    the hidden size, or the latent width of a latent MoE (Kimi-K3's routed_expert_hidden_size)."""
     E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0
     I = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
-    return int(E), int(cfg.get("hidden_size", 0)), int(I)
+    H = cfg.get("routed_expert_hidden_size") or cfg.get("hidden_size", 0)
+    return int(E), int(H), int(I)
+
+
+def experts_per_token(cfg: dict, default: int = 0) -> int:
+    """top-k of a config under the names each family uses (Kimi-Linear / K3: num_experts_per_token)."""
+    return int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or cfg.get("moe_topk") or default)
 
 
 def _estimate(info: CheckpointInfo, cfg: dict) -> None:

@@ -9,9 +9,9 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
-mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 / K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT
-vision tower; bf16, or w4a16: its int4 experts as released)
-(bf16; --quant fp8, w4a16, nvfp4,
+mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
+K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
+int4 experts as released), kimi_k3 (config and tokenizer only, tiny) (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -29,15 +29,16 @@ from typing import Dict
 
 import torch
 
-from . import deepseek_v41
+from . import deepseek_v41, kimi_k3
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
-         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25")
-# Written as config + tokenizer only, at either size (serve with --load-format dummy): their weight layout is
-# not written yet
-CONFIG_ONLY = ("deepseek_v41",)
+         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3")
+# Written as config + tokenizer only (serve with --load-format dummy): their weight layout is not written yet
+CONFIG_ONLY = ("deepseek_v41", "kimi_k3")
+# Their own modules' configs and shapes
+CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3}
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 # Where each release keeps its text model's "model." part, and its lm_head
@@ -47,6 +48,7 @@ TEXT_PREFIX = {"qwen3_5_moe_vl": ("model.language_model", "lm_head"),
 # Qwen3-VL's: image, video, vision start, vision end; 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5.
 VISION_SPECIAL = {"qwen3_5_moe_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"],
                   # Kimi-K2.5's media tokens (vLLM's image placeholder is begin, content, pad, end)
+                  "kimi_k3": [kimi_k3.IMAGE_PLACEHOLDER],
                   "kimi_k25": ["<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>",
                                "<|kimi_k25_video_placeholder|>"]}
 _PIXELS = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
@@ -73,6 +75,7 @@ VL_PROCESSOR_FILES = {
                                          image_std=[0.5] * 3),
     },
 }
+VL_PROCESSOR_FILES["kimi_k3"] = VL_PROCESSOR_FILES["kimi_k25"]  # K3's processor is K2.5's fused MoonViT one
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2")
 
@@ -672,7 +675,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
     if size not in ("tiny", "big"):
         raise ValueError("size must be tiny or big")
-    shapes = deepseek_v41.SHAPES if arch == "deepseek_v41" else SHAPES[arch]
+    if arch in CONFIG_MODULES and size not in CONFIG_MODULES[arch].SHAPES:
+        raise ValueError(f"{arch}: size {size} is not written (its release config is not public here)")
+    shapes = CONFIG_MODULES[arch].SHAPES if arch in CONFIG_MODULES else SHAPES[arch]
     s = dict(SHAPES[VL_TEXT[arch]][size], **shapes[size]) if arch in VL_TEXT else dict(shapes[size])
     if arch in VL_TEXT and quant != "bf16" and (arch, quant) != ("kimi_k25", "w4a16"):
         raise ValueError(f"{arch}: bf16 only" + (", or w4a16 (the release's int4 experts)" if arch == "kimi_k25" else
@@ -690,7 +695,12 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         with open(os.path.join(out, name), "w") as f:
             json.dump(content, f, indent=1)
     vocab = max(s["V"], n_tok)
-    config = deepseek_v41.config(s, vocab, out) if arch == "deepseek_v41" else _config(arch, s, vocab)
+    if arch == "deepseek_v41":
+        config = deepseek_v41.config(s, vocab, out)
+    elif arch == "kimi_k3":
+        config = kimi_k3.config(s, vocab, image_token_id=len(SPECIAL))
+    else:
+        config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
