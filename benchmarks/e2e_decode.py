@@ -79,7 +79,12 @@ def _worker(a) -> None:
     def engine():
         return llm.collective_rpc(_engine_decode_totals)[0] if a.mode.startswith("hybrid") else None
 
-    gen([prompt(32)], 8)  # warm-up
+    # Warm-up over every shape the measurement uses (1 and 4 requests, 1K and 8K prompts): on a fresh machine the
+    # first use of a batch shape compiles kernels for seconds to minutes (DeepSeek-V4 with its warmups skipped)
+    gen([prompt(32)], 8)
+    gen([prompt(32) for _ in range(4)], 8)
+    for n in (1024, 8192):
+        gen([prompt(n)], 1)
     res = {"mode": a.mode, "startup_s": round(startup, 1)}
     for conc in (1, 4):
         rates, engine_ms, queue_ms = [], [], []
