@@ -180,7 +180,8 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                    std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
                    int64_t intermediate_size, bool interleaved, double alpha, double limit, double situ_beta,
                    double situ_linear_beta) {
-  const ActivationArg act = parse_activation(activation, limit, situ_beta, situ_linear_beta, "mxfp4", /*swigluoai=*/true);
+  const ActivationArg act =
+      parse_activation(activation, limit, situ_beta, situ_linear_beta, "mxfp4", /*swigluoai=*/true);
   for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
     if (t->scalar_type() != at::kByte)
       throw py::type_error(std::string(name) + " must be uint8 (two e2m1 codes per byte), got " + dtype_name(*t));
@@ -328,14 +329,16 @@ Layer Layer::nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
 void def_checkpoints(py::class_<Layer>& layer) {
   layer.def_static("fp8_block", &Layer::fp8_block, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale_inv"), py::arg("w2_weight_scale_inv"), py::arg("activation") = "silu",
-                  py::arg("block_n") = 0, py::arg("block_k") = 0, py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0)
+                  py::arg("block_n") = 0, py::arg("block_k") = 0, py::arg("swiglu_limit") = 0.0,
+                  py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0)
       .def_static("per_channel", &Layer::per_channel, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"),
                   py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0)
       .def_static("wna16_int4", &Layer::wna16_int4, py::arg("pool"), py::arg("w13_weight_packed"),
                   py::arg("w2_weight_packed"), py::arg("w13_weight_scale"), py::arg("w2_weight_scale"),
                   py::arg("w13_weight_zero_point") = py::none(), py::arg("w2_weight_zero_point") = py::none(),
-                  py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0)
+                  py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0,
+                  py::arg("situ_linear_beta") = 0.0)
       .def_static("mxfp4", &Layer::mxfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_bias") = py::none(),
                   py::arg("w2_bias") = py::none(), py::arg("activation") = "silu", py::arg("hidden_size") = 0,

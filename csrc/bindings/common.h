@@ -160,16 +160,16 @@ struct Layer {
   static Layer per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                            const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                            const std::string& format, double swiglu_limit, double situ_beta,
-                         double situ_linear_beta);
+                           double situ_linear_beta);
   static Layer wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                           const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
-                          std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit, double situ_beta,
-                         double situ_linear_beta);
+                          std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit,
+                          double situ_beta, double situ_linear_beta);
   static Layer mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> b13,
                      std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
                      int64_t intermediate_size, bool interleaved, double alpha, double limit, double situ_beta,
-                         double situ_linear_beta);
+                     double situ_linear_beta);
   static Layer nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
                      std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation,

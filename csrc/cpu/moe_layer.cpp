@@ -137,8 +137,9 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   if (act == Activation::kSitu) {
     if (!(src.situ_beta > 0) || !std::isfinite(src.situ_beta) || !(src.situ_linear_beta >= 0) ||
         !std::isfinite(src.situ_linear_beta))
-      throw std::invalid_argument("the situ activation needs a finite beta > 0 and a finite linear_beta >= 0 (0: none), got " +
-                                  std::to_string(src.situ_beta) + " and " + std::to_string(src.situ_linear_beta));
+      throw std::invalid_argument("the situ activation needs a finite beta > 0 and a finite linear_beta >= 0 "
+                                  "(0: none), got " + std::to_string(src.situ_beta) + " and " +
+                                  std::to_string(src.situ_linear_beta));
     shape_.alpha = src.situ_beta;
     shape_.limit = src.situ_linear_beta;
   }

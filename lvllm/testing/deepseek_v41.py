@@ -23,14 +23,15 @@ import types
 IMAGE_PLACEHOLDER = ("<｜deepseek_image｜>", 129264)
 
 # tiny: CI-fast, the kernels' fixed widths (head_dim 512, 64 indexer heads of 128, a top-k FlashMLA tiles
-# divide); big: DeepSeek-V4-Flash's backbone (transformers' DeepseekV4Config defaults)
+# divide); big: DeepSeek-V4-Flash's backbone (transformers' DeepseekV4Config defaults). No hash-routed layers
+# (vLLM's V4.1 MoE has none) and no V4 layer types (the topology below replaces them).
 SHAPES = {
     "tiny": dict(H=256, L=4, nh=4, hd=512, q_lora=128, o_groups=2, o_lora=64, E=16, K=4, I=128, V=129280,
-                 idx_heads=64, idx_dim=128, idx_topk=128, hc=4, swiglu_limit=10.0,
+                 idx_heads=64, idx_dim=128, idx_topk=128, hc=4, swiglu_limit=10.0, hash_layers=0, layer_types=None,
                  engram_layers=(1,), engram_vocab=1000, engram_heads=4, engram_dim=64, ngram=3, ctx=4096),
     "big": dict(H=4096, L=43, nh=64, hd=512, q_lora=1024, o_groups=8, o_lora=1024, E=256, K=6, I=2048,
-                V=129280, idx_heads=64, idx_dim=128, idx_topk=512, hc=4, swiglu_limit=10.0,
-                engram_layers=(1, 12), engram_vocab=1_000_000, engram_heads=8, engram_dim=256, ngram=3,
+                V=129280, idx_heads=64, idx_dim=128, idx_topk=512, hc=4, swiglu_limit=10.0, hash_layers=0,
+                layer_types=None, engram_layers=(1, 12), engram_vocab=1_000_000, engram_heads=8, engram_dim=256, ngram=3,
                 ctx=1048576),
 }
 
@@ -76,19 +77,13 @@ def engram_fields(s: dict, n_layers: int, tokenizer_dir: str) -> dict:
     return fields
 
 
-def config(s: dict, vocab: int, tokenizer_dir: str) -> dict:
+def config(v4_text: dict, s: dict, tokenizer_dir: str) -> dict:
+    """v4_text: DeepSeek-V4's config of the same shape (tiny_checkpoint's, no hash-routed layers): V4.1's text
+    model keeps its fields and adds what vLLM's DeepseekV41Config has no default for, its attention topology, its
+    Engram fields and the image placeholder's id."""
     L = s["L"]
-    text = dict(vocab_size=vocab, hidden_size=s["H"], num_hidden_layers=L, num_attention_heads=s["nh"],
-                num_key_value_heads=1, head_dim=s["hd"], qk_rope_head_dim=64, q_lora_rank=s["q_lora"],
-                o_groups=s["o_groups"], o_lora_rank=s["o_lora"], hidden_act="silu", rms_norm_eps=1e-6,
-                max_position_embeddings=s["ctx"], n_routed_experts=s["E"], n_shared_experts=1,
-                num_experts_per_tok=s["K"], moe_intermediate_size=s["I"], scoring_func="sqrtsoftplus",
-                topk_method="noaux_tc", norm_topk_prob=True, routed_scaling_factor=1.5,
-                swiglu_limit=s["swiglu_limit"], hc_mult=s["hc"], hc_sinkhorn_iters=20, hc_eps=1e-6,
-                index_n_heads=s["idx_heads"], index_head_dim=s["idx_dim"], index_topk=s["idx_topk"],
-                sliding_window=128, mlp_layer_types=["moe"] * L, num_nextn_predict_layers=0,
-                rope_theta=10000.0, compress_rope_theta=160000.0, rope_scaling={"rope_type": "default"},
-                tie_word_embeddings=False, torch_dtype="bfloat16",
+    text = {k: v for k, v in v4_text.items() if k not in ("architectures", "model_type")}
+    text.update(qk_rope_head_dim=64, hc_sinkhorn_iters=20, hc_eps=1e-6, rope_scaling={"rope_type": "default"},
                 image_token_id=IMAGE_PLACEHOLDER[1])
     text.update(attention_topology(L))
     text.update(engram_fields(s, L, tokenizer_dir))

@@ -35,10 +35,10 @@ from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
          "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3")
-# Written as config + tokenizer only (serve with --load-format dummy): their weight layout is not written yet
-CONFIG_ONLY = ("deepseek_v41", "kimi_k3")
-# Their own modules' configs and shapes
+# Architectures with their own module for config and shapes; written as config + tokenizer only (serve with
+# --load-format dummy): their weight layout is not written yet
 CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3}
+CONFIG_ONLY = tuple(CONFIG_MODULES)
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 # Where each release keeps its text model's "model." part, and its lm_head
@@ -47,8 +47,8 @@ TEXT_PREFIX = {"qwen3_5_moe_vl": ("model.language_model", "lm_head"),
 # Their tokenizer's vision tokens (ids right after SPECIAL's) and image / video processor settings.
 # Qwen3-VL's: image, video, vision start, vision end; 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5.
 VISION_SPECIAL = {"qwen3_5_moe_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"],
-                  # Kimi-K2.5's media tokens (vLLM's image placeholder is begin, content, pad, end)
                   "kimi_k3": [kimi_k3.IMAGE_PLACEHOLDER],
+                  # Kimi-K2.5's media tokens (vLLM's image placeholder is begin, content, pad, end)
                   "kimi_k25": ["<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>",
                                "<|kimi_k25_video_placeholder|>"]}
 _PIXELS = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
@@ -696,7 +696,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
             json.dump(content, f, indent=1)
     vocab = max(s["V"], n_tok)
     if arch == "deepseek_v41":
-        config = deepseek_v41.config(s, vocab, out)
+        config = deepseek_v41.config(_config("deepseek_v4", s, vocab), s, out)
     elif arch == "kimi_k3":
         config = kimi_k3.config(s, vocab, image_token_id=len(SPECIAL))
     else:

@@ -2,6 +2,7 @@
 class, its Engram layout and tokenizer check, its attention topology's constraints (the model itself builds on
 CUDA only: the H200's v41probe part starts it)."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -43,12 +44,7 @@ def test_engram_layout_and_tokenizer_as_vllm_checks_them(v41):
     assert tok.convert_tokens_to_ids(IMAGE_PLACEHOLDER[0]) == IMAGE_PLACEHOLDER[1] == text["image_token_id"]
     assert build_compressed_token_map(tok)[1] == text["engram_compressed_vocab_size"]
 
-    class Cfg:
-        pass
-
-    cfg = Cfg()
-    cfg.__dict__.update(text)
-    layout = EngramLayout(cfg)
+    layout = EngramLayout(SimpleNamespace(**text))
     rows = [sum(p for per_ngram in layer for p in per_ngram) for layer in layout.primes]
     assert rows == text["engram_num_embeddings"]  # each table exactly holds its bucket ranges
     assert engram_table_bytes(text) == sum(rows) * (text["engram_head_dim"] + text["engram_head_dim"] // 32)
