@@ -31,6 +31,7 @@ if [ "${LVLLM_DEVICE_NO_VLLM:-0}" != "1" ] && [ ! -d /root/site/vllm ]; then
   echo "[device] payload installed in $(( $(date +%s) - t_install )) s"
   tail -1 "$out/install.log"
 fi
+bash dev/jit_cache.sh restore  # a previous machine's kernel caches, where carried in .jitcache/
 # LVLLM_DEVICE_WHEEL=1: build the release wheel here (Python 3.12), install it outside the source
 # tree and run the command from a copy of tests/, benchmarks/ and commands/ in /root/wheel-run, so
 # vLLM loads the plugin through the wheel's own entry point (issue: release). Falls back to the
