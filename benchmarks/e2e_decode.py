@@ -9,6 +9,9 @@ Modes (each its own vLLM process, as a user would run it):
   hybrid-mailbox   the same with LK_CPU_SIGNAL=mailbox
   hybrid-eager     the same with --enforce-eager (no CUDA graphs: the MoE op runs eagerly)
   hybrid-v1        the same under vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0; V2 is 0.33's default)
+  hybrid-excl      the same with LVLLM_EXCLUSIVE_ENGINE_CPUS=1 (no other thread on the engine workers' CPUs)
+  hybrid-bsync     the same with LVLLM_CUDA_BLOCKING_SYNC=1 (the GPU-driving thread sleeps on the GPU)
+  hybrid-t12       the same with LK_THREADS=12 (any count); variants combine: hybrid-excl-bsync-t12
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
@@ -17,7 +20,10 @@ first, median of --reps), TTFT of 1K and 8K-token prompts (fresh prompts: no pre
 memory vLLM reports for the weights, the KV-cache size, startup. In the same run, around each mode's
 process: the host read bandwidth (lk_moe's probe, one thread per physical core, just before and just after
 the mode; the host's bandwidth drifts by 10-20% between minutes), the bound it sets on hybrid decode =
-bandwidth / routed-expert bytes per token, and each hybrid mode's fraction of its own bound.
+bandwidth / routed-expert bytes per token, and each hybrid mode's fraction of its own bound; where a
+hybrid decode step's time goes (the engine's share, from its own counters), and which threads of the
+machine used the CPUs during the first measured decode (benchmarks/cpu_census.py: share of a core and
+preemptions per thread; the engine's workers are lk_moe-w<N>).
 
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import time
 
+import cpu_census
 from harness import read_bandwidth, run_child
 
 
@@ -56,7 +63,7 @@ def _worker(a) -> None:
                   enable_prefix_caching=False)
     if a.mode == "offload":
         kwargs["cpu_offload_gb"] = a.offload_gb
-    if a.mode == "hybrid-eager":
+    if "eager" in a.mode.split("-"):
         kwargs["enforce_eager"] = True
     if a.no_jit_warmup:
         kwargs["kernel_config"] = {"enable_jit_warmup": False}
@@ -88,19 +95,31 @@ def _worker(a) -> None:
     res = {"mode": a.mode, "startup_s": round(startup, 1)}
     for conc in (1, 4):
         rates, engine_ms, queue_ms = [], [], []
-        for _ in range(a.reps):
+        for rep in range(a.reps):
+            # decode time = a run of 1 + N tokens less a run of 1 token (same prompt sizes): the prompts'
+            # prefill cancels; so does its engine time (a 32-token prompt is a decode-sized CPU call)
             ps = [prompt(32) for _ in range(conc)]
+            e0 = engine()
             t_first = gen(ps, 1)
+            e1 = engine()
             ps = [prompt(32) for _ in range(conc)]
-            before = engine()
+            census0, c0 = (cpu_census.snapshot(), time.perf_counter()) if conc == 1 and rep == 0 else (None, 0)
             t_all = gen(ps, a.decode_tokens + 1)
-            after = engine()
-            rates.append(conc * a.decode_tokens / max(t_all - t_first, 1e-9))
-            if before is not None and after[2] > before[2]:  # per decode step (conc rows each), all layers
-                steps = (after[2] - before[2]) / conc
-                engine_ms.append((after[0] - before[0]) / 1e6 / steps)
-                queue_ms.append((after[1] - before[1]) / 1e6 / steps)
-        res[f"decode_tok_s_{conc}"] = statistics.median(rates)
+            if census0 is not None:  # who used the CPUs during the first measured decode
+                res["census_1"] = cpu_census.busiest(census0, cpu_census.snapshot(), time.perf_counter() - c0)
+            e2 = engine()
+            if t_all <= t_first:  # the 1-token run took longer (a first-use compile, a stall): no figure
+                print(f"rep {rep} @{conc}: the {a.decode_tokens + 1}-token run ({t_all:.3f} s) was not longer than "
+                      f"the 1-token run ({t_first:.3f} s): left out", flush=True)
+                continue
+            rates.append(conc * a.decode_tokens / (t_all - t_first))
+            if e0 is not None:
+                rows = (e2[2] - e1[2]) - (e1[2] - e0[2])  # the decode steps' rows (conc each), first layer
+                if rows > 0:
+                    steps = rows / conc
+                    engine_ms.append(((e2[0] - e1[0]) - (e1[0] - e0[0])) / 1e6 / steps)
+                    queue_ms.append(((e2[1] - e1[1]) - (e1[1] - e0[1])) / 1e6 / steps)
+        res[f"decode_tok_s_{conc}"] = statistics.median(rates) if rates else None
         res[f"decode_tok_s_{conc}_all"] = [round(r, 2) for r in rates]
         if engine_ms:  # where a decode step's time goes: the engine's share of it tells CPU from GPU/sync time
             res[f"engine_ms_per_step_{conc}"] = round(statistics.median(engine_ms), 3)
@@ -123,6 +142,31 @@ def _log_figures(log_path: str) -> dict:
     if m:
         out["kv_tokens"] = int(m[-1].replace(",", ""))
     return out
+
+
+# A hybrid mode's variants, joined with '-' (hybrid-excl-t12): the setting each one changes
+VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "eager": {},
+            "excl": {"LVLLM_EXCLUSIVE_ENGINE_CPUS": "1"}, "bsync": {"LVLLM_CUDA_BLOCKING_SYNC": "1"}}
+
+
+def mode_env(mode: str) -> dict:
+    """The environment a mode adds: hybrid[-variant...] (VARIANTS, or t<N> for LK_THREADS=N), offload, stock."""
+    base, *variants = mode.split("-")
+    if base not in ("hybrid", "offload", "stock") or (variants and base != "hybrid"):
+        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>], offload or stock")
+    env = {}
+    for v in variants:
+        if v in VARIANTS:
+            env.update(VARIANTS[v])
+        elif re.fullmatch(r"t[1-9][0-9]*", v):
+            env["LK_THREADS"] = v[1:]
+        else:
+            raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)} or t<threads>")
+    return env
+
+
+def _num(v, width: int, digits: int) -> str:
+    return f"{v:{width}.{digits}f}" if isinstance(v, (int, float)) else f"{'n/a':>{width}}"
 
 
 def main() -> int:
@@ -182,10 +226,7 @@ def main() -> int:
         if mode.startswith("hybrid"):
             env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill))
             env.setdefault("LVLLM_STATS_INTERVAL", "15")  # the engine's own per-step numbers in the log
-        if mode == "hybrid-mailbox":
-            env["LK_CPU_SIGNAL"] = "mailbox"
-        if mode == "hybrid-v1":
-            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        env.update(mode_env(mode))
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
@@ -218,9 +259,9 @@ def main() -> int:
     for m, r in results.items():
         w = f"{r['weights_gib']:.2f}G" if "weights_gib" in r else "?"
         kv = f"{r['kv_tokens']:,}" if "kv_tokens" in r else "?"
-        print(f"{m:>12} {r['decode_tok_s_1']:8.2f} {r['decode_tok_s_4']:8.2f} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f} "
+        print(f"{m:>12} {_num(r['decode_tok_s_1'], 8, 2)} {_num(r['decode_tok_s_4'], 8, 2)} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f} "
               f"{w:>8} {kv:>10} {r['startup_s']:7.1f}s {r['read_bw_gbs']:6.1f}GB/s")
-    for m in [m for m in results if m.startswith("hybrid")]:
+    for m in [m for m in results if m.startswith("hybrid") and results[m]["decode_tok_s_1"]]:
         r = results[m]
         print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
               f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})")
@@ -230,6 +271,11 @@ def main() -> int:
                   f"{r['engine_queue_ms_per_step_1']:.2f} ms waiting for the pool) at "
                   f"{bytes_per_token / eng / 1e6:.1f} GB/s = {bytes_per_token / eng / 1e6 / r['read_bw_gbs']:.2f} of "
                   f"the read bandwidth; the other {step_ms - eng:.2f} ms: GPU work and hand-offs")
+        if r.get("census_1"):
+            print(f"{m} CPUs during decode @1: {cpu_census.summary(r['census_1'], os.cpu_count())}")
+            for t in r["census_1"][:8]:
+                print(f"    {t['name']:>16} pid {t['pid']:>7} tid {t['tid']:>7}  {t['core_share']:.2f} of a core, "
+                      f"{t['preempted']} preemptions, last on CPU {t['cpu']}")
     if "hybrid" in results:
         h = results["hybrid"]
         if "offload" in results:

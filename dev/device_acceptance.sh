@@ -36,7 +36,8 @@
 #   bash dev/device_acceptance.sh hybrid1   # e2e_decode hybrid and hybrid-v1 (V2 vs V1 model runner; decode vs
 #                                             # the bandwidth bound, TTFT, startup, GPU weights; HYBRID_MODES=...)
 #   bash dev/device_acceptance.sh v4flash   # e2e_decode on DeepSeek-V4-Flash's shape (MXFP4 experts), V4_LAYERS (20) of 43
-#                                             # layers, V4_MODES (hybrid; then V4_MODES=stock as a second part)
+#                                             # layers, V4_MODES (hybrid; then V4_MODES=stock as a second part; the
+#                                             # CPU-placement A/B: V4_MODES=hybrid,hybrid-excl,hybrid-bsync,hybrid-t12)
 #   bash dev/device_acceptance.sh archprobe # e2e_decode on a new architecture's config (dummy weights; PROBE_ARCH, default
 #                                             # deepseek_v41), hybrid then stock: does it start, decode, where are its tables
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as

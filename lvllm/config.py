@@ -20,6 +20,13 @@ LVLLM_AUTO_FIT                    1: lvllm.autofit plans, at the first MoE layer
                                   what the settings here and LK_THREADS leave unset: resident layers,
                                   the expert cache, the GPU-prefill threshold, threads; a model that
                                   cannot fit stops there saying what is short (default 0 for now)
+LVLLM_EXCLUSIVE_ENGINE_CPUS       1: once the model is loaded, every other thread of a worker process (the
+                                  GPU-driving thread, vLLM's, torch's, the engine's poller) runs on the
+                                  rank's CPUs that no engine worker is pinned to, so none preempts a worker
+                                  (a decode layer waits for its slowest worker); default 0 until measured
+LVLLM_CUDA_BLOCKING_SYNC          1: a worker's CUDA context waits for the GPU by sleeping instead of
+                                  spinning (one core more for the engine during a decode step, a wake-up
+                                  per synchronisation); default 0 until measured
 LVLLM_BENCH_ROUTING_REPLAY        benchmark-only: 1 lets benchmarks/expert_cache.py replace the
                                   router's expert ids with synthetic traces (default 0; never for
                                   serving: the outputs are then meaningless)
@@ -49,6 +56,8 @@ class LvllmConfig:
     draft_moe: str = "gpu"  # "gpu" | "cpu": where a speculative draft model's MoE layers run
     bench_routing_replay: bool = False
     auto_fit: bool = False  # LVLLM_AUTO_FIT=1: lvllm.autofit plans what the settings above leave unset
+    exclusive_engine_cpus: bool = False  # LVLLM_EXCLUSIVE_ENGINE_CPUS=1: other threads off the workers' CPUs
+    cuda_blocking_sync: bool = False  # LVLLM_CUDA_BLOCKING_SYNC=1: the worker's CUDA waits sleep
 
     def is_resident(self, layer_index: int) -> bool:
         return layer_index in self.resident_layers
@@ -144,4 +153,6 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> LvllmConfig:
         draft_moe=_choice(env, "LVLLM_DRAFT_MOE", "gpu", ("gpu", "cpu")),
         bench_routing_replay=_bool(env, "LVLLM_BENCH_ROUTING_REPLAY"),
         auto_fit=_bool(env, "LVLLM_AUTO_FIT"),
+        exclusive_engine_cpus=_bool(env, "LVLLM_EXCLUSIVE_ENGINE_CPUS"),
+        cuda_blocking_sync=_bool(env, "LVLLM_CUDA_BLOCKING_SYNC"),
     )

@@ -96,6 +96,9 @@ class WorkerRuntime:
         self.refill_gbs = None  # measured at the first forward, for the summary
         self.speculation = _speculation()  # (draft tokens k, method) of vLLM's speculative decoding, or None
         self.fit_lines: List[str] = list(fit_lines or [])  # LVLLM_AUTO_FIT's plan, one line per decision
+        if cfg.cuda_blocking_sync:
+            from .cuda_sync import use_blocking_sync
+            logger.info("lk_moe: %s", use_blocking_sync())
 
     def note_planned(self, plan) -> None:
         if plan.draft:
@@ -236,6 +239,9 @@ class WorkerRuntime:
                 from lk_moe.expert_cache import measure_refill
                 self.refill_gbs = measure_refill(self.expert_cache)
             logger.info("%s", self.summary())
+            if self.cfg.exclusive_engine_cpus:  # the model is loaded: no more loading work on the other threads
+                from .threads import keep_others_off_workers
+                logger.info("lk_moe: %s", keep_others_off_workers(self.threads.cpus))
             self._log_speculation()
             self.monitor.start()
             if self.metrics is not None:

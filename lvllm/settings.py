@@ -19,7 +19,8 @@ from .config import LvllmConfig, LvllmConfigError, from_env
 # Read by the plugin (lvllm.config) and by the engine (lk_moe.config, csrc/cpu/moe_layer.cpp).
 PLUGIN_SETTINGS = ("LVLLM_MOE_NUMA_ENABLED", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE", "LVLLM_GPU_PREFETCH_WINDOW",
                    "LVLLM_GPU_RESIDENT_MOE_LAYERS", "LVLLM_STATS_INTERVAL", "LVLLM_GPU_EXPERT_CACHE",
-                   "LVLLM_DRAFT_MOE", "LVLLM_BENCH_ROUTING_REPLAY", "LVLLM_AUTO_FIT")
+                   "LVLLM_DRAFT_MOE", "LVLLM_BENCH_ROUTING_REPLAY", "LVLLM_AUTO_FIT", "LVLLM_EXCLUSIVE_ENGINE_CPUS",
+                   "LVLLM_CUDA_BLOCKING_SYNC")
 ENGINE_SETTINGS = ("LK_THREADS", "LK_THREAD_BINDING", "LK_ISA", "LK_SPIN_US", "LK_CPU_SIGNAL",
                    "LK_FORCE_GPU_FALLBACK", "LK_INT8_ACT", "LK_WNA16_INT8_ACT")
 # Read by the build (setup.py), the launch scripts (commands/), the test and device harnesses.

@@ -70,3 +70,40 @@ def plan_threads(local_rank: int, local_world: int, lk_threads: Optional[int],
                 f"use at most {len(cpus)}, or unset it for {default}")
         threads = lk_threads
     return ThreadPlan(tuple(cpus), threads, phys)
+
+
+WORKER_NAME_PREFIX = "lk_moe-w"  # the engine's pool names its workers lk_moe-w<N> (csrc/cpu/thread_pool.cpp)
+
+
+def keep_others_off_workers(share_cpus: Sequence[int], task_dir: str = "/proc/self/task") -> str:
+    """LVLLM_EXCLUSIVE_ENGINE_CPUS: every thread of this process but the engine's workers onto the CPUs of the
+    rank's share that no worker is pinned to (the GPU-driving thread, vLLM's and torch's threads, the poller).
+    Threads started later inherit their starter's CPUs, so they land there too. Returns what was done, for
+    the log; changes nothing when no worker is pinned to a single CPU or no CPU is left over."""
+    workers, others = [], []
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # ended meanwhile
+        (workers if name.startswith(WORKER_NAME_PREFIX) else others).append(int(tid))
+    if not workers:
+        return "LVLLM_EXCLUSIVE_ENGINE_CPUS: no engine workers in this process: nothing moved"
+    pinned = [os.sched_getaffinity(t) for t in workers]
+    if any(len(cpus) != 1 for cpus in pinned):
+        return ("LVLLM_EXCLUSIVE_ENGINE_CPUS: the engine's workers are not pinned one per CPU "
+                "(LK_THREAD_BINDING): nothing moved")
+    spare = sorted(set(share_cpus) - set().union(*pinned))
+    if not spare:
+        return (f"LVLLM_EXCLUSIVE_ENGINE_CPUS: the {len(workers)} workers take every CPU of this rank's share: "
+                "nothing moved (lower LK_THREADS)")
+    moved = 0
+    for tid in others:
+        try:
+            os.sched_setaffinity(tid, spare)
+            moved += 1
+        except OSError:
+            continue  # ended meanwhile
+    return (f"LVLLM_EXCLUSIVE_ENGINE_CPUS: {moved} other threads of this process on CPUs "
+            f"{','.join(map(str, spare))}; the {len(workers)} engine workers alone on theirs")

@@ -1,6 +1,7 @@
 #include "cpu/cuda_host_call.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <time.h>
 
 #include <chrono>
@@ -168,6 +169,7 @@ template <class ServeOne>
 
 // Serves doorbells: the id of the call asked for, 0 for none.
 void poll_forever(Mailbox* mb) {
+  pthread_setname_np(pthread_self(), "lk_moe-mailbox");  // names show in top -H and the benchmarks' CPU census
   poll_with_naps([mb] {
     const uint32_t id = *mb->req;
     if (id == 0) return false;
@@ -232,6 +234,7 @@ KernelChannel& kernel_channel() {
 // the kernel, graph replays included, takes a fresh seq). Answers with the seq it saw, so a late
 // answer to a run that already gave up is ignored by the next run.
 void poll_kernel_channel(KernelChannel* ch) {
+  pthread_setname_np(pthread_self(), "lk_moe-poller");
   uint32_t answered = 0;
   poll_with_naps([ch, &answered] {
     const uint64_t r = *ch->req;  // one aligned 8-byte load: call id and seq together

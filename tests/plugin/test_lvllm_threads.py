@@ -46,3 +46,64 @@ def test_lk_threads_must_fit_the_share(tmp_path):
         plan_threads(0, 2, 9, allowed=list(range(16)), sysfs_root=str(tmp_path))
     with pytest.raises(ValueError, match="cannot be split"):
         rank_cpus([0], 0, 2)
+
+
+# LVLLM_EXCLUSIVE_ENGINE_CPUS, in a child process: it moves every thread of the process it runs in.
+_EXCLUSIVE = r'''
+import json, os, sys, threading, time
+import lk_moe
+from lvllm.threads import keep_others_off_workers
+share = sorted(os.sched_getaffinity(0))
+threads, binding = int(sys.argv[1]), sys.argv[2]
+pool = lk_moe.make_pool(threads=threads, binding=binding, allowed=share)
+stop = threading.Event()
+before = threading.Thread(target=stop.wait, name="started-before")
+before.start()
+time.sleep(0.2)  # the workers have named themselves
+line = keep_others_off_workers(share)
+after = threading.Thread(target=stop.wait, name="started-after")
+after.start()
+time.sleep(0.1)
+names = {int(t): open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
+cpus = {names[t]: sorted(os.sched_getaffinity(t)) for t in names}
+stop.set()
+print(json.dumps({"line": line, "share": share, "cpus": cpus, "after": after.native_id, "names": names}))
+'''
+
+
+def _exclusive(threads, binding="CPU_CORE"):
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _EXCLUSIVE, str(threads), binding], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_pool_workers_are_named_and_pinned_one_cpu_each():
+    r = _exclusive(1)
+    assert r["cpus"]["lk_moe-w0"] == [r["share"][0]]
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_exclusive_cpus_moves_every_other_thread_off_the_workers():
+    r = _exclusive(1)
+    worker_cpu = r["cpus"]["lk_moe-w0"]
+    spare = [c for c in r["share"] if c not in worker_cpu]
+    others = {name: cpus for name, cpus in r["cpus"].items() if not name.startswith("lk_moe-w")}
+    assert others and all(cpus == spare for cpus in others.values()), others  # the main thread too
+    # a thread started afterwards by the main thread inherits the spare CPUs
+    assert r["cpus"][r["names"][str(r["after"])]] == spare
+    assert f"on CPUs {','.join(map(str, spare))}" in r["line"] and "1 engine workers alone" in r["line"]
+
+
+def test_exclusive_cpus_leaves_everything_when_nothing_is_spare_or_workers_float():
+    import os
+    n = len(os.sched_getaffinity(0))
+    r = _exclusive(n)
+    assert "take every CPU" in r["line"] and "lower LK_THREADS" in r["line"]
+    assert all(cpus == r["share"] for name, cpus in r["cpus"].items() if not name.startswith("lk_moe-w"))
+    r = _exclusive(1, "NUMA_NODE")
+    assert "not pinned one per CPU" in r["line"]
+    assert all(cpus == r["share"] for cpus in r["cpus"].values())
