@@ -9,11 +9,18 @@ engine's tile runs on these cores.
     python benchmarks/prefill_formats.py                                   # Qwen3-30B-A3B shape, M 64/256/1024
     python benchmarks/prefill_formats.py --shape deepseek-v3 --tokens 256 --rounds 3
     python benchmarks/prefill_formats.py --isa avx2,avx512,avx512_bf16 --formats bf16,wna16_int4-g32
+    python benchmarks/prefill_formats.py --formats wna16_int4-g32,wna16_int4-g32+int,wna16_int4-g32+int8
+
+A 4-bit format (wna16_int4-*, mxfp4, nvfp4) with "+int" runs its prefill on the decode path's integer tiles
+on 15-bit activation rows (lk_moe._C._set_int_acts_max_tokens around that format's forwards only: the A/B of
+issue 29's integer route at bf16's accuracy), "+int8" is the layer built with LK_INT8_ACT=1 (int8 activations,
+in prefill too on the tiers where the engine takes them there).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -29,6 +36,27 @@ from benchmarks.moe_layer import (SHAPES, make_channel_tensors, make_fp8_tensors
 
 FORMATS = ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4-g32", "wna16_int4-g128-asym",
            "mxfp4", "nvfp4")
+
+
+INT_VARIANTS = ("+int", "+int8")
+
+
+def build_variant(name: str, E: int, H: int, I: int, pool):
+    """A format, or a 4-bit one with an integer-activation variant (INT_VARIANTS)."""
+    fmt, plus, variant = name.partition("+")
+    if not plus:
+        return build(fmt, E, H, I, pool)
+    if "+" + variant not in INT_VARIANTS or not fmt.startswith(("wna16_int4", "mxfp4", "nvfp4")):
+        raise SystemExit(f"{name!r}: {', '.join(INT_VARIANTS)} go with a 4-bit format (wna16_int4-*, mxfp4, nvfp4)")
+    saved = os.environ.get("LK_INT8_ACT")
+    os.environ["LK_INT8_ACT"] = "1" if variant == "int8" else "0"  # read when the layer is built
+    try:
+        return build(fmt, E, H, I, pool)
+    finally:
+        if saved is None:
+            del os.environ["LK_INT8_ACT"]
+        else:
+            os.environ["LK_INT8_ACT"] = saved
 
 
 def build(fmt: str, E: int, H: int, I: int, pool):
@@ -50,10 +78,17 @@ def build(fmt: str, E: int, H: int, I: int, pool):
     raise SystemExit(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
 
 
-def timed_forward(layer, x, ids, w, out) -> float:
-    t = time.perf_counter()
-    layer.forward_into(out, x, ids, w)
-    return time.perf_counter() - t
+def timed_forward(layer, x, ids, w, out, integer: bool = False) -> float:
+    """One forward's seconds; integer: on the integer-activation tiles whatever the chunk's size."""
+    default = lk_moe._C._int_acts_max_tokens()
+    if integer:
+        lk_moe._C._set_int_acts_max_tokens(1 << 20)
+    try:
+        t = time.perf_counter()
+        layer.forward_into(out, x, ids, w)
+        return time.perf_counter() - t
+    finally:
+        lk_moe._C._set_int_acts_max_tokens(default)
 
 
 def compute_probe(pool, reps: int = 7) -> float:
@@ -98,7 +133,7 @@ def main() -> int:
     pool = lk_moe.make_pool(threads=args.threads)
     print(f"# {lk_moe._C.cpu_brand()}  threads {pool.num_threads}  shape {args.shape} H={H} I={I} E={E} K={K}  "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
-    layers = {f: build(f, E, H, I, pool) for f in formats}
+    layers = {f: build_variant(f, E, H, I, pool) for f in formats}
     results = []
     best_isa = lk_moe.isa()
     try:
@@ -113,13 +148,13 @@ def main() -> int:
                 torch.manual_seed(M)
                 ids, w = random_routing(M, E, K)
                 out = torch.empty(M, H, dtype=torch.bfloat16)
-                for layer in layers.values():
-                    timed_forward(layer, x, ids, w, out)  # warm-up
+                for f, layer in layers.items():
+                    timed_forward(layer, x, ids, w, out, f.endswith("+int"))  # warm-up
                 times = {f: [] for f in formats}
                 for r in range(args.rounds):
                     order = formats[r % len(formats):] + formats[:r % len(formats)]  # turns rotate
                     for f in order:
-                        times[f].append(statistics.median(timed_forward(layers[f], x, ids, w, out)
+                        times[f].append(statistics.median(timed_forward(layers[f], x, ids, w, out, f.endswith("+int"))
                                                           for _ in range(args.reps)))
                 flop = 2 * M * K * 3 * H * I
                 for f in formats:

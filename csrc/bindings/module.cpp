@@ -161,6 +161,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "test hook: cap the tokens of an activation chunk (0, the default: from the scratch budget) so "
         "small forwards take the multi-chunk path");
   m.def("_chunk_tokens", &lk::chunk_tokens);
+  m.def("_set_int_acts_max_tokens", &lk::set_int_acts_max_tokens, py::arg("tokens"),
+        "benchmark hook: the most tokens a 4-bit format's chunk may hold to run on integer activations "
+        "(q15 rows, q8 with LK_INT8_ACT; default 16: decode only)");
+  m.def("_int_acts_max_tokens", &lk::int_acts_max_tokens);
   m.def("_kernel_poller_pause", &lk::kernel_poller_pause, py::arg("paused"),
         "test hook: while paused, the kernel signal's poller answers nothing (the GPU side times out)");
   def_host_call(m);

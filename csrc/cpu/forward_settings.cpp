@@ -32,6 +32,7 @@ std::atomic<int> g_decode_schedule{int(DecodeSchedule::kGuided)};
 // block and quad take ~6.
 std::atomic<int> g_fp4_decode_acts{int(Fp4DecodeActs::kQ15)};
 std::atomic<int> g_chunk_tokens{0};
+std::atomic<int> g_int_acts_max_tokens{kQ8MaxTokens};
 }  // namespace
 
 void set_decode_units(DecodeUnits u) {
@@ -77,5 +78,12 @@ void set_chunk_tokens(int tokens) {
 }
 
 int chunk_tokens() { return g_chunk_tokens.load(std::memory_order_relaxed); }
+
+void set_int_acts_max_tokens(int tokens) {
+  if (tokens < 1 || tokens > (1 << 20)) throw std::invalid_argument("int acts max tokens: 1..1048576");
+  g_int_acts_max_tokens.store(tokens, std::memory_order_relaxed);
+}
+
+int int_acts_max_tokens() { return g_int_acts_max_tokens.load(std::memory_order_relaxed); }
 
 }  // namespace lk

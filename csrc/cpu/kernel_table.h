@@ -173,6 +173,11 @@ struct KernelTable {
   void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
   // One bf16 row -> a q15 row (see q15_row_bytes); null where q8_row is.
   void (*q15_row)(const uint16_t* src, int kp, int8_t* dst);
+  // With int8 activations chosen (LK_INT8_ACT), prefill-sized chunks take the int8 tiles too: where they
+  // outrun this tier's bf16 panels (avx512, avx512_bf16: 0.71-0.96x of bf16's time for wna16_int4 and mxfp4
+  // on 2 Zen4 cores, docs/results/2026-12-04_dev2c_int8_prefill.log); not on amx, whose AMX-BF16 panels
+  // do more multiply-adds per cycle than the VNNI tile.
+  bool q8_prefill;
 };
 
 // Bytes ahead in each block stream that the quantized decode tiles prefetch into L2 (0: off; see

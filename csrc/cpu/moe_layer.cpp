@@ -30,7 +30,8 @@ enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowS
 
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
 
-// LK_INT8_ACT: int8 activations in the decode of the formats that have it (Format::int8_act). auto
+// LK_INT8_ACT: int8 activations in the decode of the formats that have it (Format::int8_act), and in their
+// prefill on the tiers where the int8 tiles outrun the bf16 panels (KernelTable::q8_prefill). auto
 // (default) and 0/false/no/off: none (the 4-bit formats take 15-bit activations; format.h says why);
 // 1/true/yes/on: all of them. LK_WNA16_INT8_ACT, its first name (it only ever switched wna16_int4, and
 // knows no "auto"), is read when it is unset or empty. Empty (or blank) means unset, as for every LK_*
@@ -202,7 +203,9 @@ void ForwardJob::prepare(const MoELayer* layer, const ForwardArgs& args, const K
   end_ns_.store(0, std::memory_order_relaxed);
   const MoEShape& sh = layer->shape();
   copy_x_ = args.x_type != DType::kBF16 || sh.kp1 != sh.hidden;
-  const size_t per_token = size_t(args.top_k) * (sh.kp2 * 2 + 8) + (copy_x_ ? size_t(sh.kp1) * 2 : 0);
+  size_t per_token = size_t(args.top_k) * (sh.kp2 * 2 + 8) + (copy_x_ ? size_t(sh.kp1) * 2 : 0);
+  if (sh.int8_act && kernels->q8_prefill)  // prefill chunks quantize x and act too (plan_chunk: xq_, aq_)
+    per_token += size_t(args.top_k) * q8_row_bytes(sh.kp2) + q8_row_bytes(sh.kp1);
   int64_t chunk = int64_t(kChunkBudget / per_token);
   if (const int cap = chunk_tokens(); cap > 0) chunk = std::min<int64_t>(chunk, cap);
   chunk_tokens_ = int(std::max<int64_t>(1, std::min<int64_t>(args.tokens, chunk)));
@@ -318,9 +321,10 @@ void ForwardJob::plan_chunk(WorkerCtx& ctx, int64_t t0, int tc) {
   slot_weight_ = static_cast<float*>(buf(kSlotWeight, S * 4));
   pieces_ = static_cast<int32_t*>(buf(kPieces, (S / kPieceRows + E + 1) * 3 * 4));
   act_ = static_cast<uint16_t*>(buf(kAct, (S + kSlack) * sh.kp2 * 2));
-  q15_ = sh.format->q15_decode && !sh.int8_act && kt_->q15_row && tc <= kQ8MaxTokens &&
+  const int int_max = int_acts_max_tokens();
+  q15_ = sh.format->q15_decode && !sh.int8_act && kt_->q15_row && tc <= int_max &&
          fp4_decode_acts() == Fp4DecodeActs::kQ15;
-  q8_ = (sh.int8_act && kt_->q8_row && tc <= kQ8MaxTokens) || q15_;
+  q8_ = (sh.int8_act && kt_->q8_row && (tc <= int_max || kt_->q8_prefill)) || q15_;
   if (q8_) {
     xq_ = static_cast<int8_t*>(buf(kXq8, size_t(tc) * int_row_bytes(sh.kp1)));
     aq_ = static_cast<int8_t*>(buf(kActq8, S * int_row_bytes(sh.kp2)));

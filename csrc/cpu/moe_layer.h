@@ -48,7 +48,8 @@ struct MoEShape {
   bool bias = false;          // w13 / w2 biases held (bf16)
   float alpha = 1.702f, limit = 7.0f;  // swigluoai constants; limit: the clamped silu's too (kSiLUClamp);
                                        // kSitu: beta, linear_beta (0: up not clipped)
-  bool int8_act = false;      // 4-bit decode (chunks <= kQ8MaxTokens) with int8 activations (LK_INT8_ACT)
+  bool int8_act = false;      // 4-bit formats on int8 activations (LK_INT8_ACT): decode chunks (<= kQ8MaxTokens),
+                              // and prefill ones where the tier's int8 tiles are faster (KernelTable::q8_prefill)
 };
 
 // The checkpoint's tensors besides the codes, one struct per format family (vLLM layouts; each
@@ -158,6 +159,10 @@ Fp4DecodeActs fp4_decode_acts();
 constexpr int kDefaultDecodePrefetch = 8192;
 void set_decode_prefetch(int bytes);
 int decode_prefetch();
+// The most tokens a chunk of a 4-bit format may hold to run on integer activations (q15 rows, or q8 with
+// LK_INT8_ACT): kQ8MaxTokens by default (decode); benchmark hook for the prefill A/B of issue 29.
+void set_int_acts_max_tokens(int tokens);
+int int_acts_max_tokens();
 // Test hook: the most tokens an activation chunk may hold (0, the default: as many as kChunkBudget
 // allows, ~21.7k at the Qwen3-30B shape). Only lowers the computed size, so tests can reach the
 // multi-chunk path and its last partial chunk at small M; a setting > 0 never raises it.

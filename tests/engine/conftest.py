@@ -153,9 +153,12 @@ def int8_activations(on: bool, name: str = "LK_INT8_ACT"):
 # a wrong rounding would exceed it), and every element within 2^-4 * (mag + |ref|) (mag: the
 # magnitude of assert_matches_reference's rounding analysis; a wrong block, scale, offset or zero
 # point is off by O(1)). LK_INT8_ACT unset, auto or 0 (read when a layer is built) keeps bf16's error (15-bit
-# activations, test_fp4_q15 / test_wna16); the generic/avx2 tiers and chunks of more than 16 tokens (prefill)
-# never quantize the activations.
+# activations, test_fp4_q15 / test_wna16); the generic/avx2 tiers never quantize the activations, the amx
+# tier only in decode chunks (<= 16 tokens): its prefill stays on AMX-BF16 panels. On avx512 and avx512_bf16
+# LK_INT8_ACT=1 takes prefill chunks to the int8 tiles too (faster than their bf16 panels there:
+# KernelTable::q8_prefill).
 INT8_REL_RMS = 2.0 ** -6
+INT8_PREFILL_TIERS = ("avx512", "avx512_bf16")
 
 
 def assert_int8_budget(out, x, w13, w2, ids, weights, **act):
@@ -174,14 +177,16 @@ def assert_int8_budget(out, x, w13, w2, ids, weights, **act):
 
 def check_int8_decode(layer, tier: str, experts: int, top_k: int, ms, int8_check, exact_check):
     """Forwards of M random tokens for M in ms on a layer built with int8 activations: decode chunks
-    (M <= 16) on the tiers with the int8 kernels (avx512*, amx) go to int8_check, the rest (prefill,
-    generic/avx2: exact either way) to exact_check; both are called as check(out, x, ids, w)."""
+    (M <= 16) on the tiers with the int8 kernels (avx512*, amx), and prefill chunks on INT8_PREFILL_TIERS,
+    go to int8_check, the rest (amx prefill, generic/avx2: exact either way) to exact_check; both are
+    called as check(out, x, ids, w)."""
     int8_kernels = tier.startswith("avx512") or tier == "amx"
     for M in ms:
         x = torch.randn(M, layer.hidden_size).bfloat16()
         ids, w = random_routing(M, experts, top_k)
         out = layer.forward(x, ids, w)
-        (int8_check if M <= 16 and int8_kernels else exact_check)(out, x, ids, w)
+        int8 = int8_kernels and (M <= 16 or tier in INT8_PREFILL_TIERS)
+        (int8_check if int8 else exact_check)(out, x, ids, w)
 
 
 def assert_nonfinite_input_propagates(layer, hidden: int):

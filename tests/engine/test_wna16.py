@@ -10,8 +10,8 @@ import lk_moe
 from lk_moe.reference import dequantize_wna16_int4, random_routing, unpack_int4
 from lvllm.testing.quantizers import pack_int4, quantize_int4 as quantize_int4_codes
 
-from .conftest import (assert_int8_budget as int8_budget, assert_matches_reference, assert_nonfinite_input_propagates,
-                       check_int8_decode, int8_activations, rounds_weights)
+from .conftest import (INT8_PREFILL_TIERS, assert_int8_budget as int8_budget, assert_matches_reference,
+                       assert_nonfinite_input_propagates, check_int8_decode, int8_activations, rounds_weights)
 
 
 # ------------------------------------------------------------------ vLLM's tensors
@@ -188,6 +188,23 @@ def test_wna16_int8_activations_every_tier(tier, H, I, E, K, gs, asym):
     layer, d13, d2 = make_layer(E, H, I, gs, asym, int8_act=True)
     check_int8_decode(layer, tier, E, K, MS, lambda out, x, ids, w: assert_int8_budget(out, x, d13, d2, ids, w),
                       lambda out, x, ids, w: assert_matches_reference(out, x, d13, d2, ids, w))
+
+
+def test_int8_prefill_runs_on_the_int8_tiles_where_they_are_faster(tier):
+    """LK_INT8_ACT=1, a prefill-sized chunk (64 tokens): on avx512 / avx512_bf16 the int8 tiles (its output
+    differs from the exact path's by the activations' rounding, within the int8 budget); on amx (AMX-BF16
+    panels) and the tiers without int8 kernels the exact path, bit for bit."""
+    E, H, I, K, M = 4, 1024, 384, 2, 64
+    tensors, d13, d2 = make_int4_experts(E, H, I, 32, True, torch.bfloat16)
+    exact, int8 = build(tensors, False), build(tensors, True)
+    x = torch.randn(M, H).bfloat16()
+    ids, w = random_routing(M, E, K)
+    out_exact, out_int8 = exact.forward(x, ids, w), int8.forward(x, ids, w)
+    if tier in INT8_PREFILL_TIERS:
+        assert not torch.equal(out_exact, out_int8)
+        assert int8_budget(out_int8, x, d13.bfloat16(), d2.bfloat16(), ids, w) > 2.0 ** -9
+    else:
+        assert torch.equal(out_exact, out_int8)
 
 
 def test_wna16_int8_activations_fp16_and_channel(tier):

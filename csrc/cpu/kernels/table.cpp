@@ -108,10 +108,12 @@ uint64_t read_sum(const void* src, size_t n) {
 #endif
 }
 
-#if defined(LK_V512)
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row};
+#if defined(LK_AMX)
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row, false};
+#elif defined(LK_V512)
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row, true};
 #else
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr, nullptr};
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr, nullptr, false};
 #endif
 
 }  // namespace
