@@ -77,8 +77,8 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
     encoded weights exactly, rounding the activation and the output to bf16: u = 2^-8 of the
     magnitude, relative RMS <= 2^-8; the amx tier's int4 group-32 prefill also rounds each code x scale
     to bf16 once: its weights_rounded terms), and with LK_INT8_ACT on, conftest.assert_int8_budget for the
-    decode chunks the int8 kernels take (4-bit formats, avx512/amx tiers, M <= 16: relative RMS
-    <= 2^-6, derivation there); prefill chunks and the other tiers stay on the exact bound.
+    chunks the int8 kernels take (4-bit formats: decode, M <= 16, on avx512/amx; prefill too on avx512 and
+    avx512_bf16; relative RMS <= 2^-6, derivation there); the rest stays on the exact bound.
     Pre-activations of std ~3 for the clamped activations (swigluoai, silu_clamp), so their +-7 clamps
     are active for some columns."""
     E, H, I, K = 8, 256, 128, 4  # multiples of every format's block (fp8: 128, mxfp4: 32)
