@@ -166,3 +166,27 @@ def test_down_token_ranges(tier, pool, fmt, H, I):
     case = Case(fmt, H, I, pool)
     for M in RANGE_MS:
         case.check(M, tier)
+
+
+def test_int_acts_hook_raises_the_integer_tiles_cap_and_refuses_nonsense():
+    """benchmarks/prefill_formats.py's "+int": a 4-bit layer's 40-token chunk on the 15-bit integer tiles
+    (bf16's accuracy, so the exact bound still holds) while the cap is raised; back to 16 after."""
+    assert lk_moe._C._int_acts_max_tokens() == 16
+    tensors, d13, d2 = make_int4_experts(E, 96, 64, 32, False)
+    with int8_activations(False):
+        layer = lk_moe.MoELayer.from_checkpoint("wna16_int4", tensors)
+    x = torch.randn(40, 96).bfloat16()
+    ids, w = random_routing(40, E, K)
+    base = layer.forward(x, ids, w)
+    lk_moe._C._set_int_acts_max_tokens(1 << 20)
+    try:
+        raised = layer.forward(x, ids, w)
+    finally:
+        lk_moe._C._set_int_acts_max_tokens(16)
+    assert_matches_reference(raised, x, d13, d2, ids, w)
+    if lk_moe.isa().startswith("avx512") or lk_moe.isa() == "amx":
+        assert not torch.equal(raised, base)  # the q15 tiles ran: 15-bit rounding, not the panels' bf16
+    for bad in (0, -1, (1 << 20) + 1):
+        with pytest.raises(ValueError, match="int acts max tokens"):
+            lk_moe._C._set_int_acts_max_tokens(bad)
+    assert lk_moe._C._int_acts_max_tokens() == 16
