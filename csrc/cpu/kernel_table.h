@@ -174,9 +174,9 @@ struct KernelTable {
   // One bf16 row -> a q15 row (see q15_row_bytes); null where q8_row is.
   void (*q15_row)(const uint16_t* src, int kp, int8_t* dst);
   // With int8 activations chosen (LK_INT8_ACT), prefill-sized chunks take the int8 tiles too: where they
-  // outrun this tier's bf16 panels (avx512, avx512_bf16: 0.71-0.96x of bf16's time for wna16_int4 and mxfp4
-  // on 2 Zen4 cores, docs/results/2026-12-04_dev2c_int8_prefill.log); not on amx, whose AMX-BF16 panels
-  // do more multiply-adds per cycle than the VNNI tile.
+  // outrun this tier's bf16 panels (avx512, avx512_bf16: 0.60-0.98x of bf16's time for wna16_int4 and mxfp4
+  // on 2 Zen4 cores, nvfp4 0.85-1.08x; docs/results/2026-12-04_dev2c_int8_prefill.log); not on amx, whose
+  // AMX-BF16 panels do more multiply-adds per cycle than the VNNI tile.
   bool q8_prefill;
 };
 

@@ -160,7 +160,8 @@ constexpr int kDefaultDecodePrefetch = 8192;
 void set_decode_prefetch(int bytes);
 int decode_prefetch();
 // The most tokens a chunk of a 4-bit format may hold to run on integer activations (q15 rows, or q8 with
-// LK_INT8_ACT): kQ8MaxTokens by default (decode); benchmark hook for the prefill A/B of issue 29.
+// LK_INT8_ACT): kQ8MaxTokens by default (decode); benchmark hook for the prefill A/B of issue 29 (the chunk
+// budget does not count q15 rows: raised, a prefill chunk's scratch outgrows kChunkBudget).
 void set_int_acts_max_tokens(int tokens);
 int int_acts_max_tokens();
 // Test hook: the most tokens an activation chunk may hold (0, the default: as many as kChunkBudget
