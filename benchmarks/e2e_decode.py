@@ -201,6 +201,9 @@ def main() -> int:
     if a.mode:
         _worker(a)
         return 0
+    modes = [m for m in a.modes.split(",") if m]
+    for mode in modes:
+        mode_env(mode)  # a typo stops here, before the checkpoint and any mode's minutes-long start
     if not a.model:
         from lvllm.testing.tiny_checkpoint import make_checkpoint
         a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(),
@@ -218,7 +221,7 @@ def main() -> int:
     if a.results and os.path.exists(a.results):
         with open(a.results) as f:
             results = json.load(f)
-    for mode in [m for m in a.modes.split(",") if m]:
+    for mode in modes:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         # collective_rpc sends the engine-counter reader (a function) to the engine process pickled: vLLM asks for this

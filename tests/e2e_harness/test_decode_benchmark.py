@@ -48,3 +48,12 @@ def test_census_finds_the_busy_thread_and_its_share():
     assert mine and 0.3 <= mine[0]["core_share"] <= 1.05, rows[:4]
     line = cpu_census.summary(rows, 2)
     assert line.startswith("0 engine workers: 0.0 cores") and "of a core: none" not in line
+
+
+def test_the_benchmark_refuses_a_bad_mode_before_anything_starts(tmp_path):
+    import subprocess
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "e2e_decode.py"
+    r = subprocess.run([sys.executable, str(script), "--modes", "hybrid,hybrid-fast", "--log-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "unknown variant 'fast'" in r.stderr
+    assert not any(tmp_path.iterdir())  # no mode started
