@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -48,15 +49,8 @@ def build_variant(name: str, E: int, H: int, I: int, pool):
         return build(fmt, E, H, I, pool)
     if "+" + variant not in INT_VARIANTS or not fmt.startswith(("wna16_int4", "mxfp4", "nvfp4")):
         raise SystemExit(f"{name!r}: {', '.join(INT_VARIANTS)} go with a 4-bit format (wna16_int4-*, mxfp4, nvfp4)")
-    saved = os.environ.get("LK_INT8_ACT")
-    os.environ["LK_INT8_ACT"] = "1" if variant == "int8" else "0"  # read when the layer is built
-    try:
+    with patch.dict(os.environ, LK_INT8_ACT="1" if variant == "int8" else "0"):  # read when the layer is built
         return build(fmt, E, H, I, pool)
-    finally:
-        if saved is None:
-            del os.environ["LK_INT8_ACT"]
-        else:
-            os.environ["LK_INT8_ACT"] = saved
 
 
 def build(fmt: str, E: int, H: int, I: int, pool):
@@ -80,13 +74,14 @@ def build(fmt: str, E: int, H: int, I: int, pool):
 
 def timed_forward(layer, x, ids, w, out, integer: bool = False) -> float:
     """One forward's seconds; integer: on the integer-activation tiles whatever the chunk's size."""
-    default = lk_moe._C._int_acts_max_tokens()
-    if integer:
-        lk_moe._C._set_int_acts_max_tokens(1 << 20)
-    try:
+    if not integer:
         t = time.perf_counter()
         layer.forward_into(out, x, ids, w)
         return time.perf_counter() - t
+    default = lk_moe._C._int_acts_max_tokens()
+    lk_moe._C._set_int_acts_max_tokens(1 << 20)
+    try:
+        return timed_forward(layer, x, ids, w, out)
     finally:
         lk_moe._C._set_int_acts_max_tokens(default)
 

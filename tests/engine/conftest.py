@@ -161,6 +161,13 @@ INT8_REL_RMS = 2.0 ** -6
 INT8_PREFILL_TIERS = ("avx512", "avx512_bf16")
 
 
+def runs_int8(tier: str, rows: int) -> bool:
+    """Whether a chunk of `rows` tokens of a layer built with LK_INT8_ACT=1 runs on int8 activations on `tier`:
+    decode chunks (<= 16) on the tiers with the int8 kernels (avx512*, amx), prefill ones on INT8_PREFILL_TIERS."""
+    int8_kernels = tier.startswith("avx512") or tier == "amx"
+    return int8_kernels and (rows <= 16 or tier in INT8_PREFILL_TIERS)
+
+
 def assert_int8_budget(out, x, w13, w2, ids, weights, **act):
     """The int8-activation budget above against the fp32 reference on (w13, w2) as given; act: the
     activation / bias options of moe_reference. Returns the relative RMS error."""
@@ -180,13 +187,11 @@ def check_int8_decode(layer, tier: str, experts: int, top_k: int, ms, int8_check
     (M <= 16) on the tiers with the int8 kernels (avx512*, amx), and prefill chunks on INT8_PREFILL_TIERS,
     go to int8_check, the rest (amx prefill, generic/avx2: exact either way) to exact_check; both are
     called as check(out, x, ids, w)."""
-    int8_kernels = tier.startswith("avx512") or tier == "amx"
     for M in ms:
         x = torch.randn(M, layer.hidden_size).bfloat16()
         ids, w = random_routing(M, experts, top_k)
         out = layer.forward(x, ids, w)
-        int8 = int8_kernels and (M <= 16 or tier in INT8_PREFILL_TIERS)
-        (int8_check if int8 else exact_check)(out, x, ids, w)
+        (int8_check if runs_int8(tier, M) else exact_check)(out, x, ids, w)
 
 
 def assert_nonfinite_input_propagates(layer, hidden: int):

@@ -23,7 +23,7 @@ import torch
 import lk_moe
 from lk_moe.reference import random_routing
 
-from .conftest import INT8_PREFILL_TIERS, assert_int8_budget, assert_matches_reference, int8_activations, make_experts
+from .conftest import assert_int8_budget, assert_matches_reference, int8_activations, make_experts, runs_int8
 from .test_channel_formats import make_channel_experts
 from .test_mxfp4 import make_mxfp4
 from .test_wna16 import make_int4_experts
@@ -94,10 +94,9 @@ class Case:
         assert not unwritten, (f"M={M}, chunk={chunk or 'computed'}: {len(unwritten)} rows left unwritten "
                                f"(rows {unwritten[:3]}{'...' if len(unwritten) > 3 else ''})")
         step = chunk or M
-        int8_tier = tier.startswith("avx512") or tier == "amx"
         for t0 in range(0, M, step):
             r = slice(t0, min(M, t0 + step))
-            loose = self.switches and int8_tier and (r.stop - r.start <= 16 or tier in INT8_PREFILL_TIERS)
+            loose = self.switches and runs_int8(tier, r.stop - r.start)
             args = (out[r], x[r], self.d13, self.d2, ids[r], w[r])
             try:
                 if loose:
