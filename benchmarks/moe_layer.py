@@ -201,6 +201,10 @@ def bench_shape(name, args, results):
         baseline = lambda x, ids, w: moe_torch_baseline_nvfp4(x, tensors, ids, w)  # noqa: E731
     elif fp4:
         tensors = make_mxfp4_tensors(E, H, I)
+        if args.mxfp4_scale_byte >= 0:
+            for n in ("w13_weight_scale", "w2_weight_scale"):
+                tensors[n].fill_(args.mxfp4_scale_byte)
+            print(f"   every e8m0 scale byte = {args.mxfp4_scale_byte} (2^{args.mxfp4_scale_byte - 127})", flush=True)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("mxfp4", tensors, pool=pool,  # noqa: E731
                                                              activation="swigluoai")
         baseline = lambda x, ids, w: moe_torch_baseline_mxfp4(x, tensors, ids, w)  # noqa: E731
@@ -378,6 +382,10 @@ def main():
     p.add_argument("--fp4-acts", default="",
                    help="A/B of the 4-bit formats' decode chunks' activations (M <= 16): comma list of q15 (15-bit "
                         "integer rows, the default) and bf16 (the vdpbf16ps tile)")
+    p.add_argument("--mxfp4-scale-byte", type=int, default=-1,
+                   help="mxfp4: every e8m0 scale byte set to this (default: random 119-122, a released checkpoint's "
+                        "range); 0 is the subnormal 2^-127 a zero-filled dummy load gave before 2026-12-04 (the "
+                        "multiplies by it are microcode assists on Intel cores)")
     p.add_argument("--rounds", type=int, default=1,
                    help="decode cases (M <= 16) this many times, each round's ratio against the mean of a read "
                         "probe just before and just after it; prints the median and every round's ratio")
@@ -385,6 +393,8 @@ def main():
     args = p.parse_args()
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if not -1 <= args.mxfp4_scale_byte <= 254:
+        p.error("--mxfp4-scale-byte: 0..254 (255 is NaN), or -1 for random normal scales")
     for item in args.threads.split(","):
         if item not in ("all", "serve") and not (item.isdigit() and int(item) > 0):
             p.error(f"--threads: '{item}' is not a positive number, 'all' or 'serve'")

@@ -8,8 +8,17 @@ the same generator), minutes of start-up for the 57 GB of a Qwen3-30B-A3B-shaped
 So with the dummy format the hybrid method creates its tensors on the meta device (vLLM's filler
 skips meta tensors), and `materialize` gives them host memory at hand-over: floating tensors are
 filled with a random tile in vLLM's dummy range, tiled over the tensor (multi-threaded copies),
-integer tensors (packed 4-bit, e8m0 scales) are zeroed, as fresh `torch.empty` memory is in the
-stock dummy run. Decode and prefill cost of the engine does not depend on the values.
+integer tensors (packed codes, group indices) are zeroed, as fresh `torch.empty` memory is in the
+stock dummy run.
+
+Block scales are the exception: the engine's cost does not depend on the values as long as they are
+normal floats, and a zeroed or dummy-range scale is not. An e8m0 byte 0 is the subnormal 2^-127 and
+an fp8 scale of +-1e-3 is an fp8 subnormal (fp32 subnormal inside the kernels' conversion); every
+multiply by one is a microcode assist on Intel cores. With zeroed e8m0 scales DeepSeek-V4-Flash's
+MXFP4 decode ran ~2x slower inside vLLM than the engine alone on random normal scales (16-core Xeon,
+2026-12-04), slower still with fewer threads, as per-thread assists would be; on the Zen4 dev VM zeroed
+scales cost 17% at M = 1 (`benchmarks/moe_layer.py --mxfp4-scale-byte 0`). So scale tensors get values a
+released checkpoint has: e8m0 bytes 2^-9 .. 2^-5, fp8 scales 16 .. 256.
 """
 from __future__ import annotations
 
@@ -18,6 +27,8 @@ import torch
 LOW, HIGH = -1e-3, 1e-3  # vLLM's initialize_dummy_weights range
 TILE = 1 << 20  # random values per tile (a few MiB)
 SEED = 1234
+E8M0_LOW, E8M0_HIGH = 118, 122  # e8m0 scale bytes 2^(s - 127): 2^-9 .. 2^-5, as in released MXFP4 experts
+FP8_SCALE_LOW, FP8_SCALE_HIGH = 16.0, 256.0  # normal fp8 e4m3 block scales (NVFP4)
 
 
 def load_format_is_dummy() -> bool:
@@ -26,11 +37,32 @@ def load_format_is_dummy() -> bool:
     return str(getattr(fmt, "value", fmt)).lower() == "dummy"
 
 
-def fill_(t: torch.Tensor, seed: int = SEED) -> torch.Tensor:
-    """Fill a contiguous host tensor in place: tiled uniform values (floats), zeros (integers)."""
+def _is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _tile(n: int, dtype: torch.dtype, scale: bool, g: torch.Generator) -> torch.Tensor:
+    """n dummy values of `dtype`: block scales in a normal range (see the module docstring), other
+    floats in vLLM's dummy range."""
+    if scale and dtype == torch.uint8:
+        return torch.randint(E8M0_LOW, E8M0_HIGH + 1, (n,), generator=g, dtype=torch.uint8)
+    if scale and _is_fp8(dtype):
+        return torch.empty(n, dtype=torch.float32).uniform_(FP8_SCALE_LOW, FP8_SCALE_HIGH, generator=g).to(dtype)
+    return torch.empty(n, dtype=torch.float32).uniform_(LOW, HIGH, generator=g).to(dtype)
+
+
+def is_block_scale(name: str, dtype: torch.dtype) -> bool:
+    """A quantized format's block scale that the engine multiplies by: e8m0 bytes (uint8) or fp8."""
+    return "scale" in name and (dtype == torch.uint8 or _is_fp8(dtype))
+
+
+def fill_(t: torch.Tensor, seed: int = SEED, name: str = "") -> torch.Tensor:
+    """Fill a contiguous host tensor in place with a tile repeated over it: floats in vLLM's dummy range,
+    block scales (`name` says which, `is_block_scale`) in a normal range, other integers zero."""
     if not t.is_contiguous():
         raise ValueError("dummy fill needs a contiguous tensor")
-    if not torch.is_floating_point(t):
+    scale = is_block_scale(name, t.dtype)
+    if not torch.is_floating_point(t) and not scale:
         return t.zero_()
     flat = t.view(-1)
     n = min(TILE, flat.numel())
@@ -38,7 +70,7 @@ def fill_(t: torch.Tensor, seed: int = SEED) -> torch.Tensor:
         return t
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
-    tile = torch.empty(n, dtype=torch.float32).uniform_(LOW, HIGH, generator=g).to(t.dtype)
+    tile = _tile(n, t.dtype, scale, g)
     full = flat.numel() // n
     flat[: full * n].view(full, n).copy_(tile.expand(full, n))
     rest = flat.numel() - full * n
@@ -55,7 +87,7 @@ def materialize(module: torch.nn.Module) -> int:
             continue
         # A meta tensor's storage cannot be swapped (`.data =` refuses): a new Parameter that
         # keeps the old one's attributes (weight_loader and the like).
-        host = torch.nn.Parameter(fill_(torch.empty(p.shape, dtype=p.dtype, device="cpu")),
+        host = torch.nn.Parameter(fill_(torch.empty(p.shape, dtype=p.dtype, device="cpu"), name=name),
                                   requires_grad=p.requires_grad)
         host.__dict__.update(p.__dict__)
         module._parameters[name] = host
