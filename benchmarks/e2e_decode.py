@@ -9,7 +9,7 @@ Modes (each its own vLLM process, as a user would run it):
   hybrid-mailbox   the same with LK_CPU_SIGNAL=mailbox
   hybrid-eager     the same with --enforce-eager (no CUDA graphs: the MoE op runs eagerly)
   hybrid-v1        the same under vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0; V2 is 0.33's default)
-  hybrid-excl      the same with LVLLM_EXCLUSIVE_ENGINE_CPUS=1 (no other thread on the engine workers' CPUs)
+  hybrid-excl      the same with LVLLM_EXCLUSIVE_ENGINE_CPUS=1 (no other thread on the engine workers' CPUs, the poller on a spare one alone)
   hybrid-bsync     the same with LVLLM_CUDA_BLOCKING_SYNC=1 (the GPU-driving thread sleeps on the GPU)
   hybrid-t12       the same with LK_THREADS=12 (any count); variants combine: hybrid-excl-bsync-t12
   stock    stock vLLM, everything on the GPU (the upper reference)

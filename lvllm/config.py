@@ -20,13 +20,14 @@ LVLLM_AUTO_FIT                    1: lvllm.autofit plans, at the first MoE layer
                                   what the settings here and LK_THREADS leave unset: resident layers,
                                   the expert cache, the GPU-prefill threshold, threads; a model that
                                   cannot fit stops there saying what is short (default 0 for now)
-LVLLM_EXCLUSIVE_ENGINE_CPUS       1: once the model is loaded, every other thread of a worker process (the
-                                  GPU-driving thread, vLLM's, torch's, the engine's poller) runs on the
-                                  rank's CPUs that no engine worker is pinned to, so none preempts a worker
-                                  (a decode layer waits for its slowest worker); default 0 until measured
+LVLLM_EXCLUSIVE_ENGINE_CPUS       1: from the first step on, every other thread of a worker process runs
+                                  on the rank's CPUs that no engine worker is pinned to, the engine's
+                                  signal thread (poller) on one of them alone, so none preempts a worker
+                                  (a decode layer waits for its slowest worker); default 0 (its first
+                                  form, poller crowded in with the rest, was 2.8x slower: to be measured)
 LVLLM_CUDA_BLOCKING_SYNC          1: a worker's CUDA context waits for the GPU by sleeping instead of
                                   spinning (one core more for the engine during a decode step, a wake-up
-                                  per synchronisation); default 0 until measured
+                                  per synchronisation); default 0 (no measured change)
 LVLLM_BENCH_ROUTING_REPLAY        benchmark-only: 1 lets benchmarks/expert_cache.py replace the
                                   router's expert ids with synthetic traces (default 0; never for
                                   serving: the outputs are then meaningless)

@@ -96,6 +96,7 @@ class WorkerRuntime:
         self.refill_gbs = None  # measured at the first forward, for the summary
         self.speculation = _speculation()  # (draft tokens k, method) of vLLM's speculative decoding, or None
         self.fit_lines: List[str] = list(fit_lines or [])  # LVLLM_AUTO_FIT's plan, one line per decision
+        self._exclusive_pending = cfg.exclusive_engine_cpus  # LVLLM_EXCLUSIVE_ENGINE_CPUS: applied at the first step
         if cfg.cuda_blocking_sync:
             from .cuda_sync import use_blocking_sync
             logger.info("lk_moe: %s", use_blocking_sync())
@@ -193,6 +194,12 @@ class WorkerRuntime:
 
     def before_step(self) -> None:
         """Between two model steps (lvllm's hook around the model runners' execute_model)."""
+        if self._exclusive_pending:
+            # At the first step of a request: the model is loaded and the graphs are captured, so the engine's
+            # signal thread (started by the first decode-sized call) exists and no loading work is left.
+            self._exclusive_pending = False
+            from .threads import keep_others_off_workers
+            logger.info("lk_moe: %s", keep_others_off_workers(self.threads.cpus))
         if self.replay is not None:
             self.replay.advance()
         if self.expert_cache is not None:
@@ -239,9 +246,6 @@ class WorkerRuntime:
                 from lk_moe.expert_cache import measure_refill
                 self.refill_gbs = measure_refill(self.expert_cache)
             logger.info("%s", self.summary())
-            if self.cfg.exclusive_engine_cpus:  # the model is loaded: no more loading work on the other threads
-                from .threads import keep_others_off_workers
-                logger.info("lk_moe: %s", keep_others_off_workers(self.threads.cpus))
             self._log_speculation()
             self.monitor.start()
             if self.metrics is not None:

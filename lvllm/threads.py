@@ -73,21 +73,37 @@ def plan_threads(local_rank: int, local_world: int, lk_threads: Optional[int],
 
 
 WORKER_NAME_PREFIX = "lk_moe-w"  # the engine's pool names its workers lk_moe-w<N> (csrc/cpu/thread_pool.cpp)
+# The engine's threads that hand each decode layer to the pool (the kernel-signal and mailbox pollers): on
+# the critical path of every layer, they spin while the pool computes.
+SIGNAL_THREAD_NAMES = ("lk_moe-poller", "lk_moe-mailbox")
+
+
+def split_spare_cpus(spare: Sequence[int], has_signal_thread: bool):
+    """(CPUs of the signal threads, CPUs of every other non-worker thread): the first spare CPU to the
+    signal threads alone when there are two or more spare CPUs, else one set shared by all."""
+    spare = sorted(spare)
+    if has_signal_thread and len(spare) >= 2:
+        return spare[:1], spare[1:]
+    return spare, spare
 
 
 def keep_others_off_workers(share_cpus: Sequence[int], task_dir: str = "/proc/self/task") -> str:
     """LVLLM_EXCLUSIVE_ENGINE_CPUS: every thread of this process but the engine's workers onto the CPUs of the
-    rank's share that no worker is pinned to (the GPU-driving thread, vLLM's and torch's threads, the poller).
-    Threads started later inherit their starter's CPUs, so they land there too. Returns what was done, for
-    the log; changes nothing when no worker is pinned to a single CPU or no CPU is left over."""
-    workers, others = [], []
+    rank's share that no worker is pinned to; the engine's signal thread (poller) gets one of them alone,
+    the others (the GPU-driving thread, vLLM's and torch's threads) share the rest. Crowding the poller in
+    with the others made decode 2.8x slower (docs/results/2026-12-04_h200_session26.log): it starts every
+    layer's job. Threads started later inherit their starter's CPUs. Returns what was done, for the log;
+    changes nothing when no worker is pinned to a single CPU or no CPU is left over."""
+    workers, signal, others = [], [], []
     for tid in os.listdir(task_dir):
         try:
             with open(f"{task_dir}/{tid}/comm") as f:
                 name = f.read().strip()
         except OSError:
             continue  # ended meanwhile
-        (workers if name.startswith(WORKER_NAME_PREFIX) else others).append(int(tid))
+        group = (workers if name.startswith(WORKER_NAME_PREFIX) else
+                 signal if name in SIGNAL_THREAD_NAMES else others)
+        group.append(int(tid))
     if not workers:
         return "LVLLM_EXCLUSIVE_ENGINE_CPUS: no engine workers in this process: nothing moved"
     pinned = [os.sched_getaffinity(t) for t in workers]
@@ -98,12 +114,17 @@ def keep_others_off_workers(share_cpus: Sequence[int], task_dir: str = "/proc/se
     if not spare:
         return (f"LVLLM_EXCLUSIVE_ENGINE_CPUS: the {len(workers)} workers take every CPU of this rank's share: "
                 "nothing moved (lower LK_THREADS)")
-    moved = 0
-    for tid in others:
-        try:
-            os.sched_setaffinity(tid, spare)
-            moved += 1
-        except OSError:
-            continue  # ended meanwhile
-    return (f"LVLLM_EXCLUSIVE_ENGINE_CPUS: {moved} other threads of this process on CPUs "
-            f"{','.join(map(str, spare))}; the {len(workers)} engine workers alone on theirs")
+    signal_cpus, other_cpus = split_spare_cpus(spare, bool(signal))
+    moved = {"signal": 0, "other": 0}
+    for group, cpus, key in ((signal, signal_cpus, "signal"), (others, other_cpus, "other")):
+        for tid in group:
+            try:
+                os.sched_setaffinity(tid, cpus)
+                moved[key] += 1
+            except OSError:
+                continue  # ended meanwhile
+    where = ",".join(map(str, other_cpus))
+    poller = (f"; the engine's signal thread alone on CPU {signal_cpus[0]}" if signal and signal_cpus != other_cpus
+              else "; the engine's signal thread with them" if signal else "")
+    return (f"LVLLM_EXCLUSIVE_ENGINE_CPUS: {moved['other']} other threads of this process on CPUs {where}{poller}; "
+            f"the {len(workers)} engine workers alone on theirs")

@@ -59,6 +59,11 @@ pool = lk_moe.make_pool(threads=threads, binding=binding, allowed=share)
 stop = threading.Event()
 before = threading.Thread(target=stop.wait, name="started-before")
 before.start()
+def poller():  # a thread named as the engine's signal thread (the real one needs CUDA)
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write("lk_moe-poller")
+    stop.wait()
+threading.Thread(target=poller).start()
 time.sleep(0.2)  # the workers have named themselves
 line = keep_others_off_workers(share)
 after = threading.Thread(target=stop.wait, name="started-after")
@@ -93,6 +98,8 @@ def test_exclusive_cpus_moves_every_other_thread_off_the_workers():
     spare = [c for c in r["share"] if c not in worker_cpu]
     others = {name: cpus for name, cpus in r["cpus"].items() if not name.startswith("lk_moe-w")}
     assert others and all(cpus == spare for cpus in others.values()), others  # the main thread too
+    # with 2 CPUs one is spare: the signal thread shares it with the others (3 or more: test_split_spare_cpus)
+    assert "lk_moe-poller" in others and (len(spare) >= 2 or "signal thread with them" in r["line"])
     # a thread started afterwards by the main thread inherits the spare CPUs
     assert r["cpus"][r["names"][str(r["after"])]] == spare
     assert f"on CPUs {','.join(map(str, spare))}" in r["line"] and "1 engine workers alone" in r["line"]
@@ -107,3 +114,11 @@ def test_exclusive_cpus_leaves_everything_when_nothing_is_spare_or_workers_float
     r = _exclusive(1, "NUMA_NODE")
     assert "not pinned one per CPU" in r["line"]
     assert all(cpus == r["share"] for cpus in r["cpus"].values())
+
+
+def test_split_spare_cpus_gives_the_signal_thread_a_cpu_alone():
+    from lvllm.threads import split_spare_cpus
+    assert split_spare_cpus([15, 14], True) == ([14], [15])
+    assert split_spare_cpus([12, 13, 14, 15], True) == ([12], [13, 14, 15])
+    assert split_spare_cpus([15], True) == ([15], [15])  # one spare CPU: shared
+    assert split_spare_cpus([14, 15], False) == ([14, 15], [14, 15])  # no signal thread (hostfn signal)
