@@ -21,7 +21,8 @@ memory vLLM reports for the weights, the KV-cache size, startup. In the same run
 process: the host read bandwidth (lk_moe's probe, one thread per physical core, just before and just after
 the mode; the host's bandwidth drifts by 10-20% between minutes), the bound it sets on hybrid decode =
 bandwidth / routed-expert bytes per token, and each hybrid mode's fraction of its own bound; where a
-hybrid decode step's time goes (the engine's share, from its own counters), and which threads of the
+hybrid decode step's time goes (the engine's share, from its own counters, against the same layers called
+straight from Python in the serving process after the measurements: the engine and its memory alone), and which threads of the
 machine used the CPUs during the first measured decode (benchmarks/cpu_census.py: share of a core and
 preemptions per thread; the engine's workers are lk_moe-w<N>).
 
@@ -49,6 +50,29 @@ def _engine_decode_totals(worker):
     from lvllm import runtime
     t = runtime._runtime.monitor.totals()
     return t.cpu_decode_ns, t.cpu_queue_ns, t.cpu_decode_tokens
+
+
+def _engine_direct_step(worker, reps: int = 15, tokens: int = 1):
+    """Runs in the vLLM worker (collective_rpc), between requests: the engine's time for one decode step's hybrid
+    layers, each called straight from Python in this process (no GPU, no signal thread, the serving process's
+    own expert memory and pool), `tokens` rows with fresh uniform routing per call. Median of `reps` steps, ms.
+    Against the engine's time inside decode it tells the engine and its memory from how it runs in the loop."""
+    import torch
+    from lk_moe.reference import random_routing
+    from lvllm import runtime
+    hybrids = runtime._runtime.monitor.hybrids()
+    if not hybrids:
+        return None
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hybrids[0].layer.hidden_size, generator=g).to(torch.bfloat16)
+    steps = []
+    for _ in range(reps):
+        routes = [random_routing(tokens, h.layer.num_experts, h.top_k, generator=g) for h in hybrids]
+        t = time.perf_counter()
+        for h, (ids, w) in zip(hybrids, routes):
+            h.layer.forward(x, ids, w)
+        steps.append(time.perf_counter() - t)
+    return round(statistics.median(steps) * 1e3, 3), len(hybrids)
 
 
 def _worker(a) -> None:
@@ -127,6 +151,10 @@ def _worker(a) -> None:
     for n in (1024, 8192):
         ts = [gen([prompt(n)], 1) for _ in range(a.reps)]
         res[f"ttft_{n}_s"] = statistics.median(ts)
+    if a.mode.startswith("hybrid"):
+        direct = llm.collective_rpc(_engine_direct_step)[0]
+        if direct is not None:
+            res["engine_direct_ms_1"], res["engine_direct_layers"] = direct
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -274,6 +302,13 @@ def main() -> int:
                   f"{r['engine_queue_ms_per_step_1']:.2f} ms waiting for the pool) at "
                   f"{bytes_per_token / eng / 1e6:.1f} GB/s = {bytes_per_token / eng / 1e6 / r['read_bw_gbs']:.2f} of "
                   f"the read bandwidth; the other {step_ms - eng:.2f} ms: GPU work and hand-offs")
+        if r.get("engine_direct_ms_1"):
+            d = r["engine_direct_ms_1"]
+            inside = (f"; inside decode {r['engine_ms_per_step_1']:.2f} ms = {r['engine_ms_per_step_1'] / d:.2f}x"
+                      if "engine_ms_per_step_1" in r else "")
+            print(f"{m} engine called directly in the serving process (no GPU, {r['engine_direct_layers']} layers, "
+                  f"M = 1): {d:.2f} ms a step = {bytes_per_token / d / 1e6 / r['read_bw_gbs']:.2f} of the read "
+                  f"bandwidth{inside}")
         if r.get("census_1"):
             print(f"{m} CPUs during decode @1: {cpu_census.summary(r['census_1'], os.cpu_count())}")
             for t in r["census_1"][:8]:

@@ -117,6 +117,10 @@ class WorkerStats:
         indexed = [(i, h) for i, h in self._layers if i is not None]
         self.first = min(indexed, key=lambda p: p[0])[1] if indexed else self._layers[0][1]
 
+    def hybrids(self) -> list:
+        """The hybrid layers added so far, in model order where known."""
+        return [h for _, h in sorted(self._layers, key=lambda p: -1 if p[0] is None else p[0])]
+
     # -- the GPU path, called from apply around hybrid.forward (eager only)
     def gpu_begin(self, hybrid, tokens: int):
         with self._lock:

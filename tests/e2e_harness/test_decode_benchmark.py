@@ -57,3 +57,44 @@ def test_the_benchmark_refuses_a_bad_mode_before_anything_starts(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "unknown variant 'fast'" in r.stderr
     assert not any(tmp_path.iterdir())  # no mode started
+
+
+def test_engine_direct_step_times_every_hybrid_layer_in_the_worker(monkeypatch):
+    """What e2e_decode asks the vLLM worker for after its measurements: the hybrid layers called straight from
+    Python, one decode step (M = 1) of all of them; here real engine layers in a stand-in runtime."""
+    import types
+
+    import torch
+
+    import lk_moe
+    from e2e_decode import _engine_direct_step
+    from lvllm import runtime
+    from lvllm.stats import WorkerStats
+
+    calls = []
+
+    class Counting:  # a real engine layer that counts its forwards
+        def __init__(self, layer):
+            self.layer = layer
+
+        def __getattr__(self, name):
+            return getattr(self.layer, name)
+
+        def forward(self, x, ids, w):
+            calls.append((tuple(x.shape), tuple(ids.shape)))
+            return self.layer.forward(x, ids, w)
+
+    g = torch.Generator().manual_seed(0)
+    E, H, I = 8, 128, 64
+    stats = WorkerStats(0, 60, lambda line: None)
+    for index in (2, 0, 1):  # added out of order: a step runs them in model order
+        layer = lk_moe.MoELayer(torch.randn(E, 2 * I, H, generator=g).bfloat16(),
+                                torch.randn(E, H, I, generator=g).bfloat16())
+        stats.add_layer(index, types.SimpleNamespace(layer=Counting(layer), top_k=2, index=index))
+    assert [h.index for h in stats.hybrids()] == [0, 1, 2]
+    monkeypatch.setattr(runtime, "_runtime", types.SimpleNamespace(monitor=stats))
+    ms, n = _engine_direct_step(None, reps=3)
+    assert n == 3 and ms > 0
+    assert calls == [((1, H), (1, 2))] * 9  # 3 steps x 3 layers, M = 1, top-2
+    monkeypatch.setattr(runtime, "_runtime", types.SimpleNamespace(monitor=WorkerStats(0, 60, lambda line: None)))
+    assert _engine_direct_step(None) is None  # no hybrid layer (a stock run): nothing to time
