@@ -17,10 +17,11 @@ class Format:
     family: str  # "bf16": 16-bit floats; "byte": one-byte codes + fp32 scales; "four_bit": 4-bit codes + scales
     tensors: Tuple[str, ...]  # vLLM parameter names, in the engine's argument order
     optional: Tuple[str, ...] = ()  # passed only when vLLM's method created them
-    # What the engine computes with it (the model picks one). silu_clamp (silu with vLLM's swiglu_limit,
-    # DeepSeek-V4) and situ (Kimi's SituGLU, Kimi-K3) are computed by every format's kernels
-    # (csrc/cpu/kernels/simd.h gate_act_16).
-    activations: Tuple[str, ...] = ("silu", "silu_clamp", "situ")
+    # What the engine computes with it (the model picks one): every format's kernels end in the same
+    # activation step (csrc/cpu/kernels/simd.h gate_act_16): silu, silu_clamp (silu with vLLM's swiglu_limit,
+    # DeepSeek-V4), situ (Kimi's SituGLU, Kimi-K3), swigluoai (gpt-oss; MiniMax-M3's, with gate and up rows
+    # not interleaved).
+    activations: Tuple[str, ...] = ("silu", "silu_clamp", "situ", "swigluoai")
     biases: bool = False  # expert biases (w13_bias / w2_bias)
     gpu_path: bool = True  # streamed prefill and GPU-resident layers (lk_moe.hybrid)
 
@@ -43,12 +44,11 @@ TABLE = (
     # (element 2i in the low nibble), uint8 e8m0 scales [E, 2I, H/32] / [E, H, I/32]; optional bf16
     # w13_bias [E, 2I] / w2_bias [E, H] (gpt-oss). H, I may be padded. swigluoai is gpt-oss's activation.
     Format("mxfp4", "four_bit", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"),
-           optional=("w13_bias", "w2_bias"), activations=("silu", "silu_clamp", "situ", "swigluoai"), biases=True),
+           optional=("w13_bias", "w2_bias"), biases=True),
     # ModelOpt NVFP4 (ModelOptNvFp4FusedMoE): uint8 e2m1 pairs [E, 2I, H/2] / [E, H, I/2], float8_e4m3fn
     # block scales [E, 2I, H/16] / [E, H, I/16], fp32 global scales (weight_scale_2) [E, 2] (gate, up) /
     # [E]; weight = e2m1 * block scale * global scale. Optional fp32 activation scales w13_input_scale
     # [E', 2] / w2_input_scale [E'] are checked and ignored (the engine computes W4A16-style).
-    # (The engine computes swigluoai for nvfp4 too; lvllm hands over silu nvfp4 layers only.)
     Format("nvfp4", "four_bit", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale",
                                  "w13_weight_scale_2", "w2_weight_scale_2"),
            optional=("w13_input_scale", "w2_input_scale")),

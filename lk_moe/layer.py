@@ -64,16 +64,19 @@ class MoELayer:
     """
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor, activation: str = "silu", *, pool=None,
-                 swiglu_limit: float = 7.0, situ_beta: float = 0.0, situ_linear_beta: float = 0.0):
-        """activation: "silu", "silu_clamp" (silu(min(gate, swiglu_limit)) * clamp(up, +-swiglu_limit)) or
-        "situ" (situ_beta * tanh(gate / situ_beta) * sigmoid(gate) * up, up soft-clipped by situ_linear_beta
-        the same way when > 0)."""
+                 swiglu_limit: float = 7.0, situ_beta: float = 0.0, situ_linear_beta: float = 0.0,
+                 swiglu_alpha: float = 1.702):
+        """activation: "silu", "silu_clamp" (silu(min(gate, swiglu_limit)) * clamp(up, +-swiglu_limit)), "situ"
+        (situ_beta * tanh(gate / situ_beta) * sigmoid(gate) * up, up soft-clipped by situ_linear_beta the same
+        way when > 0) or "swigluoai" ((clamp(up, +-swiglu_limit) + 1) * g * sigmoid(swiglu_alpha * g),
+        g = min(gate, swiglu_limit)); w13's rows are all gates then all ups."""
         if not isinstance(w13, torch.Tensor) or not isinstance(w2, torch.Tensor):
             raise TypeError("w13 and w2 must be torch.Tensor")
         int8_act_from_env()  # the engine reads LK_INT8_ACT at construction: a bad value is a ConfigError here
         self._pool = pool if pool is not None else default_pool()
         self._impl = _C.Layer(self._pool, w13, w2, activation, swiglu_limit=float(swiglu_limit),
-                              situ_beta=float(situ_beta), situ_linear_beta=float(situ_linear_beta))
+                              situ_beta=float(situ_beta), situ_linear_beta=float(situ_linear_beta),
+                              swiglu_alpha=float(swiglu_alpha))
         self.activation = activation
         self._source_bytes = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
 
@@ -109,15 +112,16 @@ class MoELayer:
         activation: the model's, for every format: "silu" (default), "silu_clamp" (vLLM's silu with
         swiglu_limit, DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit)), "situ" (Kimi's SituGLU,
         Kimi-K3: situ_beta * tanh(gate / situ_beta) * sigmoid(gate) * up', up' = situ_linear_beta * tanh(up /
-        situ_linear_beta), or up when situ_linear_beta is 0), or for "mxfp4"
-        "swigluoai" (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g *
-        sigmoid(alpha * g) with swiglu_alpha = 1.702; swiglu_limit (default 7.0, gpt-oss's) is the
-        limit of both clamped ones; w13_bias is added to gate/up before the activation, and the expert
-        output w2 @ act + w2_bias is what the router weight scales.
+        situ_linear_beta), or up when situ_linear_beta is 0), or "swigluoai" (gpt-oss, MiniMax-M3):
+        g = min(gate, limit), u = clamp(up, -limit, limit), act = (u + 1) * g * sigmoid(alpha * g) with
+        swiglu_alpha = 1.702; swiglu_limit (default 7.0, gpt-oss's) is the limit of both clamped ones;
+        mxfp4's w13_bias is added to gate/up before the activation, and the expert output
+        w2 @ act + w2_bias is what the router weight scales.
         mxfp4 only: hidden_size / intermediate_size are the real H and I when vLLM padded the tensors
         (default: the tensors' sizes; the padding is dropped, x and the output are [M, hidden_size]);
-        interleaved: w13 rows are gate_0, up_0, gate_1, up_1, ... (gpt-oss; default for swigluoai)
-        rather than all gate rows then all up rows (default for silu, e.g. DeepSeek-V4-style experts)."""
+        interleaved (mxfp4 only): w13 rows are gate_0, up_0, gate_1, up_1, ... (gpt-oss; default for mxfp4
+        swigluoai) rather than all gate rows then all up rows (every other format's layout, and mxfp4's
+        default for the other activations, e.g. DeepSeek-V4-style experts)."""
         row = formats.get(format)
         if activation not in row.activations:
             raise ValueError(f"activation {activation!r} is not computed with {format} experts "
@@ -129,10 +133,16 @@ class MoELayer:
         for n in names:
             if not isinstance(tensors[n], torch.Tensor):
                 raise TypeError(f"{n} must be a torch.Tensor, got {type(tensors[n]).__name__}")
+        if interleaved and format != "mxfp4":
+            raise ValueError(f"interleaved gate/up rows are an mxfp4 layout (gpt-oss); {format} experts hold all gate "
+                             "rows then all up rows")
         if format == "bf16":
             return cls(tensors["w13_weight"], tensors["w2_weight"], activation=activation, pool=pool,
-                       swiglu_limit=swiglu_limit, situ_beta=situ_beta, situ_linear_beta=situ_linear_beta)
+                       swiglu_limit=swiglu_limit, situ_beta=situ_beta, situ_linear_beta=situ_linear_beta,
+                       swiglu_alpha=swiglu_alpha)
         situ_args = dict(situ_beta=float(situ_beta), situ_linear_beta=float(situ_linear_beta))
+        if format != "mxfp4":  # mxfp4 takes it as its own argument below
+            situ_args["swiglu_alpha"] = float(swiglu_alpha)
         self = cls.__new__(cls)
         int8_act_from_env()  # as in __init__: a ConfigError for every format, before the engine reads it
         self._pool = pool if pool is not None else default_pool()

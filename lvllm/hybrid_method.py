@@ -17,7 +17,7 @@ import torch
 from lk_moe import formats
 
 from .padding import engine_ids
-from .policy import LayerPlan, engine_activation, situ_args
+from .policy import LayerPlan, engine_activation, interleaved_rows, situ_args
 
 
 def _fixed(value):
@@ -188,12 +188,12 @@ def _format_args(layer, plan: LayerPlan) -> dict:
         args["swiglu_limit"] = limit
     if act == "situ":
         args.update(situ_args(layer.moe_config))
+    if act == "swigluoai" and getattr(layer, "swiglu_alpha", None) is not None:
+        args["swiglu_alpha"] = float(layer.swiglu_alpha)
     if plan.format != "mxfp4":
         return args
-    args.update(activation=act, interleaved=act == "swigluoai", hidden_size=int(layer.hidden_size),
+    args.update(activation=act, interleaved=interleaved_rows(layer.activation), hidden_size=int(layer.hidden_size),
                 intermediate_size=int(layer.intermediate_size_per_partition))
-    if getattr(layer, "swiglu_alpha", None) is not None:
-        args["swiglu_alpha"] = float(layer.swiglu_alpha)
     return args
 
 

@@ -118,12 +118,22 @@ _REFUSALS = (
 def engine_activation(activation, swiglu_limit) -> tuple:
     """(the engine's activation name, its limit or None) for vLLM's (MoEActivation, layer.swiglu_limit):
     silu with a swiglu_limit is the engine's "silu_clamp" (DeepSeek-V4); swigluoai keeps its limit
-    (None: gpt-oss's 7.0); situ (Kimi-K3) takes its constants from the layer's moe_config (situ_args)."""
+    (None: gpt-oss's 7.0), and so does swigluoai_uninterleave (MiniMax-M3: the same math on gate rows then up
+    rows, the engine's own layout: `interleaved_rows` tells them apart); situ (Kimi-K3) takes its constants
+    from the layer's moe_config (situ_args)."""
     name = enum_value(activation)
     limit = None if swiglu_limit is None else float(swiglu_limit)
     if name == "silu" and limit is not None:
         return "silu_clamp", limit
+    if name == "swigluoai_uninterleave":
+        return "swigluoai", limit
     return name, limit
+
+
+def interleaved_rows(activation) -> bool:
+    """vLLM's swigluoai reads w13 as gate_0, up_0, gate_1, ... (gpt-oss's checkpoints); every other activation,
+    swigluoai_uninterleave included, as all gate rows then all up rows."""
+    return enum_value(activation) == "swigluoai"
 
 
 def situ_args(moe_config) -> dict:
@@ -146,6 +156,9 @@ def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
         problems.append(f"activation {activation!r} with {fmt} experts (the engine runs {', '.join(row.activations)})")
     if getattr(moe_config, "has_bias", False) and not row.biases:
         problems.append(f"expert biases with {fmt} experts")
+    beta = getattr(layer, "swiglu_beta", None)
+    if activation == "swigluoai" and beta is not None and float(beta) != 1.0:
+        problems.append(f"swigluoai with swiglu_beta={beta} (the engine computes (up + 1), beta 1.0)")
     for where, attr, refused, what in _REFUSALS:
         obj = objs[where]
         if obj is not None and hasattr(obj, attr) and refused(getattr(obj, attr)):

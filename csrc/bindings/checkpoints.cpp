@@ -49,8 +49,9 @@ std::array<int64_t, 3> Layer::check_byte_weights(const at::Tensor& w13, const at
 Layer Layer::fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                        const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                        int64_t block_n, int64_t block_k, double swiglu_limit, double situ_beta,
-                       double situ_linear_beta) {
-  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "fp8_block");
+                       double situ_linear_beta, double swiglu_alpha) {
+  const ActivationArg act =
+      parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "fp8_block", swiglu_alpha);
   const auto [E, I, H] = check_byte_weights(w13, w2, s13, s2, at::kFloat8_e4m3fn, "float8_e4m3fn",
                                             "w13_weight_scale_inv", "w2_weight_scale_inv");
   if (s13.dim() != 3 || s13.size(0) != E || s2.dim() != 3 || s2.size(0) != E || s13.size(1) < 1 ||
@@ -87,8 +88,8 @@ Layer Layer::fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w
 Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                          const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                          const std::string& format, double swiglu_limit, double situ_beta,
-                         double situ_linear_beta) {
-  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, format);
+                         double situ_linear_beta, double swiglu_alpha) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, format, swiglu_alpha);
   const bool int8 = format == "int8_channel";
   const auto [E, I, H] =
       check_byte_weights(w13, w2, s13, s2, int8 ? at::kChar : at::kFloat8_e4m3fn,
@@ -115,8 +116,9 @@ Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor&
 Layer Layer::wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                         const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
                         std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit,
-                        double situ_beta, double situ_linear_beta) {
-  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "wna16_int4");
+                        double situ_beta, double situ_linear_beta, double swiglu_alpha) {
+  const ActivationArg act =
+      parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "wna16_int4", swiglu_alpha);
   for (auto [t, name] : {std::pair{&w13, "w13_weight_packed"}, std::pair{&w2, "w2_weight_packed"}})
     if (t->scalar_type() != at::kInt)
       throw py::type_error(std::string(name) + " must be int32 (8 int4 codes per element), got " + dtype_name(*t));
@@ -181,7 +183,7 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                    int64_t intermediate_size, bool interleaved, double alpha, double limit, double situ_beta,
                    double situ_linear_beta) {
   const ActivationArg act =
-      parse_activation(activation, limit, situ_beta, situ_linear_beta, "mxfp4", /*swigluoai=*/true);
+      parse_activation(activation, limit, situ_beta, situ_linear_beta, "mxfp4", alpha);
   for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
     if (t->scalar_type() != at::kByte)
       throw py::type_error(std::string(name) + " must be uint8 (two e2m1 codes per byte), got " + dtype_name(*t));
@@ -249,8 +251,6 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
   f.c2 = int(C2);
   f.cs2 = int(G2);
   f.interleaved = interleaved;
-  f.alpha = float(alpha);
-  f.limit = float(limit);
   return build(std::move(pool), src, E, I, H, act);
 }
 
@@ -262,8 +262,8 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
 Layer Layer::nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                    const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
                    std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation,
-                   double swiglu_limit, double situ_beta, double situ_linear_beta) {
-  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "nvfp4");
+                   double swiglu_limit, double situ_beta, double situ_linear_beta, double swiglu_alpha) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "nvfp4", swiglu_alpha);
   auto need_dtype = [](const at::Tensor& t, const char* name, at::ScalarType want, const char* what) {
     if (t.scalar_type() != want)
       throw py::value_error(std::string(name) + " must be " + what + ", got " + dtype_name(t));
@@ -330,15 +330,16 @@ void def_checkpoints(py::class_<Layer>& layer) {
   layer.def_static("fp8_block", &Layer::fp8_block, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale_inv"), py::arg("w2_weight_scale_inv"), py::arg("activation") = "silu",
                   py::arg("block_n") = 0, py::arg("block_k") = 0, py::arg("swiglu_limit") = 0.0,
-                  py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0)
+                  py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0, py::arg("swiglu_alpha") = 1.702)
       .def_static("per_channel", &Layer::per_channel, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"),
-                  py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0)
+                  py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0,
+                  py::arg("swiglu_alpha") = 1.702)
       .def_static("wna16_int4", &Layer::wna16_int4, py::arg("pool"), py::arg("w13_weight_packed"),
                   py::arg("w2_weight_packed"), py::arg("w13_weight_scale"), py::arg("w2_weight_scale"),
                   py::arg("w13_weight_zero_point") = py::none(), py::arg("w2_weight_zero_point") = py::none(),
                   py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0,
-                  py::arg("situ_linear_beta") = 0.0)
+                  py::arg("situ_linear_beta") = 0.0, py::arg("swiglu_alpha") = 1.702)
       .def_static("mxfp4", &Layer::mxfp4, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_bias") = py::none(),
                   py::arg("w2_bias") = py::none(), py::arg("activation") = "silu", py::arg("hidden_size") = 0,
@@ -348,7 +349,8 @@ void def_checkpoints(py::class_<Layer>& layer) {
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("w13_weight_scale_2"),
                   py::arg("w2_weight_scale_2"), py::arg("w13_input_scale") = py::none(),
                   py::arg("w2_input_scale") = py::none(), py::arg("activation") = "silu",
-                  py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0);
+                  py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0,
+                  py::arg("swiglu_alpha") = 1.702);
 }
 
 }  // namespace lk_bind

@@ -62,18 +62,28 @@ inline lk::Binding parse_binding(const std::string& s) {
   throw py::value_error("thread binding must be CPU_CORE, NUMA_NODE or NONE, got '" + s + "'");
 }
 
-// The activation a checkpoint adapter was given: "silu", "silu_clamp" (silu with vLLM's swiglu_limit:
-// needs swiglu_limit > 0), "situ" (Kimi's SituGLU: situ_beta > 0, situ_linear_beta >= 0, 0 = up not clipped)
-// or, where the format computes it, "swigluoai".
+// The activation a checkpoint adapter was given, for every format: "silu", "silu_clamp" (silu with vLLM's
+// swiglu_limit: needs swiglu_limit > 0), "situ" (Kimi's SituGLU: situ_beta > 0, situ_linear_beta >= 0, 0 = up
+// not clipped) or "swigluoai" (gpt-oss, MiniMax-M3: swiglu_alpha, swiglu_limit; 0 = gpt-oss's 7.0).
 struct ActivationArg {
   lk::Activation act = lk::Activation::kSiLU;
   float clamp_limit = 0;  // kSiLUClamp's bound (lk::WeightSource::clamp_limit)
   float situ_beta = 0, situ_linear_beta = 0;  // kSitu's constants (lk::WeightSource::situ_beta, ...)
+  float oai_alpha = 1.702f, oai_limit = 7.0f;  // kSwigluOAI's constants (lk::WeightSource::oai_alpha, ...)
 };
 inline ActivationArg parse_activation(const std::string& activation, double swiglu_limit, double situ_beta,
-                                      double situ_linear_beta, const std::string& format, bool swigluoai = false) {
+                                      double situ_linear_beta, const std::string& format, double swiglu_alpha = 1.702) {
   if (activation == "silu") return {};
-  if (activation == "swigluoai" && swigluoai) return {lk::Activation::kSwigluOAI};
+  if (activation == "swigluoai") {
+    const double limit = swiglu_limit == 0 ? 7.0 : swiglu_limit;
+    if (!std::isfinite(swiglu_alpha) || !(limit > 0) || !std::isfinite(limit))
+      throw py::value_error("activation 'swigluoai' needs a finite swiglu_alpha and a finite swiglu_limit > 0, got " +
+                            std::to_string(swiglu_alpha) + " and " + std::to_string(swiglu_limit));
+    ActivationArg a{lk::Activation::kSwigluOAI};
+    a.oai_alpha = float(swiglu_alpha);
+    a.oai_limit = float(limit);
+    return a;
+  }
   if (activation == "silu_clamp") {
     if (!(swiglu_limit > 0) || !std::isfinite(swiglu_limit))
       throw py::value_error("activation 'silu_clamp' needs swiglu_limit > 0 (finite), got " + std::to_string(swiglu_limit));
@@ -86,7 +96,7 @@ inline ActivationArg parse_activation(const std::string& activation, double swig
     return {lk::Activation::kSitu, 0, float(situ_beta), float(situ_linear_beta)};
   }
   throw py::value_error("activation '" + activation + "' is not supported for " + format +
-                        " (supported: silu, silu_clamp, situ" + (swigluoai ? ", swigluoai)" : ")"));
+                        " (supported: silu, silu_clamp, situ, swigluoai)");
 }
 
 // "[a, b, c]": the shape a tensor must have, for an error message.
@@ -142,7 +152,8 @@ struct Layer {
   Layer() = default;
   // bf16 / fp16 experts: w13 [E, 2I, H], w2 [E, H, I] (layer.cpp).
   Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
-        const std::string& activation, double swiglu_limit, double situ_beta, double situ_linear_beta);
+        const std::string& activation, double swiglu_limit, double situ_beta, double situ_linear_beta,
+        double swiglu_alpha);
   // Builds the engine layer without the GIL; a shape the engine cannot take is a ValueError.
   static Layer build(std::shared_ptr<lk::ThreadPool> pool, lk::WeightSource src, int64_t E, int64_t I,
                      int64_t H, ActivationArg act = {});
@@ -156,15 +167,15 @@ struct Layer {
   static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                          const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                          int64_t block_n, int64_t block_k, double swiglu_limit, double situ_beta,
-                         double situ_linear_beta);
+                         double situ_linear_beta, double swiglu_alpha);
   static Layer per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                            const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                            const std::string& format, double swiglu_limit, double situ_beta,
-                           double situ_linear_beta);
+                           double situ_linear_beta, double swiglu_alpha);
   static Layer wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                           const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
                           std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit,
-                          double situ_beta, double situ_linear_beta);
+                          double situ_beta, double situ_linear_beta, double swiglu_alpha);
   static Layer mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> b13,
                      std::optional<at::Tensor> b2, const std::string& activation, int64_t hidden_size,
@@ -173,7 +184,7 @@ struct Layer {
   static Layer nvfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                      const at::Tensor& s13, const at::Tensor& s2, const at::Tensor& g13, const at::Tensor& g2,
                      std::optional<at::Tensor> a13, std::optional<at::Tensor> a2, const std::string& activation,
-                     double swiglu_limit, double situ_beta, double situ_linear_beta);
+                     double swiglu_limit, double situ_beta, double situ_linear_beta, double swiglu_alpha);
 
   py::tuple dequantized() const;  // dequantized.cpp
 };

@@ -4,8 +4,9 @@
 namespace lk_bind {
 
 Layer::Layer(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
-             const std::string& activation, double swiglu_limit, double situ_beta, double situ_linear_beta) {
-  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "bf16");
+             const std::string& activation, double swiglu_limit, double situ_beta, double situ_linear_beta,
+             double swiglu_alpha) {
+  const ActivationArg act = parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "bf16", swiglu_alpha);
   const DType t13 = half_type(w13, "w13"), t2 = half_type(w2, "w2");
   if (t13 != t2) throw py::type_error("w13 and w2 must have the same dtype, got " + dtype_name(w13) + " and " + dtype_name(w2));
   if (w13.dim() != 3) throw py::value_error("w13 must have shape [E, 2*I, H], got " + shape_str(w13));
@@ -32,6 +33,8 @@ Layer Layer::build(std::shared_ptr<lk::ThreadPool> pool, lk::WeightSource src, i
   src.clamp_limit = act.clamp_limit;
   src.situ_beta = act.situ_beta;
   src.situ_linear_beta = act.situ_linear_beta;
+  src.oai_alpha = act.oai_alpha;
+  src.oai_limit = act.oai_limit;
   try {
     py::gil_scoped_release nogil;
     l.impl = std::make_shared<lk::MoELayer>(std::move(pool), src, int(E), int(I), int(H), act.act);
@@ -95,9 +98,9 @@ void def_layer(py::module_& m) {
   py::class_<Layer> layer(m, "Layer");
   layer
       .def(py::init<std::shared_ptr<lk::ThreadPool>, const at::Tensor&, const at::Tensor&, const std::string&, double,
-                    double, double>(),
+                    double, double, double>(),
            py::arg("pool"), py::arg("w13"), py::arg("w2"), py::arg("activation") = "silu", py::arg("swiglu_limit") = 0.0,
-           py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0);
+           py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0, py::arg("swiglu_alpha") = 1.702);
   def_checkpoints(layer);
   def_dequantized(layer);
   layer

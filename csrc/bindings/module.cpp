@@ -39,9 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &lk::best_isa);
   m.def("supported_isas", &lk::supported_isas);
   m.def("all_isas", &lk::all_isas);
-  m.def("formats", [] {  // (name, supports swigluoai) per row of the engine's format table
-    std::vector<std::pair<std::string, bool>> out;
-    for (const lk::Format* f : lk::all_formats()) out.emplace_back(f->name, f->swigluoai);
+  m.def("formats", [] {  // the names of the engine's format table, in its order
+    std::vector<std::string> out;
+    for (const lk::Format* f : lk::all_formats()) out.emplace_back(f->name);
     return out;
   });
   m.def("set_isa", [](const std::string& name) {

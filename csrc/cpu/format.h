@@ -58,7 +58,6 @@ struct Format {
   // default for all three; int8 was 0.354 -> 0.245 ms a layer at M=1 for wna16_int4 on the 16-core AMX host.
   DecodeWide decode_wide = DecodeWide::kAll;
   bool int8_act = false, q15_decode = false;
-  bool swigluoai = false;  // the swigluoai activation is supported
   // Checks the checkpoint tensors (src) against the layer's E, I, H (set in sh, as kp1 and kp2) and sets
   // the format's parameters in sh; per-expert global scales into gs13 ([E][2]) and gs2 ([E]). A layer
   // the format cannot hold: std::invalid_argument naming what is wrong.

@@ -128,8 +128,13 @@ MoELayer::MoELayer(std::shared_ptr<ThreadPool> pool, const WeightSource& src, in
   shape_.h_blocks = (hidden + kBlockN - 1) / kBlockN;
   fmt.configure(src, shape_, gs13_, gs2_);
   shape_.int8_act = fmt.int8_act && int8_act_from_env(fmt.family == Family::kInt4);
-  if (act == Activation::kSwigluOAI && !fmt.swigluoai)
-    throw std::invalid_argument(std::string("activation swigluoai is not supported for ") + fmt.name + " experts");
+  if (act == Activation::kSwigluOAI) {  // every format (gate_act_16)
+    if (!std::isfinite(src.oai_alpha) || !(src.oai_limit > 0) || !std::isfinite(src.oai_limit))
+      throw std::invalid_argument("swigluoai needs a finite swiglu_alpha and a finite swiglu_limit > 0, got " +
+                                  std::to_string(src.oai_alpha) + " and " + std::to_string(src.oai_limit));
+    shape_.alpha = src.oai_alpha;
+    shape_.limit = src.oai_limit;
+  }
   if (act == Activation::kSiLUClamp) {
     if (!(src.clamp_limit > 0) || !std::isfinite(src.clamp_limit))
       throw std::invalid_argument("the clamped silu needs a finite swiglu_limit > 0, got " + std::to_string(src.clamp_limit));

@@ -80,7 +80,6 @@ struct Fp4Blocks {
   const uint16_t* b2 = nullptr;   // w2_bias bf16 [E, r2] or null
   int r13 = 0, c13 = 0, cs13 = 0, r2 = 0, c2 = 0, cs2 = 0;
   bool interleaved = false;       // w13 row 2j = gate_j, 2j + 1 = up_j (else gate rows [0, r13/2), up after)
-  float alpha = 1.702f, limit = 7.0f;  // swigluoai constants
   const float* g13 = nullptr;     // nvfp4: w13_weight_scale_2 [E, 2]: gate (w1) and up (w3) of each expert
   const float* g2 = nullptr;      // nvfp4: w2_weight_scale_2 [E]
 };
@@ -94,6 +93,7 @@ struct WeightSource {
   std::variant<std::monostate, ByteScales, Int4Groups, Fp4Blocks> rest;  // none for bf16 / fp16
   float clamp_limit = 0;  // Activation::kSiLUClamp: the bound of gate (above) and up (both sides), > 0
   float situ_beta = 0, situ_linear_beta = 0;  // Activation::kSitu: beta > 0; linear_beta > 0, or 0 for none
+  float oai_alpha = 1.702f, oai_limit = 7.0f;  // Activation::kSwigluOAI: alpha finite, limit > 0 (gpt-oss's)
   // The rest as the format expects it; std::invalid_argument when the adapter filled another kind.
   template <class T>
   const T& as() const {

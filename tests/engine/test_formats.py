@@ -18,12 +18,11 @@ from .conftest import assert_int8_budget, assert_matches_reference, check_int8_d
 
 
 def test_the_python_table_is_the_engines():
-    """The same rows in the same order; an activation the table offers (what lvllm runs end to end) is
-    one the engine computes (the engine's nvfp4 computes swigluoai too; lvllm does not hand it over yet)."""
-    engine = _C.formats()
-    assert [f.name for f in formats.TABLE] == [name for name, _ in engine]
-    for f, (_, swigluoai) in zip(formats.TABLE, engine):
-        assert swigluoai or "swigluoai" not in f.activations, f.name
+    """The same rows in the same order; every row offers every activation the engine's kernels end in
+    (gate_act_16: one activation step for all formats)."""
+    assert [f.name for f in formats.TABLE] == list(_C.formats())
+    for f in formats.TABLE:
+        assert f.activations == ("silu", "silu_clamp", "situ", "swigluoai"), f.name
 
 
 def test_rows_are_well_formed():
@@ -51,7 +50,7 @@ def test_an_unknown_format_is_named_with_the_supported_ones():
 def _cases():
     """(format, activation, optional tensors) for every row of the engine's table, with each
     activation its Python row offers (what MoELayer.from_checkpoint accepts)."""
-    for name, _ in _C.formats():
+    for name in _C.formats():
         row = formats.get(name)
         for act in row.activations:
             for optional in ((False, True) if row.optional else (False,)):
@@ -66,7 +65,7 @@ SITU_LINEAR_BETA = 0.8
 
 
 def test_every_engine_row_has_a_quantizer():
-    assert set(QUANTIZE) == {name for name, _ in _C.formats()}
+    assert set(QUANTIZE) == set(_C.formats())
 
 
 @pytest.mark.parametrize("int8_act", [False, True], ids=["bf16_act", "int8_act"])
@@ -92,8 +91,9 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
     with int8_activations(int8_act):
         layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation=activation, **situ)
     assert layer.format == fmt
-    # from_checkpoint's default row order: gpt-oss's interleaved gate/up rows for swigluoai
-    act = dict(activation=activation, interleaved=activation == "swigluoai",
+    # from_checkpoint's default row order: gpt-oss's interleaved gate/up rows for mxfp4's swigluoai, gate rows
+    # then up rows otherwise (MiniMax-M3's swigluoai experts, every other format)
+    act = dict(activation=activation, interleaved=fmt == "mxfp4" and activation == "swigluoai",
                w13_bias=tensors.get("w13_bias"), w2_bias=tensors.get("w2_bias"), **situ)
 
     def exact(out, x, ids, w):
@@ -160,6 +160,52 @@ def test_situ_is_the_reference_situ(tier, fmt, linear_beta):
         assert (plain - ref).norm() > 0.3 * ref.norm(), "situ too close to silu to test it"
 
 
+SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.3, 0.9  # not gpt-oss's: the constants must travel; the limit clamps
+
+
+@pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE])
+def test_swigluoai_on_every_format_with_its_constants(tier, fmt):
+    """swigluoai with gate rows then up rows (MiniMax-M3's experts; gpt-oss interleaves them in mxfp4 only) on
+    every format and tier, prefill and decode sizes, with constants other than gpt-oss's: the exact bound
+    against the fp32 reference, and far from the default constants' result (so alpha and limit were used)."""
+    E, H, I, K = 8, 256, 128, 4
+    g = torch.Generator().manual_seed(23 + len(fmt))
+    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    consts = dict(swiglu_alpha=SWIGLUOAI_ALPHA, swiglu_limit=SWIGLUOAI_LIMIT)
+    with int8_activations(False):  # bf16 activations everywhere: the exact bound
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation="swigluoai", interleaved=False, **consts)
+    assert layer.activation == "swigluoai"
+    assert tuple(layer._impl.swiglu) == pytest.approx((SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT))
+    from lk_moe.reference import moe_reference
+    for M in (1, 5, 40):
+        x = torch.randn(M, H, generator=g).bfloat16()
+        ids, w = random_routing(M, E, K, generator=g)
+        out = layer.forward(x, ids, w)
+        assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), activation="swigluoai",
+                                 interleaved=False, **consts)
+        default = moe_reference(x, d13, d2, ids, w, activation="swigluoai", interleaved=False)
+        ref = moe_reference(x, d13, d2, ids, w, activation="swigluoai", interleaved=False, **consts)
+        assert (default - ref).norm() > 0.3 * ref.norm(), "the constants change too little to test them"
+
+
+def test_only_mxfp4_takes_interleaved_rows():
+    w13 = torch.randn(2, 64, 32).bfloat16()
+    w2 = torch.randn(2, 32, 32).bfloat16()
+    with pytest.raises(ValueError, match="interleaved gate/up rows are an mxfp4 layout"):
+        lk_moe.MoELayer.from_checkpoint("bf16", dict(w13_weight=w13, w2_weight=w2), activation="swigluoai",
+                                        interleaved=True)
+
+
+@pytest.mark.parametrize("alpha,limit", [(float("nan"), 7.0), (1.702, -1.0), (1.702, float("inf"))])
+def test_swigluoai_needs_finite_constants(alpha, limit):
+    w13 = torch.randn(2, 64, 32).bfloat16()
+    w2 = torch.randn(2, 32, 32).bfloat16()
+    with pytest.raises(ValueError, match="activation 'swigluoai' needs a finite swiglu_alpha"):
+        lk_moe.MoELayer(w13, w2, activation="swigluoai", swiglu_alpha=alpha, swiglu_limit=limit)
+
+
 def test_situ_reference_is_vllms_formula():
     """lk_moe.reference.situ against vLLM's SituAndMul.forward_native where vLLM is installed."""
     activation = pytest.importorskip("vllm.model_executor.layers.activation")
@@ -192,5 +238,5 @@ def test_silu_clamp_needs_a_finite_positive_limit(limit):
 def test_an_unknown_activation_names_the_supported_ones():
     w13 = torch.randn(2, 64, 32).bfloat16()
     w2 = torch.randn(2, 32, 32).bfloat16()
-    with pytest.raises(ValueError, match=r"activation 'gelu' is not supported for bf16 \(supported: silu, silu_clamp, situ\)"):
+    with pytest.raises(ValueError, match=r"activation 'gelu' is not supported for bf16 \(supported: silu, silu_clamp, situ, swigluoai\)"):
         lk_moe.MoELayer(w13, w2, activation="gelu")

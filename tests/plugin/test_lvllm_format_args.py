@@ -11,6 +11,7 @@ from lvllm.policy import LayerPlan, UnsupportedMoELayer
 class Act(enum.Enum):  # vLLM's MoEActivation values
     SILU = "silu"
     SWIGLUOAI = "swigluoai"
+    SWIGLUOAI_UNINTERLEAVE = "swigluoai_uninterleave"
     SITU = "situ"
 
 
@@ -50,3 +51,16 @@ def test_situ_takes_its_constants_from_the_moe_config():
         assert (args["activation"], args["situ_beta"], args["situ_linear_beta"]) == ("situ", 1.5, want), fmt
     with pytest.raises(UnsupportedMoELayer, match="without activation_situ_beta"):
         _format_args(layer(Act.SITU, moe_config=SimpleNamespace()), LayerPlan("p", 1, "hybrid", "bf16"))
+
+
+def test_minimax_m3_swigluoai_is_the_engines_swigluoai_on_gate_then_up_rows():
+    """MiniMax-M3's experts (MoEActivation.SWIGLUOAI_UNINTERLEAVE: swigluoai's math, w13 rows [gate; up], the
+    layer's alpha and limit): the engine's swigluoai with its constants, on every format, not interleaved."""
+    for fmt in ("bf16", "fp8_block", "nvfp4"):
+        args = _format_args(layer(Act.SWIGLUOAI_UNINTERLEAVE, swiglu_alpha=1.702, swiglu_limit=7.0),
+                            LayerPlan("p", 1, "hybrid", fmt))
+        assert args == {"activation": "swigluoai", "swiglu_limit": 7.0, "swiglu_alpha": 1.702}, fmt
+    args = _format_args(layer(Act.SWIGLUOAI_UNINTERLEAVE, swiglu_alpha=1.5, swiglu_limit=9.0),
+                        LayerPlan("p", 1, "hybrid", "mxfp4"))
+    assert (args["activation"], args["interleaved"], args["swiglu_alpha"], args["swiglu_limit"]) == (
+        "swigluoai", False, 1.5, 9.0)

@@ -22,6 +22,8 @@ class Strategy(enum.Enum):
 class Act(enum.Enum):
     SILU = "silu"
     SWIGLUOAI = "swigluoai"
+    SWIGLUOAI_UNINTERLEAVE = "swigluoai_uninterleave"
+    GELU = "gelu"
 
 
 def moe_config(**over):
@@ -99,8 +101,11 @@ def test_modelopt_nvfp4_maps_to_nvfp4():
         assert engine_format(m) == ("nvfp4", None)
         p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), ON)
         assert (p.kind, p.format) == ("hybrid", "nvfp4")
-    # silu only, no biases, gated: what the engine's nvfp4 layer computes
-    for over, words in ((dict(activation=Act.SWIGLUOAI), "activation 'swigluoai' with nvfp4 experts"),
+    # every activation, no biases, gated: what the engine's nvfp4 layer computes
+    p = plan_for("model.layers.3.mlp.experts", method("ModelOptNvFp4FusedMoE"), LAYER,
+                 moe_config(activation=Act.SWIGLUOAI_UNINTERLEAVE), ON)
+    assert (p.kind, p.format) == ("hybrid", "nvfp4")
+    for over, words in ((dict(activation=Act.GELU), "activation 'gelu' with nvfp4 experts"),
                         (dict(has_bias=True), "expert biases with nvfp4 experts"),
                         (dict(is_act_and_mul=False), "non-gated experts")):
         with pytest.raises(UnsupportedMoELayer, match=words):
@@ -117,7 +122,7 @@ def test_mxfp4_takes_gpt_oss_activation_and_biases():
 
 
 @pytest.mark.parametrize("over,words", [
-    (dict(activation=Act.SWIGLUOAI), "activation 'swigluoai' with bf16 experts"),
+    (dict(activation=Act.GELU), "activation 'gelu' with bf16 experts"),
     (dict(has_bias=True), "expert biases with bf16 experts"),
     (dict(use_ep=True), "expert parallelism"),
     (dict(dp_size=2), "data parallelism"),
@@ -140,6 +145,20 @@ def test_silu_with_a_swiglu_limit_is_the_engines_clamped_silu():
     assert engine_activation(Act.SILU, 10.0) == ("silu_clamp", 10.0)
     assert engine_activation(Act.SILU, None) == ("silu", None)
     assert engine_activation(Act.SWIGLUOAI, None) == ("swigluoai", None)
+    assert engine_activation(Act.SWIGLUOAI_UNINTERLEAVE, 7.0) == ("swigluoai", 7.0)
+
+
+def test_minimax_m3_swigluoai_runs_on_every_format_with_beta_one_only():
+    """MiniMax-M3's swigluoai (gate rows then up rows) is hybrid for bf16 and FP8 block experts; a beta other
+    than 1.0 (the engine computes up + 1) stops startup naming the layer."""
+    cfg = moe_config(activation=Act.SWIGLUOAI_UNINTERLEAVE)
+    ok = SimpleNamespace(apply_router_weight_on_input=False, swiglu_limit=7.0, swiglu_alpha=1.702, swiglu_beta=1.0)
+    for m in (method("UnquantizedFusedMoEMethod"), method("Fp8MoEMethod", block_quant=True, weight_block_size=[128, 128])):
+        p = plan_for("model.layers.3.block_sparse_moe.experts", m, ok, cfg, ON)
+        assert p.kind == "hybrid", p
+    bad = SimpleNamespace(apply_router_weight_on_input=False, swiglu_limit=7.0, swiglu_alpha=1.702, swiglu_beta=0.5)
+    with pytest.raises(UnsupportedMoELayer, match=r"model.layers.3.block_sparse_moe.experts.*swiglu_beta=0.5"):
+        plan_for("model.layers.3.block_sparse_moe.experts", method("UnquantizedFusedMoEMethod"), bad, cfg, ON)
 
 
 def test_gpu_prefill_per_format():

@@ -84,8 +84,6 @@ void configure(const WeightSource& src, MoEShape& sh, std::vector<float>& gs13, 
   const Fp4Blocks& f = src.as<Fp4Blocks>();
   sh.seg1 = sh.seg2 = group_of(sh);
   sh.bias = f.b13 || f.b2;
-  sh.alpha = f.alpha;
-  sh.limit = f.limit;
   if (!sh.format->nv) return;
   // per-expert global scales: gate and up of w13 ([E][2]), w2 ([E])
   if (!f.g13 || !f.g2) throw std::invalid_argument("nvfp4 needs the global scales of w13 and w2");
@@ -211,11 +209,11 @@ void down_task(const TaskBlocks& w, DownTask& t) {
 
 const Format kMxfp4Format = {
     .name = "mxfp4", .family = Family::kFp4, .decode_wide = DecodeWide::kFourBit, .int8_act = true,
-    .q15_decode = true, .swigluoai = true, .configure = &configure, .allocate = &allocate, .repack13 = &repack13,
+    .q15_decode = true, .configure = &configure, .allocate = &allocate, .repack13 = &repack13,
     .repack2 = &repack2, .gate_up_task = &gate_up_task, .down_task = &down_task};
 const Format kNvfp4Format = {
     .name = "nvfp4", .family = Family::kFp4, .nv = true, .decode_wide = DecodeWide::kFourBit, .int8_act = true,
-    .q15_decode = true, .swigluoai = true, .configure = &configure, .allocate = &allocate, .repack13 = &repack13,
+    .q15_decode = true, .configure = &configure, .allocate = &allocate, .repack13 = &repack13,
     .repack2 = &repack2, .gate_up_task = &gate_up_task, .down_task = &down_task};
 
 }  // namespace lk

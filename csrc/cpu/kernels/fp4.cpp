@@ -139,11 +139,6 @@ inline float fp4_scale_f32(uint8_t s) {
   else return e8m0_to_f32(s);
 }
 
-inline float sigmoid_scalar(float z) {
-  const float e = __builtin_expf(-(z < -kExpHi ? -kExpHi : (z > kExpHi ? kExpHi : z)));
-  return 1.0f / (1.0f + e);
-}
-
 // act[0:16] = activation(g + bias_g, u + bias_u) as bf16; g and u are overwritten.
 inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out) {
   if (t.bias) {
@@ -153,33 +148,7 @@ inline void act_16(const GateUpTask& t, int j, float* g, float* u, uint16_t* out
       u[n] += bf16_to_f32(bg[kBlockN + n]);
     }
   }
-  if (t.act_fn != Activation::kSwigluOAI) return gate_act_16(t, g, u, out);
-  const float lim = t.limit, al = t.alpha;
-#if defined(LK_V512)
-  // The clamps take the bound as the first operand: min/max return the second when either is NaN,
-  // so a NaN gate or up stays NaN (vLLM's torch.clamp propagates it too).
-  const __m512 gv = _mm512_min_ps(_mm512_set1_ps(lim), _mm512_loadu_ps(g));
-  const __m512 uv = _mm512_max_ps(_mm512_set1_ps(-lim), _mm512_min_ps(_mm512_set1_ps(lim), _mm512_loadu_ps(u)));
-  const __m512 e = exp_v(_mm512_mul_ps(gv, _mm512_set1_ps(-al)));
-  const __m512 glu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-  _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(_mm512_mul_ps(_mm512_add_ps(uv, _mm512_set1_ps(1.0f)), glu)));
-#elif defined(__AVX2__)
-  float y[16];
-  for (int h = 0; h < 2; ++h) {
-    const __m256 gv = _mm256_min_ps(_mm256_set1_ps(lim), _mm256_loadu_ps(g + 8 * h));
-    const __m256 uv = _mm256_max_ps(_mm256_set1_ps(-lim), _mm256_min_ps(_mm256_set1_ps(lim), _mm256_loadu_ps(u + 8 * h)));
-    const __m256 e = exp_v(_mm256_mul_ps(gv, _mm256_set1_ps(-al)));
-    const __m256 glu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(_mm256_add_ps(uv, _mm256_set1_ps(1.0f)), glu));
-  }
-  store_bf16_16(y, out);
-#else
-  for (int n = 0; n < 16; ++n) {
-    const float gv = g[n] > lim ? lim : g[n];  // comparisons false for NaN: it passes through
-    const float uv = u[n] < -lim ? -lim : (u[n] > lim ? lim : u[n]);
-    out[n] = f32_to_bf16((uv + 1.0f) * gv * sigmoid_scalar(al * gv));
-  }
-#endif
+  gate_act_16(t, g, u, out);
 }
 
 #if defined(LK_V512)

@@ -223,6 +223,16 @@ inline void situ_mul_16(const float* g, const float* u, float beta, float linear
   _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(_mm512_mul_ps(_mm512_mul_ps(soft_clip_v(gv, beta), sig), uv)));
 }
 
+// Activation::kSwigluOAI: (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit). The clamps
+// take the bound as the first operand: min/max return the second when either is NaN, so a NaN stays NaN.
+inline void swigluoai_mul_16(const float* g, const float* u, float alpha, float limit, uint16_t* out) {
+  const __m512 gv = _mm512_min_ps(_mm512_set1_ps(limit), _mm512_loadu_ps(g));
+  const __m512 uv = _mm512_max_ps(_mm512_set1_ps(-limit), _mm512_min_ps(_mm512_set1_ps(limit), _mm512_loadu_ps(u)));
+  const __m512 e = exp_v(_mm512_mul_ps(gv, _mm512_set1_ps(-alpha)));
+  const __m512 glu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  _mm256_storeu_si256((__m256i*)out, f32_to_bf16_v(_mm512_mul_ps(_mm512_add_ps(uv, _mm512_set1_ps(1.0f)), glu)));
+}
+
 inline void axpy_16(float w, const float* c, float* o) {
   _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(c), _mm512_loadu_ps(o)));
 }
@@ -448,6 +458,19 @@ inline void situ_mul_16(const float* g, const float* u, float beta, float linear
   store_bf16_16(y, out);
 }
 
+// Activation::kSwigluOAI: (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit); NaN stays NaN.
+inline void swigluoai_mul_16(const float* g, const float* u, float alpha, float limit, uint16_t* out) {
+  float y[16];
+  for (int h = 0; h < 2; ++h) {
+    const __m256 gv = _mm256_min_ps(_mm256_set1_ps(limit), _mm256_loadu_ps(g + 8 * h));
+    const __m256 uv = _mm256_max_ps(_mm256_set1_ps(-limit), _mm256_min_ps(_mm256_set1_ps(limit), _mm256_loadu_ps(u + 8 * h)));
+    const __m256 e = exp_v(_mm256_mul_ps(gv, _mm256_set1_ps(-alpha)));
+    const __m256 glu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(_mm256_add_ps(uv, _mm256_set1_ps(1.0f)), glu));
+  }
+  store_bf16_16(y, out);
+}
+
 inline void axpy_16(float w, const float* c, float* o) {
   __m256 wv = _mm256_set1_ps(w);
   _mm256_storeu_ps(o, _mm256_fmadd_ps(wv, _mm256_loadu_ps(c), _mm256_loadu_ps(o)));
@@ -543,6 +566,16 @@ inline void situ_mul_16(const float* g, const float* u, float beta, float linear
   }
 }
 
+// Activation::kSwigluOAI: (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit); the
+// comparisons are false for NaN, so it passes through.
+inline void swigluoai_mul_16(const float* g, const float* u, float alpha, float limit, uint16_t* out) {
+  for (int n = 0; n < 16; ++n) {
+    const float gv = g[n] > limit ? limit : g[n];
+    const float uv = u[n] < -limit ? -limit : (u[n] > limit ? limit : u[n]);
+    out[n] = f32_to_bf16((uv + 1.0f) * gv * (1.0f / (1.0f + exp_bounded(-alpha * gv))));
+  }
+}
+
 inline void axpy_16(float w, const float* c, float* o) {
   for (int n = 0; n < 16; ++n) o[n] += w * c[n];
 }
@@ -578,10 +611,12 @@ constexpr int kMaxRows = 4;
 
 // act[0:16] of a gate/up task from its pre-activations g and u (16 each), as bf16: silu(g) * u, or for
 // Activation::kSiLUClamp silu(min(g, limit)) * clamp(u, -limit, limit), for kSitu situ_mul_16 with
-// (beta, linear_beta) = (alpha, limit). The clamps keep a NaN a NaN, as vLLM's torch.clamp does. Every
-// format's gate/up kernel ends in it (the fp4 formats' act_16 adds biases and kSwigluOAI around it).
+// (beta, linear_beta) = (alpha, limit), for kSwigluOAI swigluoai_mul_16 (gpt-oss, MiniMax-M3). The clamps keep
+// a NaN a NaN, as vLLM's torch.clamp does. Every format's gate/up kernel ends in it (the fp4 formats' act_16
+// adds their biases first).
 inline void gate_act_16(const GateUpTask& t, const float* g, const float* u, uint16_t* out) {
   if (t.act_fn == Activation::kSitu) return situ_mul_16(g, u, t.alpha, t.limit, out);
+  if (t.act_fn == Activation::kSwigluOAI) return swigluoai_mul_16(g, u, t.alpha, t.limit, out);
   if (t.act_fn != Activation::kSiLUClamp) return silu_mul_16(g, u, out);
   const float lim = t.limit;
   float gc[16], uc[16];
