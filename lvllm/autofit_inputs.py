@@ -26,8 +26,9 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
     experts, H, I = expert_shape(cfg)
     # DeepSeek-V4: MXFP4 experts (expert_dtype "fp4") under an FP8 config for the other projections
     fmt = "mxfp4" if cfg.get("expert_dtype") == "fp4" else ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
-    activation = ("swigluoai" if info.model_type == "gpt_oss" else "silu_clamp" if cfg.get("swiglu_limit")
-                  else "situ" if cfg.get("hidden_act") == "situ" else "silu")
+    # gpt-oss (no hidden_act for its experts) and MiniMax-M3 (hidden_act swigluoai, with a swiglu_limit) are swigluoai
+    activation = ("swigluoai" if info.model_type == "gpt_oss" or cfg.get("hidden_act") == "swigluoai"
+                  else "silu_clamp" if cfg.get("swiglu_limit") else "situ" if cfg.get("hidden_act") == "situ" else "silu")
     layer = info.expert_bytes_per_layer
     return Model(name=info.architecture, moe_layers=info.moe_layers, experts=experts,
                  top_k=experts_per_token(cfg, 8), hidden=H,

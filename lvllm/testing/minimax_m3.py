@@ -1,0 +1,38 @@
+"""MiniMax-M3's config.json for lvllm.testing.tiny_checkpoint, as vLLM 0.33.0's own MiniMaxM3Config reads it: the
+text-only architecture (MiniMaxM3SparseForCausalLM) with its text model under text_config (model_type minimax_m3_vl,
+which vLLM maps to its config class). GQA attention with head_dim 128 (the kernels' fixed width), per-head QK norm,
+partial RoPE; dense first layers, then MoE layers (moe_layer_freq, a 0/1 flag per layer) whose attention is
+block-sparse with a lightning indexer (sparse_attention_freq, the same flags, as released); sigmoid routing with a
+selection bias and a routed scale of 2; a shared expert; swigluoai experts on [gate; up] rows (vLLM's
+swigluoai_uninterleave: alpha 1.702, beta 1.0, limit 7.0), w1/w2/w3 checkpoint names.
+
+big: vLLM's MiniMaxM3TextConfig defaults (60 layers, 128 experts, top-4, hidden 6144, expert size 3072): the
+released shape. Config only: no weights are written for MiniMax-M3 yet, serve it with --load-format dummy. Its
+release ships bf16 or MXFP8 experts; the engine has no MXFP8 format (startup stops naming the layer), so the
+generated config is bf16.
+"""
+from __future__ import annotations
+
+SHAPES = {
+    "tiny": dict(H=256, L=3, dense=1, nh=4, nkv=2, E=8, K=2, I=128, dense_I=512, V=2048, ctx=32768),
+    "big": dict(H=6144, L=60, dense=3, nh=64, nkv=4, E=128, K=4, I=3072, dense_I=12288, V=200064, ctx=524288),
+}
+
+
+def config(s: dict, vocab: int) -> dict:
+    L, dense = s["L"], s["dense"]
+    moe = [0] * dense + [1] * (L - dense)  # per layer: 1 = MoE (and block-sparse attention), 0 = dense
+    sparse = dict(use_sparse_attention=True, sparse_index_dim=128, sparse_num_index_heads=s["nkv"],
+                  sparse_topk_blocks=16, sparse_block_size=128, sparse_disable_index_value=list(moe),
+                  sparse_score_type="max", sparse_init_block=0, sparse_local_block=1, sparse_attention_freq=list(moe))
+    text = dict(model_type="minimax_m3_text", vocab_size=vocab, hidden_size=s["H"], intermediate_size=s["I"],
+                dense_intermediate_size=s["dense_I"], shared_intermediate_size=s["I"], num_hidden_layers=L,
+                num_attention_heads=s["nh"], num_key_value_heads=s["nkv"], head_dim=128,
+                max_position_embeddings=s["ctx"], rms_norm_eps=1e-6, use_gemma_norm=True, attention_output_gate=False,
+                rope_theta=5000000, rotary_dim=64, partial_rotary_factor=0.5, hidden_act="swigluoai",
+                swiglu_alpha=1.702, swiglu_beta=1.0, swiglu_limit=7.0, use_qk_norm=True, qk_norm_type="per_head",
+                num_local_experts=s["E"], num_experts_per_tok=s["K"], n_shared_experts=1, scoring_func="sigmoid",
+                use_routing_bias=True, routed_scaling_factor=2.0, num_mtp_modules=1, moe_layer_freq=moe,
+                sparse_attention_config=sparse, tie_word_embeddings=False)
+    return dict(architectures=["MiniMaxM3SparseForCausalLM"], model_type="minimax_m3_vl", text_config=text,
+                tie_word_embeddings=False, torch_dtype="bfloat16")
