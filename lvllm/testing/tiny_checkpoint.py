@@ -11,8 +11,8 @@ Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
-int4 experts as released), kimi_k3 (config and tokenizer only, tiny), minimax_m3 (config and tokenizer only, both
-sizes) (bf16; --quant fp8, w4a16, nvfp4,
+int4 experts as released), kimi_k3 (config and tokenizer only, tiny), minimax_m3 and glm5_next (GLM-5.3; both config
+and tokenizer only, both sizes) (bf16; --quant fp8, w4a16, nvfp4,
 fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -30,15 +30,16 @@ from typing import Dict
 
 import torch
 
-from . import deepseek_v41, kimi_k3, minimax_m3
+from . import deepseek_v41, glm5_next, kimi_k3, minimax_m3
 from .checkpoint_quant import QUANTS, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
-         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3", "minimax_m3")
+         "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3", "minimax_m3",
+         "glm5_next")
 # Architectures with their own module for config and shapes; written as config + tokenizer only (serve with
 # --load-format dummy): their weight layout is not written yet
-CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3, "minimax_m3": minimax_m3}
+CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3, "minimax_m3": minimax_m3, "glm5_next": glm5_next}
 CONFIG_ONLY = tuple(CONFIG_MODULES)
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
@@ -700,8 +701,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = deepseek_v41.config(_config("deepseek_v4", s, vocab), s, out)
     elif arch == "kimi_k3":
         config = kimi_k3.config(s, vocab, image_token_id=len(SPECIAL))
-    elif arch == "minimax_m3":
-        config = minimax_m3.config(s, vocab)
+    elif arch in ("minimax_m3", "glm5_next"):
+        config = CONFIG_MODULES[arch].config(s, vocab)
     else:
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None

@@ -1,0 +1,37 @@
+"""GLM-5.3's config.json ("GLM-5-next", Glm5NextForCausalLM) for lvllm.testing.tiny_checkpoint, as transformers'
+own Glm5NextTextConfig (the class vLLM 0.33.0 uses) reads it: hybrid attention (Kimi Delta Attention layers, every
+fourth an indexed one: NoPE sparse MLA with a pooled DSA indexer), mHC residual streams, dense first layers, then
+MoE layers with grouped sigmoid routing and a selection bias (noaux_tc), a shared expert, silu experts clamped at
+swiglu_limit (the engine's silu_clamp), gate_proj/up_proj/down_proj names. The kernels' fixed widths are kept (MLA's
+512-wide latent, 256-wide NoPE heads, 128-wide indexer heads); the config class wants as many KV heads as heads.
+
+big: transformers' Glm5NextTextConfig defaults (45 layers, 288 experts, top-8, hidden 4096, expert size 2048): the
+released shape. Config only: no weights are written for GLM-5.3 yet, serve it with --load-format dummy.
+"""
+from __future__ import annotations
+
+SHAPES = {
+    "tiny": dict(H=256, L=4, dense=1, nh=4, E=8, K=2, I=128, dense_I=512, V=2048, q_lora=256, idx_heads=4,
+                 lin_heads=4, ctx=32768),
+    "big": dict(H=4096, L=45, dense=3, nh=64, E=288, K=8, I=2048, dense_I=12288, V=154880, q_lora=1536, idx_heads=32,
+                lin_heads=64, ctx=1048576),
+}
+
+
+def config(s: dict, vocab: int) -> dict:
+    L, dense = s["L"], s["dense"]
+    return dict(architectures=["Glm5NextForCausalLM"], model_type="glm5_next_text", torch_dtype="bfloat16",
+                vocab_size=vocab, hidden_size=s["H"], intermediate_size=s["dense_I"], moe_intermediate_size=s["I"],
+                num_hidden_layers=L, num_attention_heads=s["nh"], num_key_value_heads=s["nh"],
+                n_routed_experts=s["E"], n_shared_experts=1, num_experts_per_tok=s["K"], n_group=1, topk_group=1,
+                norm_topk_prob=True, routed_scaling_factor=2.5, scoring_func="sigmoid", topk_method="noaux_tc",
+                hidden_act="silu", swiglu_limit=10.0,
+                mlp_layer_types=["dense"] * dense + ["sparse"] * (L - dense),
+                layer_types=["indexed_attention" if i % 4 == 3 else "linear_attention" for i in range(L)],
+                kv_lora_rank=512, q_lora_rank=s["q_lora"], qk_rope_head_dim=0, qk_nope_head_dim=256, v_head_dim=256,
+                mla_use_nope=True, index_topk=2048, index_kpool=16, index_kpool_always_select_tail=True,
+                index_head_dim=128, index_n_heads=s["idx_heads"], indexer_rope_interleave=False,
+                linear_head_dim=128, linear_num_heads=s["lin_heads"], linear_conv_kernel_dim=4,
+                linear_lower_bound=-5.0, mhc=True, hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20,
+                num_nextn_predict_layers=1, max_position_embeddings=s["ctx"], rms_norm_eps=1e-5,
+                tie_word_embeddings=False)
