@@ -76,14 +76,15 @@ def _read_header(path: str) -> dict:
 
 def moe_layer_indices(cfg: dict) -> list:
     """The decoder layers that have routed experts (dense first layers, mlp_only_layers and a sparse step
-    left out; MiniMax-M3: moe_layer_freq, a 0/1 flag per layer; GLM-5.3: mlp_layer_types, dense or sparse)."""
+    left out; MiniMax-M3: moe_layer_freq, a 0/1 flag per layer; mlp_layer_types, where a config lists them: every
+    kind but "dense" has experts: GLM-5's sparse, DeepSeek-V4's moe and hash_moe)."""
     layers = int(cfg.get("num_hidden_layers", 0))
     flags = cfg.get("moe_layer_freq")
     if isinstance(flags, list):
         return [i for i in range(layers) if i < len(flags) and flags[i]]
     kinds = cfg.get("mlp_layer_types")
     if isinstance(kinds, list):
-        return [i for i in range(layers) if i < len(kinds) and kinds[i] == "sparse"]
+        return [i for i in range(layers) if i < len(kinds) and kinds[i] != "dense"]
     dense = int(cfg.get("first_k_dense_replace", 0) or 0)
     only = set(cfg.get("mlp_only_layers", []) or [])
     step = int(cfg.get("decoder_sparse_step", 1) or 1)
