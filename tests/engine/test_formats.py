@@ -105,59 +105,49 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
     check_int8_decode(layer, tier, E, K, (1, 5, 40), int8 if int8_act else exact, exact)
 
 
+def _check_activation(fmt, seed, activation, constants, engine_constants, other, why):
+    """One activation with its constants on a format (bf16 activations everywhere: the exact bound), prefill and
+    decode sizes: the engine layer holds `engine_constants` (its _impl.swiglu pair) and matches the fp32 reference;
+    that reference is far from `other` (the same activation with other constants, or plain silu), so what the
+    constants do really ran."""
+    from lk_moe.reference import moe_reference
+    E, H, I, K = 8, 256, 128, 4
+    g = torch.Generator().manual_seed(seed + len(fmt))
+    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    with int8_activations(False):
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation=activation, **constants)
+    assert layer.activation == activation and tuple(layer._impl.swiglu) == pytest.approx(engine_constants)
+    ref_args = dict(constants, activation=activation)
+    for M in (1, 5, 40):
+        x = torch.randn(M, H, generator=g).bfloat16()
+        ids, w = random_routing(M, E, K, generator=g)
+        out = layer.forward(x, ids, w)
+        assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), **ref_args)
+        ref = moe_reference(x, d13, d2, ids, w, **ref_args)
+        assert (moe_reference(x, d13, d2, ids, w, **other) - ref).norm() > 0.3 * ref.norm(), why
+
+
 SILU_CLAMP_LIMIT = 0.75  # below the pre-activations' std: most gates and ups are clamped
 
 
 @pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE])
 def test_silu_clamp_is_the_clamped_reference(tier, fmt):
-    """silu with vLLM's swiglu_limit (DeepSeek-V4) on every format and tier, prefill and decode sizes,
-    with a limit that clamps most pre-activations: the exact bound against the clamped reference, and
-    far from plain silu (so the clamp really ran)."""
-    E, H, I, K = 8, 256, 128, 4
-    g = torch.Generator().manual_seed(11 + len(fmt))
-    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
-    with int8_activations(False):  # bf16 activations everywhere: the exact bound
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation="silu_clamp", swiglu_limit=SILU_CLAMP_LIMIT)
-    assert layer.activation == "silu_clamp" and tuple(layer._impl.swiglu)[1] == SILU_CLAMP_LIMIT
-    from lk_moe.reference import moe_reference
-    for M in (1, 5, 40):
-        x = torch.randn(M, H, generator=g).bfloat16()
-        ids, w = random_routing(M, E, K, generator=g)
-        out = layer.forward(x, ids, w)
-        assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), activation="silu_clamp",
-                                 swiglu_limit=SILU_CLAMP_LIMIT)
-        plain = moe_reference(x, d13, d2, ids, w, activation="silu")
-        clamped = moe_reference(x, d13, d2, ids, w, activation="silu_clamp", swiglu_limit=SILU_CLAMP_LIMIT)
-        assert (plain - clamped).norm() > 0.3 * clamped.norm(), "the limit clamps too little to test it"
+    """silu with vLLM's swiglu_limit (DeepSeek-V4) on every format and tier, with a limit that clamps most
+    pre-activations: the clamped reference, far from plain silu (so the clamp really ran)."""
+    _check_activation(fmt, 11, "silu_clamp", dict(swiglu_limit=SILU_CLAMP_LIMIT), (1.702, SILU_CLAMP_LIMIT),
+                      dict(activation="silu"), "the limit clamps too little to test it")
 
 
 @pytest.mark.parametrize("linear_beta", [0.0, SITU_LINEAR_BETA])
 @pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE])
 def test_situ_is_the_reference_situ(tier, fmt, linear_beta):
-    """Kimi-K3's SituGLU on every format and tier, prefill and decode sizes, with and without the soft clip of
-    the up projection: the exact bound against vLLM's formula in fp32 (lk_moe.reference.situ), and far from
-    plain silu (so the tanh terms really ran)."""
-    E, H, I, K = 8, 256, 128, 4
-    g = torch.Generator().manual_seed(17 + len(fmt))
-    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    """Kimi-K3's SituGLU on every format and tier, with and without the soft clip of the up projection: vLLM's
+    formula in fp32 (lk_moe.reference.situ), far from plain silu (so the tanh terms really ran)."""
     situ = dict(situ_beta=SITU_BETA, situ_linear_beta=linear_beta)
-    with int8_activations(False):  # bf16 activations everywhere: the exact bound
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation="situ", **situ)
-    assert layer.activation == "situ" and tuple(layer._impl.swiglu) == pytest.approx((SITU_BETA, linear_beta))
-    from lk_moe.reference import moe_reference
-    for M in (1, 5, 40):
-        x = torch.randn(M, H, generator=g).bfloat16()
-        ids, w = random_routing(M, E, K, generator=g)
-        out = layer.forward(x, ids, w)
-        assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), activation="situ",
-                                 **situ)
-        plain = moe_reference(x, d13, d2, ids, w, activation="silu")
-        ref = moe_reference(x, d13, d2, ids, w, activation="situ", **situ)
-        assert (plain - ref).norm() > 0.3 * ref.norm(), "situ too close to silu to test it"
+    _check_activation(fmt, 17, "situ", situ, (SITU_BETA, linear_beta), dict(activation="silu"),
+                      "situ too close to silu to test it")
 
 
 SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.3, 0.9  # not gpt-oss's: the constants must travel; the limit clamps
@@ -166,28 +156,11 @@ SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.3, 0.9  # not gpt-oss's: the constants must
 @pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE])
 def test_swigluoai_on_every_format_with_its_constants(tier, fmt):
     """swigluoai with gate rows then up rows (MiniMax-M3's experts; gpt-oss interleaves them in mxfp4 only) on
-    every format and tier, prefill and decode sizes, with constants other than gpt-oss's: the exact bound
-    against the fp32 reference, and far from the default constants' result (so alpha and limit were used)."""
-    E, H, I, K = 8, 256, 128, 4
-    g = torch.Generator().manual_seed(23 + len(fmt))
-    w13 = torch.randn(E, 2 * I, H, generator=g) * (2.0 / H ** 0.5)
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
-    consts = dict(swiglu_alpha=SWIGLUOAI_ALPHA, swiglu_limit=SWIGLUOAI_LIMIT)
-    with int8_activations(False):  # bf16 activations everywhere: the exact bound
-        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors, activation="swigluoai", interleaved=False, **consts)
-    assert layer.activation == "swigluoai"
-    assert tuple(layer._impl.swiglu) == pytest.approx((SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT))
-    from lk_moe.reference import moe_reference
-    for M in (1, 5, 40):
-        x = torch.randn(M, H, generator=g).bfloat16()
-        ids, w = random_routing(M, E, K, generator=g)
-        out = layer.forward(x, ids, w)
-        assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt), activation="swigluoai",
-                                 interleaved=False, **consts)
-        default = moe_reference(x, d13, d2, ids, w, activation="swigluoai", interleaved=False)
-        ref = moe_reference(x, d13, d2, ids, w, activation="swigluoai", interleaved=False, **consts)
-        assert (default - ref).norm() > 0.3 * ref.norm(), "the constants change too little to test them"
+    every format and tier, with constants other than gpt-oss's: far from the default constants' result (so alpha
+    and limit were used)."""
+    consts = dict(swiglu_alpha=SWIGLUOAI_ALPHA, swiglu_limit=SWIGLUOAI_LIMIT, interleaved=False)
+    _check_activation(fmt, 23, "swigluoai", consts, (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT),
+                      dict(activation="swigluoai", interleaved=False), "the constants change too little to test them")
 
 
 def test_only_mxfp4_takes_interleaved_rows():

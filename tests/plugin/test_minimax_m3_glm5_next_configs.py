@@ -1,0 +1,70 @@
+"""MiniMax-M3's and GLM-5.3's generated configs (lvllm.testing.minimax_m3, .glm5_next; config + tokenizer, tiny and
+the release's shape) as the config classes vLLM 0.33.0 uses and its model registry read them, and as lvllm's readers
+(doctor, auto-fit, the benchmarks) count them: MoE layers from moe_layer_freq flags / mlp_layer_types. Both models
+build on CUDA only."""
+import json
+
+import pytest
+
+from lvllm.autofit_inputs import describe_model
+from lvllm.cli.checkpoint_info import expert_shape, experts_per_token, read_checkpoint
+from lvllm.testing import glm5_next, minimax_m3
+from lvllm.testing.tiny_checkpoint import make_checkpoint
+
+pytest.importorskip("vllm")
+
+ARCHS = {"minimax_m3": ("MiniMaxM3SparseForCausalLM", minimax_m3.SHAPES),
+         "glm5_next": ("Glm5NextForCausalLM", glm5_next.SHAPES)}
+
+
+@pytest.fixture(scope="module", params=[(a, size) for a in ARCHS for size in ("tiny", "big")],
+                ids=lambda p: "-".join(p))
+def ckpt(request, tmp_path_factory):
+    arch, size = request.param
+    path = make_checkpoint(arch, str(tmp_path_factory.mktemp(arch) / "ckpt"), size=size)
+    with open(f"{path}/config.json") as f:
+        raw = json.load(f)
+    return arch, ARCHS[arch][1][size], path, raw
+
+
+def test_vllm_registry_resolves_it(ckpt):
+    arch, s, path, _ = ckpt
+    from vllm.config import ModelConfig
+    mc = ModelConfig(model=path, skip_tokenizer_init=True)
+    assert mc.architectures == [ARCHS[arch][0]]
+    text = mc.hf_text_config
+    assert (getattr(text, "num_local_experts", None) or text.n_routed_experts) == s["E"]
+
+
+def test_minimax_m3_config_class_reads_its_experts(ckpt):
+    arch, s, _, raw = ckpt
+    if arch != "minimax_m3":
+        pytest.skip("MiniMax-M3 only")
+    from vllm.transformers_utils.configs.minimax_m3 import MiniMaxM3Config
+    text = MiniMaxM3Config(**{k: v for k, v in raw.items() if k != "model_type"}).text_config
+    assert (text.num_local_experts, text.num_experts_per_tok, text.intermediate_size) == (s["E"], s["K"], s["I"])
+    # vLLM builds its experts with swigluoai_uninterleave from these: the engine's swigluoai on [gate; up] rows
+    assert (text.hidden_act, text.swiglu_alpha, text.swiglu_beta, text.swiglu_limit) == ("swigluoai", 1.702, 1.0, 7.0)
+    assert list(text.moe_layer_freq) == [0] * s["dense"] + [1] * (s["L"] - s["dense"])
+
+
+def test_glm5_next_config_class_reads_its_experts(ckpt):
+    arch, s, _, raw = ckpt
+    if arch != "glm5_next":
+        pytest.skip("GLM-5.3 only")
+    from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+    cfg = Glm5NextTextConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
+    assert (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (s["E"], s["K"], s["I"])
+    assert (cfg.hidden_act, cfg.swiglu_limit) == ("silu", 10.0)  # the engine's silu_clamp
+    assert cfg.layer_types[:4] == ["linear_attention"] * 3 + ["indexed_attention"]
+
+
+def test_readers_count_their_moe_layers(ckpt):
+    arch, s, path, _ = ckpt
+    info = read_checkpoint(path)
+    assert info.architecture == ARCHS[arch][0] and info.moe_layers == s["L"] - s["dense"]
+    assert expert_shape(info.config) == (s["E"], s["H"], s["I"]) and experts_per_token(info.config) == s["K"]
+    assert info.expert_bytes == (s["L"] - s["dense"]) * s["E"] * 3 * s["H"] * s["I"] * 2  # bf16
+    model = describe_model(info, tp=1, max_model_len=4096)
+    # swigluoai (MiniMax-M3) is one of the GPU expert cache's activations, silu_clamp (GLM-5.3) is not
+    assert model.top_k == s["K"] and (model.slot_bytes > 0) == (arch == "minimax_m3")
