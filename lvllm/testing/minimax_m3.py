@@ -14,7 +14,7 @@ generated config is bf16.
 from __future__ import annotations
 
 SHAPES = {
-    "tiny": dict(H=256, L=3, dense=1, nh=4, nkv=2, E=8, K=2, I=128, dense_I=512, V=2048, ctx=32768),
+    "tiny": dict(H=256, L=4, dense=1, nh=4, nkv=2, E=8, K=2, I=128, dense_I=512, V=2048, ctx=32768),
     "big": dict(H=6144, L=60, dense=3, nh=64, nkv=4, E=128, K=4, I=3072, dense_I=12288, V=200064, ctx=524288),
 }
 

@@ -51,6 +51,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
     ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
+    ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 (config only, dummy weights): swigluoai on [gate; up] rows
     ("deepseek_v3", "bf16", 1, "bf16"),  # MLA (vLLM's reference CPU_MLA backend), grouped sigmoid routing
     ("deepseek_v3", "fp8", 1, "fp8_block"),  # as DeepSeek-V3 / R1 are released
     ("deepseek_v3", "w4a16", 1, "wna16_int4"),  # Kimi-K2-Thinking's int4 experts on its DeepSeek-V3 architecture
@@ -59,7 +60,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("kimi_k25", "w4a16", 1, "wna16_int4"),  # and its int4 experts (quantization_config in text_config)
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
-ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp"}
+ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "minimax_m3": "swigluoai"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors).
 VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod"}
 

@@ -65,10 +65,14 @@ def dummy_reference(model_dir, arch):
     """`--load-format dummy`: the plugin fills host experts itself (lvllm.dummy_weights); every
     tensor gets the same deterministic tile, so the reference is that fill of each full shape."""
     from lvllm.dummy_weights import fill_
-    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    cfg = text_config(model_dir)
     E, H, I = expert_shape(cfg)
+    act = {}
+    if arch == "minimax_m3":  # vLLM's swigluoai_uninterleave: swigluoai on [gate; up] rows, the config's constants
+        act = dict(activation="swigluoai", interleaved=False, swiglu_alpha=cfg["swiglu_alpha"],
+                   swiglu_limit=cfg["swiglu_limit"])
     return dict(w13=fill_(torch.empty(E, 2 * I, H, dtype=torch.bfloat16)).float(),
-                w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float())
+                w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float(), **act)
 
 
 def text_config(model_dir):
@@ -179,8 +183,18 @@ def lend_deepseek_v4_mxfp4_backend():
     mxfp4.select_deepseek_v4_mxfp4_moe_backend = lambda *a, **k: (Mxfp4MoeBackend.MARLIN, None)
 
 
+def lend_unquantized_swigluoai_backend():
+    """MiniMax-M3's bf16 experts (vLLM's swigluoai_uninterleave activation): vLLM's CPU MoE backend does not compute
+    that activation, so the unquantized oracle finds no backend on the CPU platform. Answer as a CUDA machine would
+    (Triton); the method, its create_weights and the loader stay vLLM's, and the hand-over replaces its kernel."""
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+    method.select_unquantized_moe_backend = lambda *a, **k: (UnquantizedMoeBackend.TRITON, None)
+
+
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
-ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention}
+ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
+                "minimax_m3": lend_unquantized_swigluoai_backend}
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
 
