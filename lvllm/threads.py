@@ -124,7 +124,8 @@ def keep_others_off_workers(share_cpus: Sequence[int], task_dir: str = "/proc/se
             except OSError:
                 continue  # ended meanwhile
     where = ",".join(map(str, other_cpus))
-    poller = (f"; the engine's signal thread alone on CPU {signal_cpus[0]}" if signal and signal_cpus != other_cpus
-              else "; the engine's signal thread with them" if signal else "")
+    alone = signal_cpus != other_cpus
+    poller = ("" if not moved["signal"] else f"; the engine's signal thread alone on CPU {signal_cpus[0]}" if alone
+              else "; the engine's signal thread with them")
     return (f"LVLLM_EXCLUSIVE_ENGINE_CPUS: {moved['other']} other threads of this process on CPUs {where}{poller}; "
             f"the {len(workers)} engine workers alone on theirs")
