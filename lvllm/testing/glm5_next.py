@@ -27,7 +27,9 @@ def config(s: dict, vocab: int) -> dict:
                 norm_topk_prob=True, routed_scaling_factor=2.5, scoring_func="sigmoid", topk_method="noaux_tc",
                 hidden_act="silu", swiglu_limit=10.0,
                 mlp_layer_types=["dense"] * dense + ["sparse"] * (L - dense),
-                layer_types=["indexed_attention" if i % 4 == 3 else "linear_attention" for i in range(L)],
+                # "full_attention" for the MLA (DSA) layers, as released: every transformers vLLM 0.33.0 accepts it
+                # (5.20 renames it "indexed_attention", which 5.17's validator rejects)
+                layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(L)],
                 kv_lora_rank=512, q_lora_rank=s["q_lora"], qk_rope_head_dim=0, qk_nope_head_dim=256, v_head_dim=256,
                 mla_use_nope=True, index_topk=2048, index_kpool=16, index_kpool_always_select_tail=True,
                 index_head_dim=128, index_n_heads=s["idx_heads"], indexer_rope_interleave=False,

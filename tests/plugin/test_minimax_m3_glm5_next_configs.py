@@ -56,7 +56,8 @@ def test_glm5_next_config_class_reads_its_experts(ckpt):
     cfg = Glm5NextTextConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
     assert (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (s["E"], s["K"], s["I"])
     assert (cfg.hidden_act, cfg.swiglu_limit) == ("silu", 10.0)  # the engine's silu_clamp
-    assert cfg.layer_types[:4] == ["linear_attention"] * 3 + ["indexed_attention"]
+    assert raw["layer_types"][:4] == ["linear_attention"] * 3 + ["full_attention"]
+    assert cfg.layer_types[:3] == ["linear_attention"] * 3 and cfg.layer_types[3] != "linear_attention"
 
 
 def test_readers_count_their_moe_layers(ckpt):
