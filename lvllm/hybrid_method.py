@@ -17,7 +17,7 @@ import torch
 from lk_moe import formats
 
 from .padding import engine_ids
-from .policy import LayerPlan, engine_activation, interleaved_rows, situ_args
+from .policy import LayerPlan, engine_activation, engine_tensor_names, interleaved_rows, situ_args
 
 
 def _fixed(value):
@@ -82,15 +82,16 @@ class HybridMoEMixin:
             from .dummy_weights import materialize
             materialize(layer)
         params = dict(layer.named_parameters(recurse=False))
+        held_as = engine_tensor_names(self)  # engine name -> this method's parameter, where they differ
         required, optional = lk_moe.MoELayer.tensor_names(plan.format)
         # Optional tensors (zero points) exist only when the method created them; g_idx is never
         # passed (act-order checkpoints are refused by the policy; vLLM leaves it unset otherwise).
-        needed = list(required) + [n for n in optional if n in params]
+        needed = list(required) + [n for n in optional if held_as.get(n, n) in params]
         tensors = {}
         for name in needed:
-            p = params.get(name)
+            p = params.get(held_as.get(name, name))
             if p is None:
-                raise ValueError(f"{plan.prefix}: vLLM's {type(self).__name__} holds no {name}; "
+                raise ValueError(f"{plan.prefix}: vLLM's {type(self).__name__} holds no {held_as.get(name, name)}; "
                                  f"cannot build the lk_moe {plan.format} layer")
             if p.device.type != "cpu":
                 raise RuntimeError(f"{plan.prefix}: {name} is on {p.device}, expected host memory "
@@ -102,7 +103,8 @@ class HybridMoEMixin:
                                                        block_size=plan.block_size, **_format_args(layer, plan))
         # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
         for name in needed:
-            params[name].data = torch.empty(0, dtype=params[name].dtype)
+            p = params[held_as.get(name, name)]
+            p.data = torch.empty(0, dtype=p.dtype)
         # 0 for formats without a GPU path (CPU prefill; warned once per model by the runtime).
         gpu_min = gpu_prefill_min_batch(plan.format, cfg)
         max_tokens = int(moe.max_num_tokens)

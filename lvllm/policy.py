@@ -89,6 +89,11 @@ def engine_format(method) -> tuple:
         return "wna16_int4", None
     if name in ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"):
         return "mxfp4", None
+    if name == "CompressedTensorsW4A4Mxfp4MoEMethod":
+        # compressed-tensors MXFP4 (Kimi-K3 as released): gpt-oss's tensors under `_packed` names
+        # (engine_tensor_names); W4A4 on GPUs with CUTLASS MXFP4, the engine computes W4A16-style as
+        # vLLM's own Marlin fallback does.
+        return "mxfp4", None
     if name == "ModelOptNvFp4FusedMoE":
         # quant_algo NVFP4 (W4A4 on GPUs) and W4A16_NVFP4 hold the same weight tensors; the engine
         # computes W4A16-style either way (the activation scales are ignored).
@@ -96,9 +101,21 @@ def engine_format(method) -> tuple:
     raise UnsupportedMoELayer(
         f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
         "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel, "
-        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss), ModelOpt NVFP4. "
+        "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss, DeepSeek-V4, compressed-tensors), "
+        "ModelOpt NVFP4. "
         "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
+
+
+# vLLM methods that hold an engine format's tensors under other names: {engine name: the method's}
+_TENSOR_NAMES = {"CompressedTensorsW4A4Mxfp4MoEMethod": {"w13_weight": "w13_weight_packed",
+                                                         "w2_weight": "w2_weight_packed"}}
+
+
+def engine_tensor_names(method) -> dict:
+    """{the engine format's tensor name: the parameter of `method`'s layer that holds it}, for the names
+    that differ (the rest are the same)."""
+    return _TENSOR_NAMES.get(type(method).__name__, {})
 
 
 # What the hybrid layer does not do yet: (object, attribute, refused when, what to say).

@@ -98,7 +98,14 @@ def _layer_counts(cfg: dict) -> tuple:
 # Rough bytes per expert weight by quantization method (scales included); ModelOpt names its
 # algorithm separately: read_checkpoint folds it in ("modelopt/NVFP4").
 _BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 17 / 32, "modelopt_fp4": 0.56,
-                     "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0}
+                     "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0, "compressed-tensors/mxfp4": 17 / 32}
+
+
+def _is_ct_mxfp4(q: dict) -> bool:
+    """A compressed-tensors config whose weights are 4-bit floats in groups of 32 (MXFP4, Kimi-K3's experts)."""
+    groups = q.get("config_groups") or {}
+    return any((g.get("weights") or {}).get("type") == "float" and (g.get("weights") or {}).get("num_bits") == 4
+               and (g.get("weights") or {}).get("group_size") == 32 for g in groups.values() if isinstance(g, dict))
 
 
 def expert_bytes_per_weight(info: "CheckpointInfo", cfg: dict) -> float:
@@ -161,6 +168,8 @@ def info_from_config(cfg: dict, path: str = "?", estimate: bool = False) -> Chec
     info.quant_method = q.get("quant_method") if isinstance(q, dict) else None
     if info.quant_method == "modelopt" and q.get("quant_algo"):
         info.quant_method = f"modelopt/{q['quant_algo']}"
+    if info.quant_method == "compressed-tensors" and _is_ct_mxfp4(q):
+        info.quant_method = "compressed-tensors/mxfp4"
     info.num_layers, info.moe_layers = _layer_counts(cfg)
     if estimate:
         _estimate(info, cfg)

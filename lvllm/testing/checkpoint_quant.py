@@ -14,16 +14,18 @@ from lk_moe import formats
 from lk_moe.reference import (dequantize_fp8_block, dequantize_mxfp4, dequantize_nvfp4, dequantize_per_channel,
                               dequantize_wna16_int4)
 
-from .quantizers import (NVFP4_GROUP, W8A8_CHANNEL, pack_int4, quantize_fp8_block, quantize_int4,
-                         quantize_nvfp4, quantize_w8a8_channel)
+from .quantizers import (MXFP4_GROUP, NVFP4_GROUP, W8A8_CHANNEL, pack_int4, quantize_fp8_block, quantize_int4,
+                         quantize_mxfp4, quantize_nvfp4, quantize_w8a8_channel)
 
 # The checkpoint's quant names (make_checkpoint's `quant`, the --quant flag) of the engine formats
 # that have a name of their own here; every other row of lk_moe.formats is written under its own
 # name. mxfp4 comes with the gpt_oss architecture (its checkpoints always hold MXFP4 experts).
 _ALIASES = {"fp8_block": "fp8", "wna16_int4": "w4a16"}
 _WITH_ARCH = ("mxfp4",)
-QUANTS = tuple(_ALIASES.get(n, n) for n in formats.NAMES if n not in _WITH_ARCH)
-FORMAT_OF = {_ALIASES.get(n, n): n for n in formats.NAMES}  # quant name -> engine format
+# A second layout of an engine format: compressed-tensors' MXFP4 (Kimi-K3 as released).
+_LAYOUTS = {"mxfp4_ct": "mxfp4"}
+QUANTS = tuple(_ALIASES.get(n, n) for n in formats.NAMES if n not in _WITH_ARCH) + tuple(_LAYOUTS)
+FORMAT_OF = dict({_ALIASES.get(n, n): n for n in formats.NAMES}, **_LAYOUTS)  # quant name -> engine format
 
 
 def _is_router(name: str) -> bool:
@@ -177,6 +179,28 @@ def _w8a8_channel_config(tensors: Dict[str, torch.Tensor], quant: str) -> dict:
 
 
 
+def quantize_ct_mxfp4_checkpoint(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Routed experts as compressed-tensors MXFP4 (mxfp4-pack-quantized, Kimi-K3's release format): per expert
+    projection `weight_packed` uint8 [N, K/2] (e2m1 codes, element 2i in the low nibble) and `weight_scale`
+    uint8 [N, K/32] (e8m0 exponents); everything else stays bf16."""
+    def mxfp4(w):
+        blocks, scales = quantize_mxfp4(w.float())
+        return {"weight_packed": blocks.flatten(-2).contiguous(), "weight_scale": scales}
+    return _quantize_projections(tensors, True, mxfp4)
+
+
+def ct_mxfp4_config() -> dict:
+    """compressed-tensors' MXFP4 preset (W4A4: e2m1 weights and activations in groups of 32 with e8m0
+    scales) on the routed experts only, matched by name (every other Linear stays bf16)."""
+    def args(dynamic: bool) -> dict:
+        return {"num_bits": 4, "type": "float", "symmetric": True, "group_size": MXFP4_GROUP, "strategy": "group",
+                "dynamic": dynamic, "actorder": None, "observer": None if dynamic else "minmax"}
+    scheme = {"targets": [r"re:.*\.experts\..*"], "weights": args(False), "input_activations": args(True),
+              "output_activations": None, "format": "mxfp4-pack-quantized"}
+    return {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": scheme}, "ignore": [], "kv_cache_scheme": None}
+
+
 def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """gpt-oss's blocks [..., N, K/32, 16] + scales [..., N, K/32] -> fp32 [..., N, K] (exact)."""
     return dequantize_mxfp4(blocks.flatten(-2), scales)
@@ -184,8 +208,12 @@ def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
     """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
-    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel, DeepSeek-V4's MXFP4), read
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel, DeepSeek-V4's and
+    compressed-tensors' MXFP4), read
     from the file's own tensors."""
+    if base + "weight_packed" in tensors and tensors[base + "weight_packed"].dtype == torch.uint8:
+        # compressed-tensors MXFP4: codes two per byte [N, K/2], e8m0 exponents [N, K/32]
+        return dequantize_mxfp4(tensors[base + "weight_packed"], tensors[base + "weight_scale"])
     if base + "weight_packed" in tensors:  # [N, K/8] and [N, K/group]: the reference reads them K-first
         packed, scale = tensors[base + "weight_packed"], tensors[base + "weight_scale"]
         return dequantize_wna16_int4(packed.t()[None], scale.t()[None])[0]
@@ -257,4 +285,6 @@ def quantize_checkpoint(tensors: Dict[str, torch.Tensor], quant: str, experts_on
     if fmt in W8A8_CHANNEL:
         tensors = quantize_w8a8_channel_checkpoint(tensors, quant, experts_only=experts_only)
         return tensors, _w8a8_channel_config(tensors, quant), {}
+    if quant == "mxfp4_ct":
+        return quantize_ct_mxfp4_checkpoint(tensors), ct_mxfp4_config(), {}
     raise ValueError(f"no tiny checkpoint writer for expert format {fmt!r}")

@@ -11,9 +11,9 @@ Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
-int4 experts as released), kimi_k3 (config and tokenizer only, tiny), minimax_m3 and glm5_next (GLM-5.3; both config
-and tokenizer only, both sizes) (bf16; --quant fp8, w4a16, nvfp4,
-fp8_channel or int8_channel for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
+int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
+MXFP4 experts as released), minimax_m3 and glm5_next (GLM-5.3; both config and tokenizer only, both sizes) (bf16;
+--quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
@@ -31,7 +31,7 @@ from typing import Dict
 import torch
 
 from . import deepseek_v41, glm5_next, kimi_k3, minimax_m3
-from .checkpoint_quant import QUANTS, quantize_checkpoint
+from .checkpoint_quant import QUANTS, ct_mxfp4_config, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
@@ -662,15 +662,20 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
     compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
     "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
-    activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8); quantized variants: tiny only, but
-    DeepSeek-V4's mxfp4 (big: the release's quantization config over dummy weights).
+    activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8), "mxfp4_ct" (compressed-tensors MXFP4
+    experts, like Kimi-K3; the other projections bf16); quantized variants: tiny only, but DeepSeek-V4's
+    mxfp4 and Kimi-K3's mxfp4_ct (big: the release's quantization config over dummy weights).
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels)."""
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
-    if quant != "bf16" and size != "tiny" and not (arch.startswith("deepseek_v4") and quant == "mxfp4"):
-        raise ValueError("quantized variants are written for --size tiny only (and DeepSeek-V4's mxfp4 release)")
+    release = (arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
+    if quant != "bf16" and size != "tiny" and not release:
+        raise ValueError("quantized variants are written for --size tiny only (and the MXFP4 releases of "
+                         "DeepSeek-V4: mxfp4, and Kimi-K3: mxfp4_ct)")
+    if arch == "kimi_k3" and quant not in ("bf16", "mxfp4_ct"):
+        raise ValueError("kimi_k3: bf16, or mxfp4_ct (the release's compressed-tensors MXFP4 experts)")
     if arch == "gpt_oss" and quant != "bf16":
         raise ValueError("gpt_oss checkpoints always hold MXFP4 experts (as released); use the default quant")
     if arch not in ARCHS:
@@ -707,7 +712,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
     experts_only = experts_only or fp8_experts_only
-    if tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
+    if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
+        config["quantization_config"] = ct_mxfp4_config()
+    elif tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
         _deepseek_v4_release_quant(config)
         if arch == "deepseek_v41":  # its release names the expert dtype inside the quantization config
             config["quantization_config"]["expert_dtype"] = config.pop("expert_dtype")
@@ -744,7 +751,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     ap.add_argument("--quant", default="bf16", choices=QUANTS + ("mxfp4",),
-                    help="expert/projection format (tiny only, but mxfp4: DeepSeek-V4's release layout, also big)")
+                    help="expert/projection format (tiny only, but the MXFP4 releases, also big: DeepSeek-V4's "
+                         "mxfp4, Kimi-K3's mxfp4_ct)")
     ap.add_argument("--experts-only", action="store_true",
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")

@@ -44,3 +44,26 @@ def test_readers_count_latent_experts(k3):
     assert info.expert_bytes == (s["L"] - 1) * s["E"] * 3 * s["latent"] * s["I"] * 2
     model = describe_model(info, tp=1, max_model_len=4096)
     assert model.top_k == s["K"] and model.slot_bytes == 0  # the GPU expert cache computes no situ
+
+
+def test_big_is_the_release_shape_in_compressed_tensors_mxfp4(tmp_path):
+    """The big config: the shapes vLLM's own Kimi-K3 kernels are written for, MXFP4 experts as compressed-tensors
+    (what vLLM 0.33 reads with CompressedTensorsW4A4Mxfp4MoEMethod); the readers price them at 17/32 B a weight."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    from vllm.models.kimi_k3.amd.specialized_decode.runtime import K3_SHAPES, text_shapes
+    from vllm.transformers_utils.configs.kimi_k3 import KimiK3Config
+
+    path = make_checkpoint("kimi_k3", str(tmp_path / "big"), size="big", layers=6, quant="mxfp4_ct")
+    with open(f"{path}/config.json") as f:
+        raw = json.load(f)
+    text = KimiK3Config(**{k: v for k, v in raw.items() if k != "model_type"}).text_config
+    assert text_shapes(text) == K3_SHAPES  # vLLM's own statement of Kimi-K3's text shapes
+    assert (text.num_experts_per_token, text.routed_expert_hidden_size, text.activation_situ_linear_beta) == (16, 3584, 25.0)
+    ct = CompressedTensorsConfig.from_config(raw["quantization_config"])
+    scheme = next(iter(ct.target_scheme_map.values()))
+    assert ct._is_mxfp4(scheme["weights"])  # -> CompressedTensorsW4A4Mxfp4MoEMethod for the routed experts
+    info = read_checkpoint(path)
+    assert info.quant_method == "compressed-tensors/mxfp4" and info.moe_layers == 5
+    assert info.expert_bytes == int(5 * 896 * 3 * 3584 * 3072 * 17 / 32)  # 15.7 GB a layer
+    model = describe_model(info, tp=1, max_model_len=4096)
+    assert model.top_k == 16 and model.fmt == "mxfp4"

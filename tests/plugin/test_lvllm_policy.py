@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from lvllm.config import from_env
-from lvllm.policy import UnsupportedMoELayer, engine_format, layer_index_of, plan_for
+from lvllm.policy import UnsupportedMoELayer, engine_format, engine_tensor_names, layer_index_of, plan_for
 
 
 def method(cls_name, **attrs):
@@ -93,6 +93,17 @@ def test_resident_layers_keep_vllms_method():
     # A resident layer may use a method the engine does not run: vLLM runs it.
     assert plan_for("model.layers.0.mlp.experts", method("GptOssMxfp4MoEMethod"), LAYER,
                     moe_config(activation=Act.SWIGLUOAI, has_bias=True), ON).kind == "gpu_resident"
+
+
+def test_compressed_tensors_mxfp4_is_mxfp4_under_its_packed_names():
+    m = method("CompressedTensorsW4A4Mxfp4MoEMethod")
+    assert engine_format(m) == ("mxfp4", None)
+    assert engine_tensor_names(m) == {"w13_weight": "w13_weight_packed", "w2_weight": "w2_weight_packed"}
+    assert engine_tensor_names(method("Mxfp4MoEMethod")) == {}  # the engine's own names
+    p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), ON)
+    assert (p.kind, p.format) == ("hybrid", "mxfp4")
+    with pytest.raises(UnsupportedMoELayer, match="CompressedTensorsW4A8Mxfp4MoEMethod"):
+        engine_format(method("CompressedTensorsW4A8Mxfp4MoEMethod"))  # FP8 activations: not read yet
 
 
 def test_modelopt_nvfp4_maps_to_nvfp4():
