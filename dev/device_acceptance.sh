@@ -197,7 +197,9 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
               # (deepseek_v41: its own 0.33 runner, kv-sharing compressed attention, Engram tables in pinned host RAM),
               # PROBE_SIZE (big: V4-Flash's backbone for V4.1), PROBE_LAYERS (10), PROBE_QUANT (mxfp4), PROBE_MODES
               # (hybrid,stock), each mode its share of the run; kimi_k3: PROBE_ARCH=kimi_k3 PROBE_SIZE=tiny
-              # PROBE_LAYERS=0 PROBE_QUANT=bf16; MiniMax-M3 the same with PROBE_ARCH=minimax_m3
+              # PROBE_LAYERS=0 PROBE_QUANT=bf16; MiniMax-M3 the same with PROBE_ARCH=minimax_m3; Kimi-K3's release
+              # shape in its compressed-tensors MXFP4: PROBE_ARCH=kimi_k3 PROBE_SIZE=big PROBE_LAYERS=6
+              # PROBE_QUANT=mxfp4_ct (5 MoE layers: 73 GiB of experts in host RAM)
     body="timeout $left python3 benchmarks/e2e_decode.py --arch \${PROBE_ARCH:-deepseek_v41} --quant \${PROBE_QUANT:-mxfp4} \
 --size \${PROBE_SIZE:-big} --layers \${PROBE_LAYERS:-10} --no-jit-warmup --modes \${PROBE_MODES:-hybrid,stock} --reps 1 \
 --decode-tokens 32 --results \$OUT/bench_probe.json --log-dir \$OUT \

@@ -14,11 +14,11 @@ stock dummy run.
 Block scales are the exception: the engine's cost does not depend on the values as long as they are
 normal floats, and a zeroed or dummy-range scale is not. An e8m0 byte 0 is the subnormal 2^-127 and
 an fp8 scale of +-1e-3 is an fp8 subnormal (fp32 subnormal inside the kernels' conversion); every
-multiply by one is a microcode assist on Intel cores. With zeroed e8m0 scales DeepSeek-V4-Flash's
-MXFP4 decode ran ~2x slower inside vLLM than the engine alone on random normal scales (16-core Xeon,
-2026-12-04), slower still with fewer threads, as per-thread assists would be; on the Zen4 dev VM zeroed
-scales cost 17% at M = 1 (`benchmarks/moe_layer.py --mxfp4-scale-byte 0`). So scale tensors get values a
-released checkpoint has: e8m0 bytes 2^-9 .. 2^-5, fp8 scales 16 .. 256.
+multiply by one is a microcode assist on Intel cores: a DeepSeek-V4-Flash MXFP4 layer at M = 1 took 4.3x
+longer with zeroed e8m0 scales on the H200 machine's 16-core Xeon (2026-12-04; 17% on the Zen4 dev VM;
+`benchmarks/moe_layer.py --mxfp4-scale-byte 0`), and its decode inside vLLM ran at 0.46-0.61 of the bandwidth
+bound instead of 0.81-0.99. So scale tensors get values a released checkpoint has: e8m0 bytes 2^-9 .. 2^-5,
+fp8 scales 16 .. 256.
 """
 from __future__ import annotations
 
