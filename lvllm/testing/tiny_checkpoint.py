@@ -573,6 +573,28 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
     return w.t
 
 
+def _with_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, vocab: int, seed: int,
+                     mtp: int) -> Dict[str, torch.Tensor]:
+    """DeepSeek-V3's MTP layers appended: the decoder layers L .. L + mtp - 1 drawn after the model's own
+    (so those stay as they are) plus each MTP layer's input norms, eh_proj over [embedding; hidden],
+    shared_head (its norm and a copy of lm_head) and its copy of the embedding, as released."""
+    L, H = s["L"], s["H"]
+    longer = _weights(arch, dict(s, L=L + mtp), vocab, seed)
+    out = dict(tensors)
+    w = _Weights(seed + 7)
+    for i in range(L, L + mtp):
+        p = f"model.layers.{i}"
+        out.update((n, t) for n, t in longer.items() if n.startswith(p + "."))
+        w.norm(f"{p}.enorm", H)
+        w.norm(f"{p}.hnorm", H)
+        w.linear(f"{p}.eh_proj", H, 2 * H)
+        w.norm(f"{p}.shared_head.norm", H)
+        out.update(w.t)
+        out[f"{p}.shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+        out[f"{p}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    return out
+
+
 def _qwen3_next_weights(s: dict, w: "_Weights", split_in_proj: bool = False) -> Dict[str, torch.Tensor]:
     """Hub names and shapes of Qwen3-Next (transformers' Qwen3NextForCausalLM holds the same, with its
     experts fused): zero-centred norms are 0, the gated DeltaNet's output norm 1. split_in_proj: the GDN
@@ -657,7 +679,8 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 
 
 
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
-                    quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False) -> str:
+                    quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False,
+                    mtp: int = 0) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
     quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
     compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
@@ -667,7 +690,13 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     mxfp4 and Kimi-K3's mxfp4_ct (big: the release's quantization config over dummy weights).
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
-    linear kernels)."""
+    linear kernels).
+    mtp (deepseek_v3, tiny): that many MTP / NextN layers after the decoder layers, as DeepSeek-V3 releases
+    them (model.layers.<L + i>: a whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy
+    of the embedding), for vLLM's deepseek_mtp speculative decoding; the other weights are the same as
+    without them."""
+    if mtp and (arch != "deepseek_v3" or size != "tiny"):
+        raise ValueError("mtp layers are written for the tiny deepseek_v3 checkpoint only")
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
     release = (arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
@@ -711,6 +740,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     else:
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
+    if mtp:
+        tensors = _with_mtp_layers(tensors, arch, s, vocab, seed, mtp)
+        config["num_nextn_predict_layers"] = mtp
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
         config["quantization_config"] = ct_mxfp4_config()
@@ -756,8 +788,10 @@ def main(argv=None) -> int:
     ap.add_argument("--experts-only", action="store_true",
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")
+    ap.add_argument("--mtp", type=int, default=0,
+                    help="deepseek_v3 (tiny): that many MTP layers after the decoder layers, as released")
     a = ap.parse_args(argv)
-    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)"
              if a.size == "big" or a.arch in CONFIG_ONLY else ""))

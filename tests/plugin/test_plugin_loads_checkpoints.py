@@ -87,6 +87,31 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["rel_rms"] <= 0.01, r
 
 
+@pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
+def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe):
+    """vLLM's own DeepSeek-V3 MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a
+    checkpoint with an MTP layer as released: its MoE layer is the draft's, GPU-resident with vLLM's kernels by
+    default (LVLLM_DRAFT_MOE=gpu) and on the engine with LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's
+    model.layers.<L> experts say; never planned as one of the target's layers."""
+    model = make_checkpoint("deepseek_v3", str(tmp_path / "dsv3-mtp"), mtp=1)
+    layers = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
+    env.update(LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
+    port = str(29700 + (os.getpid() % 200) * 5 + len(CASES) + (draft_moe == "cpu"))
+    p = subprocess.run([sys.executable, HELPER, model, "deepseek_v3", "bf16", str(layers), port], env=env,
+                       capture_output=True, text=True, timeout=600)
+    drafts = [ln for ln in p.stdout.splitlines() if ln.startswith("DRAFT ")]
+    assert p.returncode == 0 and drafts, (p.stdout + p.stderr)[-4000:]
+    d = json.loads(drafts[-1][6:])
+    assert d["model"] == "DeepSeekMTP" and d["draft_layers"] == [f"model.layers.{layers}.mlp.experts"], d
+    if draft_moe == "gpu":
+        assert d["hybrid"] == [], d
+        return
+    assert len(d["hybrid"]) == 1 and f"layers.{layers}." in d["hybrid"][0], d
+    r = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    assert r["format"] == "bf16" and r["rel_rms"] <= 0.01, r
+
+
 def _autofit_run(tmp_path, machine: dict, port: int, settings=None):
     model = make_checkpoint("qwen3_moe", str(tmp_path / "qwen3_moe"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}

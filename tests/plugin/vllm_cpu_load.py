@@ -32,11 +32,15 @@ class EngineLayerHolder:
 
 lk_moe.hybrid.HybridMoE = EngineLayerHolder
 lvllm.runtime.WorkerRuntime.io = lambda self, *a, **k: None  # pinned buffers need CUDA
-if os.environ.get("AUTOFIT_TEST_MACHINE"):  # LVLLM_AUTO_FIT on a described machine (there is no GPU here)
-    import lvllm.autofit_inputs
-    from lvllm.autofit import Machine
-    _described = Machine(**json.loads(os.environ["AUTOFIT_TEST_MACHINE"]))
-    lvllm.autofit_inputs.describe_machine = lambda gpu_gib, util, host_gib=0, probe=True: _described
+# DRAFT_TEST=1: build the MTP draft model vLLM's deepseek_mtp speculative decoding builds from the checkpoint
+# (vLLM's own hf_config_override), not the target; its MoE layers follow LVLLM_DRAFT_MOE
+DRAFT = os.environ.get("DRAFT_TEST") == "1"
+if os.environ.get("AUTOFIT_TEST_MACHINE") or DRAFT:  # resident layers here (there is no GPU)
+    if os.environ.get("AUTOFIT_TEST_MACHINE"):  # LVLLM_AUTO_FIT on a described machine
+        import lvllm.autofit_inputs
+        from lvllm.autofit import Machine
+        _described = Machine(**json.loads(os.environ["AUTOFIT_TEST_MACHINE"]))
+        lvllm.autofit_inputs.describe_machine = lambda gpu_gib, util, host_gib=0, probe=True: _described
     # the plan's GPU-resident layers keep vLLM's own experts: its CPU kernel's prepacking needs vllm._C,
     # which this build lacks, and the test computes only hybrid layers
     from vllm.model_executor.layers.fused_moe.experts import cpu_moe
@@ -208,8 +212,12 @@ def main():
         QUANT_LENDERS[(arch, quant)]()
     lend_plain_cpu_gemm()
     load_general_plugins()
-    vc = VllmConfig(model_config=ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512),
-                    load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))
+    target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512)
+    vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))
+    if DRAFT:  # as vLLM's engine sets it up for --speculative-config '{"method": "mtp", ...}'
+        from vllm.config.speculative import SpeculativeConfig
+        vc.speculative_config = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=target,
+                                                  target_parallel_config=vc.parallel_config)
     # Optional: tensor parallelism, one process per rank (argv 6, 7 = world size, rank; argv 8 =
     # where to save this rank's partial output; rank 0 also saves the reference).
     world = int(sys.argv[6]) if len(sys.argv) > 6 else 1
@@ -220,9 +228,15 @@ def main():
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{sys.argv[5]}")
         initialize_model_parallel(world)
-        model = get_model(vllm_config=vc)
+        model = get_model(vllm_config=vc, model_config=vc.speculative_config.draft_model_config if DRAFT else None)
     hybrid = {name: m.quant_method for name, m in model.named_modules()
               if hasattr(getattr(m, "quant_method", None), "_lk_hybrid")}
+    if DRAFT:
+        rt = lvllm.runtime.get_runtime()
+        print("DRAFT " + json.dumps({"model": type(model).__name__, "draft_layers": rt.draft_layers,
+                                     "hybrid": sorted(hybrid), "draft_moe": rt.cfg.draft_moe}))
+        if not hybrid:
+            return
     method = next(qm for name, qm in hybrid.items() if f".layers.{layer_idx}." in name)
     engine = method._lk_hybrid.layer
     ref = reference_layer(model_dir, arch, quant, layer_idx)
