@@ -88,6 +88,8 @@ def main() -> int:
     ap.add_argument("--implicit-exit", action="store_true",
                     help="leave the engine to vLLM's exit-time finalizers, as a plain LLM() script does "
                          "(dev/exit_check.sh measures that path)")
+    ap.add_argument("--speculative-config", default="",
+                    help="JSON for LLM(speculative_config=...), e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -108,6 +110,8 @@ def main() -> int:
         # GPUs down); there the TP=2 run died with illegal memory accesses. The fusion is a speed
         # pass only: the all-reduce stays NCCL/custom all-reduce, the math the same.
         extra["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
+    if a.speculative_config:
+        extra["speculative_config"] = json.loads(a.speculative_config)
     llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,
               max_num_seqs=4, max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=True,
               seed=0, **mem_args, **extra)

@@ -17,9 +17,13 @@ prompts; vLLM profiles the tower at startup), vLLM's own Kimi_K25Config and medi
 DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC residual streams, sliding /
 CSA / HCA compressed attention, a hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts
 (the engine's silu_clamp).
+MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
+on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
+the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs).
 """
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -38,13 +42,18 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16")]
 
 
+# Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
+MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+
+
 def _selected() -> set:
-    """LVLLM_E2E_ARCHS=a,b: run only these architectures' vLLM runs (a device run's time); default all."""
+    """LVLLM_E2E_ARCHS=a,b: run only these architectures' vLLM runs (a device run's time; "mtp": the drafts'
+    runs); default all."""
     names = {a for a in os.environ.get("LVLLM_E2E_ARCHS", "").split(",") if a}
-    unknown = names - set(NEW_ARCHS)
+    unknown = names - set(NEW_ARCHS) - {"mtp"}
     if unknown:
-        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}")
-    return names or set(NEW_ARCHS)
+        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, mtp")
+    return names or set(NEW_ARCHS) | {"mtp"}
 
 
 def _only_selected(arch: str) -> None:
@@ -59,6 +68,9 @@ def arch_runs(tmp_path_factory):
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
     for arch, quant in [(a, q) for a, q in NEW_QUANTIZED if a in chosen]:
         specs += [(arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
+    if "mtp" in chosen:
+        specs += [("deepseek_v3", "cpu", CPU, KV, "mtp"), ("deepseek_v3", "cpu-drafts", CPU, KV + MTP, "mtp"),
+                  ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
     return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
 
 
@@ -80,3 +92,17 @@ def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch,
     on = _get(arch_runs, f"{arch}-{quant}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"]
     _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} switch on vs bf16 twin")
+
+
+@pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
+def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
+    """Speculative decoding with the checkpoint's MTP layer, switch on: the same greedy outputs as without
+    drafts, under the suite's criterion (a verify step runs the engine on 3 tokens a request where the plain
+    run ran it on 1); the draft's MoE layer where LVLLM_DRAFT_MOE puts it."""
+    _only_selected("mtp")
+    plain = _get(arch_runs, "deepseek_v3-mtp-cpu")
+    drafts = _get(arch_runs, "deepseek_v3-mtp-cpu-drafts" + ("-cpu" if draft_moe == "cpu" else ""))
+    where = "on the GPU (LVLLM_DRAFT_MOE=gpu)" if draft_moe == "gpu" else "hybrid (LVLLM_DRAFT_MOE=cpu)"
+    assert f"speculative draft MoE layers model.layers.4.mlp.experts: {where}" in drafts["log"]
+    assert "lk_moe: speculative decoding (" in drafts["log"] and "with k=2 draft tokens: a verify step" in drafts["log"]
+    _check(plain, drafts, f"deepseek_v3 MTP drafts ({draft_moe}) vs none")

@@ -104,14 +104,16 @@ def gpu_env(resident_layer: int) -> dict:
 
 
 def _checkpoint(workdir, arch, quant="bf16"):
-    """quant: bf16, a format (routed experts quantized, the rest bf16), or "<format>-twin": the
-    bf16 twin of that checkpoint (its experts decoded), the reference for the format."""
+    """quant: bf16, a format (routed experts quantized, the rest bf16), "<format>-twin": the bf16 twin
+    of that checkpoint (its experts decoded), the reference for the format, or "mtp": bf16 with an MTP layer."""
     from lvllm.testing.checkpoint_quant import write_dequantized_twin
     from lvllm.testing.tiny_checkpoint import make_checkpoint
     path = str(workdir / (arch if quant == "bf16" else f"{arch}-{quant}"))
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         if quant.endswith("-twin"):
             write_dequantized_twin(_checkpoint(workdir, arch, quant[:-len("-twin")]), path)
+        elif quant == "mtp":  # bf16 with an MTP layer as released (speculative decoding's draft)
+            make_checkpoint(arch, path, mtp=1)
         else:
             make_checkpoint(arch, path, quant=quant, experts_only=True)
     return path
