@@ -18,7 +18,8 @@ SERVE = [s for s in SCRIPTS if not os.path.basename(s).startswith("demo_")]
 REQUIRED = ["deepseek_v3_fp8_serve_tp1", "deepseek_v3_fp8_serve_tp2", "deepseek_v4_flash_serve_tp1", "qwen3_30b_a3b_serve_tp1",
             "qwen3_235b_a22b_fp8_serve_tp1", "qwen3_235b_a22b_fp8_serve_tp2", "qwen3_235b_a22b_int4_serve_tp1",
             "qwen3_235b_a22b_int4_serve_tp2", "qwen3_5_moe_serve_tp2", "qwen3_next_80b_fp8_serve_tp1", "glm_4_5_serve_tp2", "minimax_m2_serve_tp2",
-            "kimi_k2_int4_serve_tp2", "mixtral_8x22b_serve_tp1", "gpt_oss_120b_serve_tp1", "demo_tiny_serve_tp1"]
+            "kimi_k2_int4_serve_tp2", "kimi_k25_int4_serve_tp2", "kimi_k3_serve_tp2", "deepseek_v4_flash_serve_tp2",
+            "mixtral_8x22b_serve_tp1", "gpt_oss_120b_serve_tp1", "demo_tiny_serve_tp1"]
 
 
 # What each script runs (for those older than the shared launcher: what their standalone scripts of
@@ -29,6 +30,9 @@ OLD = {
     "deepseek_v3_fp8_serve_tp1": ("--served-model-name deepseek-v3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
     "deepseek_v4_flash_serve_tp1": ("--served-model-name deepseek-v4-flash --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.90", "1024", False, None),
     "deepseek_v3_fp8_serve_tp2": ("--tensor-parallel-size 2 --served-model-name deepseek-v3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
+    "deepseek_v4_flash_serve_tp2": ("--tensor-parallel-size 2 --served-model-name deepseek-v4-flash --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.90", "1024", False, None),
+    "kimi_k3_serve_tp2": ("--tensor-parallel-size 2 --served-model-name kimi-k3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "1024", False, None),
+    "kimi_k25_int4_serve_tp2": ("--tensor-parallel-size 2 --served-model-name kimi-k2.5 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
     "glm_4_5_serve_tp2": ("--tensor-parallel-size 2 --served-model-name glm-4.5 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", False, None),
     "gpt_oss_120b_serve_tp1": ("--served-model-name gpt-oss-120b --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.90", "0", True, None),
     "kimi_k2_int4_serve_tp2": ("--tensor-parallel-size 2 --trust-remote-code --served-model-name kimi-k2 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", True, None),
