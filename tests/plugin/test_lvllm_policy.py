@@ -199,10 +199,10 @@ def test_draft_model_layers_follow_the_draft_rule():
     assert is_draft_layer("mtp.layers.0.mlp.experts", 48) and is_draft_layer("model.mtp.layers.0.mlp.experts", None)
     assert is_draft_layer("model.layers.61.mlp.experts", 61) and not is_draft_layer("model.layers.60.mlp.experts", 61)
     assert not is_draft_layer("model.layers.61.mlp.experts", None)  # unknown target depth: a target layer
-    # vLLM 0.33's DeepSeek-V4 MTP (model.layers.<num_hidden_layers + i>, its block under the layer's own prefix) and
-    # DSpark drafts (model.layers.<the draft config's num_hidden_layers + i>)
-    assert is_draft_layer("model.layers.43.ffn.experts", 43) and not is_draft_layer("model.layers.42.ffn.experts", 43)
-    assert is_draft_layer("model.layers.3.ffn.experts", 3)
+    # vLLM 0.33's DeepSeek-V4 MTP and DSpark drafts: model.layers.<num_hidden_layers + i> (vLLM builds a draft
+    # under the target's VllmConfig, so target_layers is the target's count)
+    assert is_draft_layer("model.layers.43.ffn.experts", 43) and is_draft_layer("model.layers.45.ffn.experts", 43)
+    assert not is_draft_layer("model.layers.42.ffn.experts", 43)
     p = plan_for("model.layers.61.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=61)
     assert p.kind == "gpu_resident" and p.draft and p.layer_index == 61
     p = plan_for("mtp.layers.0.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=48)
