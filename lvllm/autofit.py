@@ -69,7 +69,7 @@ class Model:
     fmt: str = "bf16"                  # lk_moe's engine format
     slot_bytes: int = 0                # one expert in a cache slot, all ranks (0: no slots; see slot_bytes)
     gpu_prefill: bool = True           # the format has a GPU path for streamed prefill
-    host_table_bytes: int = 0          # tables vLLM keeps in host RAM itself (DeepSeek-V4.1's Engram), all ranks
+    host_table_bytes: int = 0          # tables vLLM keeps in host RAM itself (V4.1's Engram, Qwen4Exp's PLE), all ranks
 
 
 # Formats the cache holds dequantized to bf16 (lk_moe.expert_cache: vLLM's fused-MoE kernel has no FP4 path

@@ -27,7 +27,7 @@ class CheckpointInfo:
     moe_layers: int = 0
     expert_bytes: int = 0  # routed experts (and their scales)
     other_bytes: int = 0  # everything else on the GPU: attention, dense/shared MLPs, embeddings, norms
-    host_table_bytes: int = 0  # tables vLLM itself keeps in host RAM (DeepSeek-V4.1's Engram n-gram tables)
+    host_table_bytes: int = 0  # tables vLLM itself keeps in host RAM (DeepSeek-V4.1's Engram, Qwen4Exp's PLE)
     expert_dtypes: Dict[str, int] = field(default_factory=dict)  # dtype -> bytes of expert tensors
     estimated: bool = False  # from config.json arithmetic, not from weight files
     config: dict = field(default_factory=dict)  # config.json (its text config for multimodal models)
@@ -38,9 +38,31 @@ class CheckpointInfo:
 
 
 def _is_host_table(name: str) -> bool:
-    # DeepSeek-V4.1's "layers.N.engram.embed.weight" / ".scale": vLLM 0.33 keeps them in pinned host RAM
+    # DeepSeek-V4.1's "layers.N.engram.embed.weight" / ".scale" and Qwen3.8-Flash-Next's (Qwen4Exp) PLE n-gram
+    # tables "...ple.ple_embedding.ngram_embedding.shard_<i>.weight": vLLM 0.33 keeps both in pinned host RAM
     # (EngramConfig.cpu_offload, its default) and reads them through unified addressing
-    return ".engram.embed." in name or name.startswith("engram.embed.")
+    return ".engram.embed." in name or name.startswith("engram.embed.") or ".ngram_embedding." in name
+
+
+# bytes per element of Qwen4Exp's PLE tables by ple_embedding_dtype (scales included; vLLM's own table formats)
+_PLE_BYTES = {"float8_e4m3fn": 1.0, "nvfp4": 0.5625}
+
+
+def ple_table_bytes(cfg: dict) -> int:
+    """Qwen3.8-Flash-Next's (Qwen4Exp) PLE n-gram tables from its config: per PLE layer about ngram_vocab_size_base
+    rows of ple_embed_dim (vLLM sums (ngram_size - 1) x heads_per_ngram prime-sized tables of ple_embed_dim / that
+    many columns), bf16 unless ple_embedding_dtype says otherwise; 0 without PLE layers."""
+    layers = cfg.get("ple_layer_ids") or []
+    if not layers:
+        return 0
+    width = int(cfg.get("ple_embed_dim") or cfg.get("hidden_size", 0))
+    per_element = _PLE_BYTES.get(cfg.get("ple_embedding_dtype") or "", 2.0)
+    return int(len(layers) * int(cfg.get("ngram_vocab_size_base", 20_000_000)) * width * per_element)
+
+
+def host_table_bytes(cfg: dict) -> int:
+    """The tables vLLM 0.33 keeps in host RAM itself: DeepSeek-V4.1's Engram, Qwen3.8-Flash-Next's PLE."""
+    return engram_table_bytes(cfg) + ple_table_bytes(cfg)
 
 
 def engram_table_bytes(cfg: dict) -> int:
@@ -139,7 +161,7 @@ def _estimate(info: CheckpointInfo, cfg: dict) -> None:
     V = cfg.get("vocab_size", 0)
     info.other_bytes = int(2 * V * H * 2 + info.num_layers * 4 * H * H * 2)  # embeddings + rough attention
     info.expert_dtypes = {f"~{per_weight:g} B/weight": info.expert_bytes}
-    info.host_table_bytes = engram_table_bytes(cfg)
+    info.host_table_bytes = host_table_bytes(cfg)
     info.estimated = True
 
 

@@ -202,10 +202,12 @@ def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int =
     from ..autofit import ENGINE_OVERHEAD, PROCESS_HOST_BYTES
     process_bytes = PROCESS_HOST_BYTES * tp  # vLLM's and torch's processes themselves
     engine_bytes = info.expert_bytes * ENGINE_OVERHEAD  # the engine's packed copy of the experts
-    need = engine_bytes + process_bytes
+    tables = info.host_table_bytes  # vLLM's own host-RAM tables (V4.1's Engram, Qwen4Exp's PLE)
+    need = engine_bytes + process_bytes + tables
     lines.append(Line("ok" if avail >= need else "FAIL", "host RAM",
                       f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(engine_bytes)} in the "
-                      f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes), {avail / GiB:.0f} GiB available" +
+                      f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes"
+                      + (f" + its host tables {_size(tables)}" if tables else "") + f"), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
     lines += suggest(info, tp, max_model_len, max_num_seqs, gpu_gib, util, host_gib=host_gib)
     return lines

@@ -12,7 +12,8 @@ qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
-MXFP4 experts as released), minimax_m3 and glm5_next (GLM-5.3; both config and tokenizer only, both sizes) (bf16;
+MXFP4 experts as released), minimax_m3, glm5_next (GLM-5.3) and qwen4_exp (Qwen3.8-Flash-Next; all three config
+and tokenizer only, both sizes) (bf16;
 --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
 layout was checked against transformers' own MXFP4 dequantization).
 
@@ -30,16 +31,17 @@ from typing import Dict
 
 import torch
 
-from . import deepseek_v41, glm5_next, kimi_k3, minimax_m3
+from . import deepseek_v41, glm5_next, kimi_k3, minimax_m3, qwen4_exp
 from .checkpoint_quant import QUANTS, ct_mxfp4_config, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
          "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3", "minimax_m3",
-         "glm5_next")
+         "glm5_next", "qwen4_exp")
 # Architectures with their own module for config and shapes; written as config + tokenizer only (serve with
 # --load-format dummy): their weight layout is not written yet
-CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3, "minimax_m3": minimax_m3, "glm5_next": glm5_next}
+CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3, "minimax_m3": minimax_m3, "glm5_next": glm5_next,
+                  "qwen4_exp": qwen4_exp}
 CONFIG_ONLY = tuple(CONFIG_MODULES)
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
@@ -735,7 +737,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = deepseek_v41.config(_config("deepseek_v4", s, vocab), s, out)
     elif arch == "kimi_k3":
         config = kimi_k3.config(s, vocab, image_token_id=len(SPECIAL))
-    elif arch in ("minimax_m3", "glm5_next"):
+    elif arch in ("minimax_m3", "glm5_next", "qwen4_exp"):
         config = CONFIG_MODULES[arch].config(s, vocab)
     else:
         config = _config(arch, s, vocab)

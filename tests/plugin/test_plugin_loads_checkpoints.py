@@ -14,7 +14,8 @@ a CUDA machine would: Marlin; on the CPU platform ModelOptNvFp4FusedMoE's constr
 backend and raises, see vllm_cpu_load.lend_nvfp4_backend; the compressed-tensors W8A8 FP8 / INT8
 per-channel methods need no such help); MLA models take vLLM's reference CPU_MLA backend (the AMX one
 packs its weights with a compiled op of vLLM's CPU build, see vllm_cpu_load.lend_plain_cpu_gemm); GLM-5's
-DSA sparse attention has no CPU backend (tests/e2e on the GPU machine covers it)."""
+DSA sparse attention has no CPU backend (tests/e2e on the GPU machine covers it); Qwen3.8-Flash-Next's QSA attention
+asks for FlashAttention and its PLE tables for pinned memory (vllm_cpu_load.lend_qwen4_exp_cpu_parts)."""
 import json
 import os
 import subprocess
@@ -53,6 +54,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
     ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 (config only, dummy weights): swigluoai on [gate; up] rows
+    ("qwen4_exp", "dummy", 0, "bf16"),  # Qwen3.8-Flash-Next (config only): GDN + QSA, hyper-connections, PLE, MoE
     ("deepseek_v3", "bf16", 1, "bf16"),  # MLA (vLLM's reference CPU_MLA backend), grouped sigmoid routing
     ("deepseek_v3", "fp8", 1, "fp8_block"),  # as DeepSeek-V3 / R1 are released
     ("deepseek_v3", "w4a16", 1, "wna16_int4"),  # Kimi-K2-Thinking's int4 experts on its DeepSeek-V3 architecture

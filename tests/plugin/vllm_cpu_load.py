@@ -196,9 +196,20 @@ def lend_unquantized_swigluoai_backend():
     method.select_unquantized_moe_backend = lambda *a, **k: (UnquantizedMoeBackend.TRITON, None)
 
 
+def lend_qwen4_exp_cpu_parts():
+    """Qwen3.8-Flash-Next (Qwen4Exp): its sparse-indexer attention (QSA) refuses construction without FlashAttention
+    (`is_flash_attn_varlen_func_available`, False on the CPU platform): answer as a CUDA machine would. Its PLE
+    tables go to pinned host memory by default, which needs a CUDA driver: main() builds them in plain memory
+    (EngramConfig(cpu_offload=False)). Only attention and the PLE tables are concerned; the MoE layers are the
+    plugin's."""
+    import vllm.models.qwen4_exp.nvidia.model  # noqa: F401  (first: nvidia.qsa imports it)
+    from vllm.models.qwen4_exp.nvidia import qsa
+    qsa.is_flash_attn_varlen_func_available = lambda: True
+
+
 LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
-                "minimax_m3": lend_unquantized_swigluoai_backend}
+                "minimax_m3": lend_unquantized_swigluoai_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts}
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
 
@@ -213,7 +224,12 @@ def main():
     lend_plain_cpu_gemm()
     load_general_plugins()
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512)
-    vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"))
+    tables = {}
+    if arch == "qwen4_exp":  # see lend_qwen4_exp_cpu_parts
+        from vllm.config import EngramConfig
+        tables = dict(engram_config=EngramConfig(cpu_offload=False))
+    vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"),
+                    **tables)
     if DRAFT:  # as vLLM's engine sets it up for --speculative-config '{"method": "mtp", ...}'
         from vllm.config.speculative import SpeculativeConfig
         vc.speculative_config = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=target,

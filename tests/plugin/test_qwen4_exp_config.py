@@ -1,0 +1,59 @@
+"""Qwen3.8-Flash-Next's generated config (lvllm.testing.qwen4_exp, vLLM 0.33.0's Qwen4ExpForCausalLM) as transformers'
+own class reads it, as vLLM decides where its PLE tables live, and as lvllm's readers (doctor, auto-fit) count it:
+a MoE in every layer, the PLE tables in host RAM beside the experts. (Its model through vLLM's own construction and
+dummy loader with the switch on: tests/plugin/test_plugin_loads_checkpoints.py.)"""
+import json
+
+import pytest
+
+from lvllm.autofit_inputs import describe_model
+from lvllm.cli.checkpoint_info import expert_shape, experts_per_token, ple_table_bytes, read_checkpoint
+from lvllm.testing.qwen4_exp import SHAPES
+from lvllm.testing.tiny_checkpoint import make_checkpoint
+
+pytest.importorskip("vllm")
+transformers = pytest.importorskip("transformers")
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module", params=["tiny", "big"])
+def ckpt(request, tmp_path_factory):
+    path = make_checkpoint("qwen4_exp", str(tmp_path_factory.mktemp("q4") / request.param), size=request.param)
+    with open(f"{path}/config.json") as f:
+        return request.param, SHAPES[request.param], path, json.load(f)
+
+
+def test_transformers_class_reads_it(ckpt):
+    size, s, _, raw = ckpt
+    from transformers import Qwen4ExpTextConfig
+    cfg = Qwen4ExpTextConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (s["E"], s["K"], s["I"])
+    assert cfg.layer_types[:3] == ["linear_attention"] * 3 and cfg.layer_types[3] != "linear_attention"
+    assert raw["layer_types"][3] == "full_attention"  # what transformers 5.17 (the GPU machine's) and 5.20 both read
+    assert cfg.output_gate_type == "silu" and isinstance(cfg.eos_token_id, int)  # vLLM's GDN and PLE need both
+    assert cfg.hidden_act == "silu" and cfg.ple_layer_ids == [1]
+
+
+def test_vllm_keeps_the_ple_tables_in_host_ram_by_default(ckpt):
+    """vLLM 0.33 creates an EngramConfig for every model with PLE layers, and its default keeps the tables in pinned
+    host memory (`--engram-config '{"cpu_offload": false}'` moves them to VRAM): nothing for lvllm to move."""
+    from vllm.config import EngramConfig, ModelConfig
+    from vllm.config.engram import model_has_engram_layers
+    size, _, path, _ = ckpt
+    mc = ModelConfig(model=path, dtype="bfloat16", max_model_len=512)
+    assert mc.architecture == "Qwen4ExpForCausalLM" and model_has_engram_layers(mc)
+    assert EngramConfig().cpu_offload is True
+
+
+def test_readers_count_every_layer_and_the_ple_tables(ckpt):
+    size, s, path, raw = ckpt
+    info = read_checkpoint(path)
+    assert info.architecture == "Qwen4ExpForCausalLM" and info.moe_layers == s["L"]  # a MoE in every layer
+    assert expert_shape(info.config) == (s["E"], s["H"], s["I"]) and experts_per_token(info.config) == s["K"]
+    assert info.expert_bytes == s["L"] * s["E"] * 3 * s["H"] * s["I"] * 2  # bf16
+    assert info.host_table_bytes == ple_table_bytes(raw) == int(s["ple_base"] * s["H"] * (1 if size == "big" else 2))
+    if size == "big":  # one FP8 PLE table of the release's width: ~48 GiB in host RAM
+        assert 47 * GiB < info.host_table_bytes < 48 * GiB
+    model = describe_model(info, tp=1, max_model_len=4096)
+    assert model.top_k == s["K"] and model.host_table_bytes == info.host_table_bytes and model.fmt == "bf16"
