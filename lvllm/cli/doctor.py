@@ -207,7 +207,8 @@ def model_checks(path: str, tp: int, max_model_len: int = 0, max_num_seqs: int =
     lines.append(Line("ok" if avail >= need else "FAIL", "host RAM",
                       f"~{need / GiB:.0f} GiB of host RAM needed (experts {_size(engine_bytes)} in the "
                       f"engine + ~{process_bytes / GiB:.0f} GiB for vLLM's processes"
-                      + (f" + its host tables {_size(tables)}" if tables else "") + f"), {avail / GiB:.0f} GiB available" +
+                      + (f" + its host tables {_size(tables)}" if tables else "")
+                      + f"), {avail / GiB:.0f} GiB available" +
                       ("" if avail >= need else ": a smaller quantization of this model, or more RAM")))
     lines += suggest(info, tp, max_model_len, max_num_seqs, gpu_gib, util, host_gib=host_gib)
     return lines

@@ -13,9 +13,9 @@ mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-f
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
 MXFP4 experts as released), minimax_m3, glm5_next (GLM-5.3) and qwen4_exp (Qwen3.8-Flash-Next; all three config
-and tokenizer only, both sizes) (bf16;
---quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the
-layout was checked against transformers' own MXFP4 dequantization).
+and tokenizer only, both sizes) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the
+quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
+transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
 experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.

@@ -89,7 +89,8 @@ def main() -> int:
                     help="leave the engine to vLLM's exit-time finalizers, as a plain LLM() script does "
                          "(dev/exit_check.sh measures that path)")
     ap.add_argument("--speculative-config", default="",
-                    help="JSON for LLM(speculative_config=...), e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
+                    help="JSON for LLM(speculative_config=...), "
+                         "e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
