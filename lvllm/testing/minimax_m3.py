@@ -7,9 +7,12 @@ selection bias and a routed scale of 2; a shared expert; swigluoai experts on [g
 swigluoai_uninterleave: alpha 1.702, beta 1.0, limit 7.0), w1/w2/w3 checkpoint names.
 
 big: vLLM's MiniMaxM3TextConfig defaults (60 layers, 128 experts, top-4, hidden 6144, expert size 3072): the
-released shape. Config only: no weights are written for MiniMax-M3 yet, serve it with --load-format dummy. Its
+released shape, config only (serve it with --load-format dummy). tiny: with bf16 weights under the names vLLM
+0.33.0's MiniMaxM3SparseForCausalLM loads (`weights`): q/k/v/o projections with per-head q/k norms, on the sparse
+(MoE) layers the indexer's index_q_proj (a head per KV head) and index_k_proj (one head) with their norms, the
+router in fp32 with its selection bias, a shared expert, routed experts w1 (gate) / w3 (up) / w2 (down). Its
 release ships bf16 or MXFP8 experts; the engine has no MXFP8 format (startup stops naming the layer), so the
-generated config is bf16.
+generated checkpoints are bf16.
 """
 from __future__ import annotations
 
@@ -36,3 +39,36 @@ def config(s: dict, vocab: int) -> dict:
                 sparse_attention_config=sparse, tie_word_embeddings=False)
     return dict(architectures=["MiniMaxM3SparseForCausalLM"], model_type="minimax_m3_vl", text_config=text,
                 tie_word_embeddings=False, torch_dtype="bfloat16")
+
+
+def weights(s: dict, vocab: int, w) -> None:
+    """The tiny model's tensors into `w` (tiny_checkpoint's _Weights: linear / norm / mlp writers)."""
+    import torch
+    H, hd, L, dense = s["H"], 128, s["L"], s["dense"]
+    w.t["model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
+    w.linear("lm_head", vocab, H, gain=3.0)
+    w.norm("model.norm", H)
+    for i in range(L):
+        p = f"model.layers.{i}"
+        w.norm(f"{p}.input_layernorm", H)
+        w.norm(f"{p}.post_attention_layernorm", H)
+        a = f"{p}.self_attn"
+        w.linear(f"{a}.q_proj", s["nh"] * hd, H)
+        w.linear(f"{a}.k_proj", s["nkv"] * hd, H)
+        w.linear(f"{a}.v_proj", s["nkv"] * hd, H)
+        w.linear(f"{a}.o_proj", H, s["nh"] * hd)
+        w.norm(f"{a}.q_norm", hd)
+        w.norm(f"{a}.k_norm", hd)
+        if i < dense:
+            w.mlp(f"{p}.mlp", H, s["dense_I"])
+            continue
+        w.linear(f"{a}.index_q_proj", s["nkv"] * hd, H)  # the lightning indexer of the sparse layers
+        w.linear(f"{a}.index_k_proj", hd, H)
+        w.norm(f"{a}.index_q_norm", hd)
+        w.norm(f"{a}.index_k_norm", hd)
+        m = f"{p}.block_sparse_moe"
+        w.t[f"{m}.gate.weight"] = torch.randn(s["E"], H, generator=w.g) / H ** 0.5  # fp32, as released
+        w.t[f"{m}.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
+        w.mlp(f"{m}.shared_experts", H, s["I"])
+        for e in range(s["E"]):
+            w.mlp(f"{m}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))

@@ -12,8 +12,8 @@ qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
-MXFP4 experts as released), minimax_m3, glm5_next (GLM-5.3) and qwen4_exp (Qwen3.8-Flash-Next; all three config
-and tokenizer only, both sizes) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the
+MXFP4 experts as released), minimax_m3 (tiny with bf16 weights; big config only), glm5_next (GLM-5.3) and
+qwen4_exp (Qwen3.8-Flash-Next; both config and tokenizer only, both sizes) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the
 quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
 transformers' own MXFP4 dequantization).
 
@@ -38,11 +38,11 @@ from .quantizers import quantize_mxfp4
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
          "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3", "minimax_m3",
          "glm5_next", "qwen4_exp")
-# Architectures with their own module for config and shapes; written as config + tokenizer only (serve with
-# --load-format dummy): their weight layout is not written yet
+# Architectures with their own module for config and shapes; those without a `weights` writer there (CONFIG_ONLY)
+# are written as config + tokenizer only (serve with --load-format dummy)
 CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3, "minimax_m3": minimax_m3, "glm5_next": glm5_next,
                   "qwen4_exp": qwen4_exp}
-CONFIG_ONLY = tuple(CONFIG_MODULES)
+CONFIG_ONLY = tuple(a for a, m in CONFIG_MODULES.items() if not hasattr(m, "weights"))
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 # Where each release keeps its text model's "model." part, and its lm_head
@@ -81,7 +81,7 @@ VL_PROCESSOR_FILES = {
 }
 VL_PROCESSOR_FILES["kimi_k3"] = VL_PROCESSOR_FILES["kimi_k25"]  # K3's processor is K2.5's fused MoonViT one
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
-BLOCK_SPARSE = ("mixtral", "minimax_m2")
+BLOCK_SPARSE = ("mixtral", "minimax_m2", "minimax_m3")
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -507,6 +507,10 @@ class _Weights:
 def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
     if arch == "deepseek_v4":
         return _deepseek_v4_weights(s, vocab, seed)
+    if arch in CONFIG_MODULES:  # an architecture whose module writes its own tensors
+        w = _Weights(seed)
+        CONFIG_MODULES[arch].weights(s, vocab, w)
+        return w.t
     if arch in VL_TEXT:
         text = _weights(VL_TEXT[arch], s, vocab, seed)
         w = _Weights(seed + 1)

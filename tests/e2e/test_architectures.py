@@ -17,6 +17,9 @@ prompts; vLLM profiles the tower at startup), vLLM's own Kimi_K25Config and medi
 DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC residual streams, sliding /
 CSA / HCA compressed attention, a hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts
 (the engine's silu_clamp).
+MiniMax-M3 (its text model, bf16): swigluoai experts on [gate; up] rows (vLLM's swigluoai_uninterleave), block-
+sparse attention with a lightning indexer, dense first layer; no fp32 oracle (transformers implements the
+vision-language model only).
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs).
@@ -33,7 +36,7 @@ from .test_switch import (CPU, KV, OFF, _check, _get, _run_all, check_cpu_run, c
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
-             "kimi_k25": 1}
+             "kimi_k25": 1, "minimax_m3": 1}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;

@@ -53,7 +53,8 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
     ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
-    ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 (config only, dummy weights): swigluoai on [gate; up] rows
+    ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 with dummy weights: swigluoai on [gate; up] rows
+    ("minimax_m3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (w1 gate / w3 up through vLLM's own loader)
     ("qwen4_exp", "dummy", 0, "bf16"),  # Qwen3.8-Flash-Next (config only): GDN + QSA, hyper-connections, PLE, MoE
     ("deepseek_v3", "bf16", 1, "bf16"),  # MLA (vLLM's reference CPU_MLA backend), grouped sigmoid routing
     ("deepseek_v3", "fp8", 1, "fp8_block"),  # as DeepSeek-V3 / R1 are released

@@ -71,12 +71,15 @@ def dummy_reference(model_dir, arch):
     from lvllm.dummy_weights import fill_
     cfg = text_config(model_dir)
     E, H, I = expert_shape(cfg)
-    act = {}
-    if arch == "minimax_m3":  # vLLM's swigluoai_uninterleave: swigluoai on [gate; up] rows, the config's constants
-        act = dict(activation="swigluoai", interleaved=False, swiglu_alpha=cfg["swiglu_alpha"],
-                   swiglu_limit=cfg["swiglu_limit"])
+    act = minimax_m3_activation(cfg) if arch == "minimax_m3" else {}
     return dict(w13=fill_(torch.empty(E, 2 * I, H, dtype=torch.bfloat16)).float(),
                 w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float(), **act)
+
+
+def minimax_m3_activation(cfg):
+    """vLLM's swigluoai_uninterleave: swigluoai on [gate; up] rows, with the config's constants."""
+    return dict(activation="swigluoai", interleaved=False, swiglu_alpha=cfg["swiglu_alpha"],
+                swiglu_limit=cfg["swiglu_limit"])
 
 
 def text_config(model_dir):
@@ -96,6 +99,8 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     if arch == "deepseek_v4":  # the inference release's names; clamped SwiGLU experts
         prefix = f"layers.{layer_idx}.ffn.experts"
         act = dict(activation="silu_clamp", swiglu_limit=cfg["swiglu_limit"])
+    if arch == "minimax_m3":
+        act = minimax_m3_activation(cfg)
     if arch == "gpt_oss":
         def mx(name):
             return decode_mxfp4(t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"])
