@@ -57,6 +57,10 @@ _CHANNEL_FORMATS = {"CompressedTensorsW8A8Fp8MoEMethod": "fp8_channel",
                     "CompressedTensorsW8A8Int8MoEMethod": "int8_channel"}
 
 
+# compressed-tensors' MXFP4 MoE methods (weights as gpt-oss's, under `_packed` names until vLLM's own processing)
+_CT_MXFP4 = ("CompressedTensorsW4A4Mxfp4MoEMethod", "CompressedTensorsW4A8Mxfp4MoEMethod")
+
+
 def engine_format(method) -> tuple:
     """(format id, block_size) of the engine format that reads this vLLM MoE method's tensors."""
     name = type(method).__name__
@@ -89,10 +93,10 @@ def engine_format(method) -> tuple:
         return "wna16_int4", None
     if name in ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"):
         return "mxfp4", None
-    if name == "CompressedTensorsW4A4Mxfp4MoEMethod":
+    if name in _CT_MXFP4:
         # compressed-tensors MXFP4 (Kimi-K3 as released): gpt-oss's tensors under `_packed` names
-        # (engine_tensor_names); W4A4 on GPUs with CUTLASS MXFP4, the engine computes W4A16-style as
-        # vLLM's own Marlin fallback does.
+        # (engine_tensor_names); W4A4 (MXFP4 activations on GPUs with CUTLASS MXFP4) or W4A8 (FP8
+        # activations): the engine computes W4A16-style either way, as vLLM's own Marlin fallback does.
         return "mxfp4", None
     if name == "ModelOptNvFp4FusedMoE":
         # quant_algo NVFP4 (W4A4 on GPUs) and W4A16_NVFP4 hold the same weight tensors; the engine
@@ -108,8 +112,7 @@ def engine_format(method) -> tuple:
 
 
 # vLLM methods that hold an engine format's tensors under other names: {engine name: the method's}
-_TENSOR_NAMES = {"CompressedTensorsW4A4Mxfp4MoEMethod": {"w13_weight": "w13_weight_packed",
-                                                         "w2_weight": "w2_weight_packed"}}
+_TENSOR_NAMES = {m: {"w13_weight": "w13_weight_packed", "w2_weight": "w2_weight_packed"} for m in _CT_MXFP4}
 
 
 def engine_tensor_names(method) -> dict:

@@ -23,7 +23,7 @@ from .quantizers import (MXFP4_GROUP, NVFP4_GROUP, W8A8_CHANNEL, pack_int4, quan
 _ALIASES = {"fp8_block": "fp8", "wna16_int4": "w4a16"}
 _WITH_ARCH = ("mxfp4",)
 # A second layout of an engine format: compressed-tensors' MXFP4 (Kimi-K3 as released).
-_LAYOUTS = {"mxfp4_ct": "mxfp4"}
+_LAYOUTS = {"mxfp4_ct": "mxfp4", "mxfp4_ct_a8": "mxfp4"}  # a8: W4A8 (FP8 activations)
 QUANTS = tuple(_ALIASES.get(n, n) for n in formats.NAMES if n not in _WITH_ARCH) + tuple(_LAYOUTS)
 FORMAT_OF = dict({_ALIASES.get(n, n): n for n in formats.NAMES}, **_LAYOUTS)  # quant name -> engine format
 
@@ -189,13 +189,16 @@ def quantize_ct_mxfp4_checkpoint(tensors: Dict[str, torch.Tensor]) -> Dict[str, 
     return _quantize_projections(tensors, True, mxfp4)
 
 
-def ct_mxfp4_config() -> dict:
+def ct_mxfp4_config(fp8_activations: bool = False) -> dict:
     """compressed-tensors' MXFP4 preset (W4A4: e2m1 weights and activations in groups of 32 with e8m0
-    scales) on the routed experts only, matched by name (every other Linear stays bf16)."""
+    scales; fp8_activations: W4A8, dynamic per-token FP8 activations) on the routed experts only, matched by
+    name (every other Linear stays bf16)."""
     def args(dynamic: bool) -> dict:
         return {"num_bits": 4, "type": "float", "symmetric": True, "group_size": MXFP4_GROUP, "strategy": "group",
                 "dynamic": dynamic, "actorder": None, "observer": None if dynamic else "minmax"}
-    scheme = {"targets": [r"re:.*\.experts\..*"], "weights": args(False), "input_activations": args(True),
+    acts = ({"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "strategy": "token",
+             "dynamic": True, "actorder": None, "observer": None} if fp8_activations else args(True))
+    scheme = {"targets": [r"re:.*\.experts\..*"], "weights": args(False), "input_activations": acts,
               "output_activations": None, "format": "mxfp4-pack-quantized"}
     return {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "quantization_status": "compressed",
             "config_groups": {"group_0": scheme}, "ignore": [], "kv_cache_scheme": None}
@@ -285,6 +288,6 @@ def quantize_checkpoint(tensors: Dict[str, torch.Tensor], quant: str, experts_on
     if fmt in W8A8_CHANNEL:
         tensors = quantize_w8a8_channel_checkpoint(tensors, quant, experts_only=experts_only)
         return tensors, _w8a8_channel_config(tensors, quant), {}
-    if quant == "mxfp4_ct":
-        return quantize_ct_mxfp4_checkpoint(tensors), ct_mxfp4_config(), {}
+    if quant in ("mxfp4_ct", "mxfp4_ct_a8"):
+        return quantize_ct_mxfp4_checkpoint(tensors), ct_mxfp4_config(fp8_activations=quant.endswith("_a8")), {}
     raise ValueError(f"no tiny checkpoint writer for expert format {fmt!r}")

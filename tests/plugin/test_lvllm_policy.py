@@ -102,8 +102,8 @@ def test_compressed_tensors_mxfp4_is_mxfp4_under_its_packed_names():
     assert engine_tensor_names(method("Mxfp4MoEMethod")) == {}  # the engine's own names
     p = plan_for("model.layers.3.mlp.experts", m, LAYER, moe_config(), ON)
     assert (p.kind, p.format) == ("hybrid", "mxfp4")
-    with pytest.raises(UnsupportedMoELayer, match="CompressedTensorsW4A8Mxfp4MoEMethod"):
-        engine_format(method("CompressedTensorsW4A8Mxfp4MoEMethod"))  # FP8 activations: not read yet
+    a8 = method("CompressedTensorsW4A8Mxfp4MoEMethod")  # FP8 activations: the engine keeps them bf16
+    assert engine_format(a8) == ("mxfp4", None) and engine_tensor_names(a8) == engine_tensor_names(m)
 
 
 def test_modelopt_nvfp4_maps_to_nvfp4():

@@ -42,6 +42,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "fp8_channel", 0, "fp8_channel"),  # compressed-tensors FP8 per channel (FP8-dynamic)
     ("mixtral", "int8_channel", 0, "int8_channel"),  # compressed-tensors INT8 W8A8 per channel
     ("qwen3_moe", "mxfp4_ct", 0, "mxfp4"),  # compressed-tensors MXFP4 experts (Kimi-K3's release format)
+    ("qwen3_moe", "mxfp4_ct_a8", 0, "mxfp4"),  # and its W4A8 variant (FP8 activations: vLLM's Mxfp4MoEMethod under it)
     ("minimax_m2", "bf16", 0, "bf16"),  # w1/w2/w3 names, sigmoid routing with a selection bias
     ("minimax_m2", "fp8", 0, "fp8_block"),  # as MiniMax-M2 is released: FP8 block experts
     ("qwen3_next", "bf16", 0, "bf16"),  # gated DeltaNet + gated attention layers, gated shared expert
@@ -67,7 +68,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
 ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "minimax_m3": "swigluoai"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors), by quant.
 VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
-                "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod"}
+                "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}
 
 
 @pytest.mark.parametrize("i,arch,quant,layer,fmt", [(i, *c) for i, c in enumerate(CASES)],

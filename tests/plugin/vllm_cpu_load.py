@@ -212,7 +212,7 @@ def lend_qwen4_exp_cpu_parts():
     qsa.is_flash_attn_varlen_func_available = lambda: True
 
 
-LENDERS = {"w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
+LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
                 "minimax_m3": lend_unquantized_swigluoai_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts}
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
