@@ -692,8 +692,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
     "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
     activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8), "mxfp4_ct" (compressed-tensors MXFP4
-    experts, like Kimi-K3; the other projections bf16; "mxfp4_ct_a8": its W4A8 variant, FP8 activations); quantized variants: tiny only, but DeepSeek-V4's
-    mxfp4 and Kimi-K3's mxfp4_ct (big: the release's quantization config over dummy weights).
+    experts, like Kimi-K3; the other projections bf16; "mxfp4_ct_a8": its W4A8 variant, FP8 activations);
+    quantized variants: tiny only, but DeepSeek-V4's mxfp4 and Kimi-K3's mxfp4_ct (big: the release's
+    quantization config over dummy weights).
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels).
