@@ -82,16 +82,17 @@ class HybridMoEMixin:
             from .dummy_weights import materialize
             materialize(layer)
         params = dict(layer.named_parameters(recurse=False))
-        held_as = engine_tensor_names(self)  # engine name -> this method's parameter, where they differ
         required, optional = lk_moe.MoELayer.tensor_names(plan.format)
+        held_as = engine_tensor_names(self)  # engine name -> this method's parameter, where they differ
+        param_of = {n: held_as.get(n, n) for n in (*required, *optional)}
         # Optional tensors (zero points) exist only when the method created them; g_idx is never
         # passed (act-order checkpoints are refused by the policy; vLLM leaves it unset otherwise).
-        needed = list(required) + [n for n in optional if held_as.get(n, n) in params]
+        needed = list(required) + [n for n in optional if param_of[n] in params]
         tensors = {}
         for name in needed:
-            p = params.get(held_as.get(name, name))
+            p = params.get(param_of[name])
             if p is None:
-                raise ValueError(f"{plan.prefix}: vLLM's {type(self).__name__} holds no {held_as.get(name, name)}; "
+                raise ValueError(f"{plan.prefix}: vLLM's {type(self).__name__} holds no {param_of[name]}; "
                                  f"cannot build the lk_moe {plan.format} layer")
             if p.device.type != "cpu":
                 raise RuntimeError(f"{plan.prefix}: {name} is on {p.device}, expected host memory "
@@ -103,7 +104,7 @@ class HybridMoEMixin:
                                                        block_size=plan.block_size, **_format_args(layer, plan))
         # The engine holds its own packed copy; drop vLLM's so host RAM holds the experts once.
         for name in needed:
-            p = params[held_as.get(name, name)]
+            p = params[param_of[name]]
             p.data = torch.empty(0, dtype=p.dtype)
         # 0 for formats without a GPU path (CPU prefill; warned once per model by the runtime).
         gpu_min = gpu_prefill_min_batch(plan.format, cfg)

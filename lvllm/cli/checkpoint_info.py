@@ -125,9 +125,8 @@ _BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 17 / 32, "m
 
 def _is_ct_mxfp4(q: dict) -> bool:
     """A compressed-tensors config whose weights are 4-bit floats in groups of 32 (MXFP4, Kimi-K3's experts)."""
-    groups = q.get("config_groups") or {}
-    return any((g.get("weights") or {}).get("type") == "float" and (g.get("weights") or {}).get("num_bits") == 4
-               and (g.get("weights") or {}).get("group_size") == 32 for g in groups.values() if isinstance(g, dict))
+    weights = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+    return any((w.get("type"), w.get("num_bits"), w.get("group_size")) == ("float", 4, 32) for w in weights)
 
 
 def expert_bytes_per_weight(info: "CheckpointInfo", cfg: dict) -> float:

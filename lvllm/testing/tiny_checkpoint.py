@@ -742,7 +742,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = deepseek_v41.config(_config("deepseek_v4", s, vocab), s, out)
     elif arch == "kimi_k3":
         config = kimi_k3.config(s, vocab, image_token_id=len(SPECIAL))
-    elif arch in ("minimax_m3", "glm5_next", "qwen4_exp"):
+    elif arch in CONFIG_MODULES:
         config = CONFIG_MODULES[arch].config(s, vocab)
     else:
         config = _config(arch, s, vocab)

@@ -71,19 +71,27 @@ VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channe
                 "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}
 
 
+def _run_helper(model, arch, quant, layer, port, **env_extra):
+    """vllm_cpu_load.py on `model` in its own process, with none of this process's LVLLM_ / LK_ settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, HELPER, model, arch, quant, str(layer), str(port)], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _last(p, tag: str) -> dict:
+    """The JSON of the helper's last line starting with `tag` ("RESULT", "DRAFT"); the output when it has none."""
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(tag + " ")]
+    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
+    return json.loads(lines[-1][len(tag) + 1:])
+
+
 @pytest.mark.parametrize("i,arch,quant,layer,fmt", [(i, *c) for i, c in enumerate(CASES)],
                          ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quant, layer, fmt):
     written = "bf16" if quant == "dummy" else quant
     model = make_checkpoint(arch, str(tmp_path / arch), quant=written, experts_only=quant in EXPERTS_ONLY)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
-    env["LK_THREADS"] = "2"
-    port = str(29700 + (os.getpid() % 200) * 5 + i)
-    p = subprocess.run([sys.executable, HELPER, model, arch, quant, str(layer), port], env=env,
-                       capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-    r = json.loads(lines[-1][7:])
+    r = _last(_run_helper(model, arch, quant, layer, 29700 + (os.getpid() % 200) * 5 + i, LK_THREADS="2"), "RESULT")
     print(f"{arch} {quant}: {r}")
     assert r["format"] == fmt and r["hybrid_layers"] >= 3
     assert r["activation"] == ACTIVATIONS.get(arch, "silu"), r
@@ -99,30 +107,22 @@ def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe):
     model.layers.<L> experts say; never planned as one of the target's layers."""
     model = make_checkpoint("deepseek_v3", str(tmp_path / "dsv3-mtp"), mtp=1)
     layers = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
-    env.update(LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
-    port = str(29700 + (os.getpid() % 200) * 5 + len(CASES) + (draft_moe == "cpu"))
-    p = subprocess.run([sys.executable, HELPER, model, "deepseek_v3", "bf16", str(layers), port], env=env,
-                       capture_output=True, text=True, timeout=600)
-    drafts = [ln for ln in p.stdout.splitlines() if ln.startswith("DRAFT ")]
-    assert p.returncode == 0 and drafts, (p.stdout + p.stderr)[-4000:]
-    d = json.loads(drafts[-1][6:])
+    port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + (draft_moe == "cpu")
+    p = _run_helper(model, "deepseek_v3", "bf16", layers, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
+    d = _last(p, "DRAFT")
     assert d["model"] == "DeepSeekMTP" and d["draft_layers"] == [f"model.layers.{layers}.mlp.experts"], d
     if draft_moe == "gpu":
         assert d["hybrid"] == [], d
         return
     assert len(d["hybrid"]) == 1 and f"layers.{layers}." in d["hybrid"][0], d
-    r = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    r = _last(p, "RESULT")
     assert r["format"] == "bf16" and r["rel_rms"] <= 0.01, r
 
 
 def _autofit_run(tmp_path, machine: dict, port: int, settings=None):
     model = make_checkpoint("qwen3_moe", str(tmp_path / "qwen3_moe"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LVLLM_", "LK_"))}
-    env.update(settings or dict(LVLLM_AUTO_FIT="1", LVLLM_GPU_EXPERT_CACHE="0"), AUTOFIT_TEST_MACHINE=json.dumps(machine))
-    p = subprocess.run([sys.executable, HELPER, model, "qwen3_moe", "bf16", "3", str(port)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    return model, p
+    env = dict(settings or dict(LVLLM_AUTO_FIT="1", LVLLM_GPU_EXPERT_CACHE="0"), AUTOFIT_TEST_MACHINE=json.dumps(machine))
+    return model, _run_helper(model, "qwen3_moe", "bf16", 3, port, **env)
 
 
 def test_auto_fit_plans_at_the_first_moe_layer_through_vllms_construction(tmp_path):
@@ -142,9 +142,7 @@ def test_auto_fit_plans_at_the_first_moe_layer_through_vllms_construction(tmp_pa
     machine = dict(gpu_bytes=gpu(3), host_bytes=PROCESS_HOST_BYTES + int(2.5 * layer), cores=8,
                    read_gbps=50, h2d_gbps=25, isa="avx512_bf16")
     model, p = _autofit_run(tmp_path, machine, 29690 + os.getpid() % 100)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-    r = json.loads(lines[-1][7:])
+    r = _last(p, "RESULT")
     assert r["resident"] == [0, 1] and r["hybrid_layers"] == 2, r
     assert r["rel_rms"] <= 0.01 and r["gpu_prefill_min_batch"] >= 64, r
     log = "\n".join(r["fit_lines"])  # what the worker logs, one line per decision
@@ -172,9 +170,7 @@ def test_expert_cache_auto_is_the_plan_with_the_other_settings_held(tmp_path):
     machine = dict(gpu_bytes=int((fixed + 4096) / 0.9), host_bytes=PROCESS_HOST_BYTES + 8 * info.expert_bytes_per_layer,
                    cores=8, read_gbps=50, h2d_gbps=25, isa="avx512_bf16")
     _, p = _autofit_run(tmp_path, machine, 29790 + os.getpid() % 100, {"LVLLM_GPU_EXPERT_CACHE": "auto"})
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-    r = json.loads(lines[-1][7:])
+    r = _last(p, "RESULT")
     assert r["resident"] == [] and r["hybrid_layers"] == 4 and r["gpu_prefill_min_batch"] == 0 and r["threads"] == 2, r
     log = "\n".join(r["fit_lines"])
     assert "GPU-resident MoE layers: 0 (set)" in log and "prefill on the CPU (set)" in log, log

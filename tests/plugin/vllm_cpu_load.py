@@ -229,12 +229,12 @@ def main():
     lend_plain_cpu_gemm()
     load_general_plugins()
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512)
-    tables = {}
+    engram = {}
     if arch == "qwen4_exp":  # see lend_qwen4_exp_cpu_parts
         from vllm.config import EngramConfig
-        tables = dict(engram_config=EngramConfig(cpu_offload=False))
+        engram = dict(engram_config=EngramConfig(cpu_offload=False))
     vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"),
-                    **tables)
+                    **engram)
     if DRAFT:  # as vLLM's engine sets it up for --speculative-config '{"method": "mtp", ...}'
         from vllm.config.speculative import SpeculativeConfig
         vc.speculative_config = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=target,
