@@ -13,8 +13,8 @@ engine's tile runs on these cores.
 
 A 4-bit format (wna16_int4-*, mxfp4, nvfp4) with "+int" runs its prefill on the decode path's integer tiles
 on 15-bit activation rows (lk_moe._C._set_int_acts_max_tokens around that format's forwards only: the A/B of
-issue 29's integer route at bf16's accuracy), "+int8" is the layer built with LK_INT8_ACT=1 (int8 activations,
-in prefill too on the tiers where the engine takes them there).
+issue 29's integer route at bf16's accuracy), "+int8" (those and int8_channel) is the layer built with
+LK_INT8_ACT=1 (int8 activations, in prefill too on the tiers where the engine takes them there).
 """
 from __future__ import annotations
 
@@ -47,8 +47,10 @@ def build_variant(name: str, E: int, H: int, I: int, pool):
     fmt, plus, variant = name.partition("+")
     if not plus:
         return build(fmt, E, H, I, pool)
-    if "+" + variant not in INT_VARIANTS or not fmt.startswith(("wna16_int4", "mxfp4", "nvfp4")):
-        raise SystemExit(f"{name!r}: {', '.join(INT_VARIANTS)} go with a 4-bit format (wna16_int4-*, mxfp4, nvfp4)")
+    four_bit = fmt.startswith(("wna16_int4", "mxfp4", "nvfp4"))
+    if "+" + variant not in INT_VARIANTS or not (four_bit or (variant == "int8" and fmt == "int8_channel")):
+        raise SystemExit(f"{name!r}: {', '.join(INT_VARIANTS)} go with a 4-bit format (wna16_int4-*, mxfp4, nvfp4); "
+                         "+int8 with int8_channel too")
     with patch.dict(os.environ, LK_INT8_ACT="1" if variant == "int8" else "0"):  # read when the layer is built
         return build(fmt, E, H, I, pool)
 

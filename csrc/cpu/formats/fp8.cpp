@@ -132,7 +132,7 @@ const Format kFp8ChannelFormat = {
     .gate_up_task = &gate_up_task, .down_task = &down_task};
 const Format kInt8ChannelFormat = {
     .name = "int8_channel", .family = Family::kByteCodes, .int8_codes = true, .per_row = true,
-    .decode_wide = DecodeWide::kQuantized, .configure = &configure_channel, .allocate = &allocate,
+    .decode_wide = DecodeWide::kQuantized, .int8_act = true, .configure = &configure_channel, .allocate = &allocate,
     .repack13 = &repack13, .repack2 = &repack2, .gate_up_task = &gate_up_task, .down_task = &down_task};
 
 }  // namespace lk

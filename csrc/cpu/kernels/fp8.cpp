@@ -2,6 +2,7 @@
 // fp8_channel and int8_channel (one scale per output row). Layout: kernel_table.h Fp8Weights.
 #include "cpu/kernels/kernels.h"
 #include "cpu/kernels/panels.h"
+#include "cpu/kernels/quad.h"
 
 namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
@@ -131,6 +132,213 @@ void dot_rows_fp8(int, const uint16_t* const*, const void* const*, int, float*, 
 #endif
 
 #if defined(LK_V512)
+// ---------------------------------------------------------------- int8 codes x int8 activations
+// int8_channel with LK_INT8_ACT=1 (Format::int8_act): x and act arrive as q8 rows (kernel_table.h, x ~ d q per
+// 32 inputs), the codes w as they are, so sum_k x_k w_k = sum_b d_b sum_{k in b} q_k w_k is an integer sum per
+// 32-input block, converted and scaled by d_b in fp32 (exact: |sum| <= 32 x 255 x 127 < 2^24), and the row's
+// channel scale is applied once at the end. The block layout holds pair-rows (inputs 2p, 2p + 1 of the 16 rows,
+// 32 words); one vpermw interleaves pair-rows 2o and 2o + 1 into the 16 dwords of 4 consecutive inputs per row
+// that vpdpbusd takes (u8 x s8). With VNNI the codes become u = w + 128 (one xor) and sum q w = sum q u - 128
+// sum q (the q8 row keeps d x sum q per block). Without it (the avx512 tier) vpmaddubsw would saturate on u:
+// it takes |w| and q with w's sign instead (|2 x 128 x 127| < 2^15). Prefill tasks convert each block once
+// into a panel of these dwords (scratch deq) for all their row tiles; decode tasks convert in registers. Per
+// 64 codes and row: one vpdpbusd (vdpbf16ps takes 32), plus per 32 inputs one conversion and one fma.
+struct I8QuadPerm {
+  uint16_t v[32];
+};
+constexpr I8QuadPerm make_i8_quad_perm() {  // word 2n + t <- word n of pair-row t (t = 0: words 0..15, 1: 16..31)
+  I8QuadPerm p{};
+  for (int i = 0; i < 32; ++i) p.v[i] = uint16_t(i % 2 ? 16 + i / 2 : i / 2);
+  return p;
+}
+constexpr I8QuadPerm kI8QuadPerm = make_i8_quad_perm();
+constexpr int kI8PrefetchQuads = 96;  // decode: prefetch distance in each block stream (64 B per quad)
+
+#if defined(__AVX512VNNI__)
+constexpr bool kI8Offset = true;  // u = w + 128 into vpdpbusd, minus 128 x sum q
+#else
+constexpr bool kI8Offset = false;  // |w| and sign(w) q into vpmaddubsw
+#endif
+
+// 64 code bytes (pair-rows 2o, 2o + 1 of a block) -> the quad's 16 dwords as the tile reads them.
+inline __m512i i8_quad(const uint8_t* src, __m512i perm) {
+  const __m512i v = _mm512_permutexvar_epi16(perm, _mm512_loadu_si512((const void*)src));
+  return kI8Offset ? _mm512_xor_si512(v, _mm512_set1_epi8(int8_t(0x80))) : v;
+}
+
+// One quad of weight dwords as the dot product takes it: u = w + 128 (VNNI), or |w| and w's negative bytes.
+struct I8Operand {
+  __m512i u;
+  __mmask64 neg;
+};
+inline __attribute__((always_inline)) I8Operand i8_operand(__m512i w) {
+#if defined(__AVX512VNNI__)
+  return {w, 0};
+#else
+  return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+#endif
+}
+inline __attribute__((always_inline)) __m512i i8_dot(__m512i acc, const I8Operand& w, __m512i q) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, w.u, q);
+#else
+  const __m512i qs = _mm512_mask_sub_epi8(q, w.neg, _mm512_setzero_si512(), q);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w.u, qs), _mm512_set1_epi16(1)));
+#endif
+}
+
+// One block of codes -> its panel of quad dwords (16 x kp bytes).
+inline void i8_panel_block(const uint8_t* src, int kp, uint8_t* dst) {
+  const __m512i perm = _mm512_loadu_si512((const void*)kI8QuadPerm.v);
+  for (int o = 0; o < kp / 4; ++o) _mm512_storeu_si512((void*)(dst + size_t(o) * 64), i8_quad(src + size_t(o) * 64, perm));
+}
+
+// C[r][j*16 + n] (ld 32) = sum_b d_r[b] sum_{k in b} q_r[k] w_j[n][k]: the rows' dot products with the codes, before
+// the channel scales. b[j]: a panel (PANEL) or the block's codes. S independent chains per (row, block) for few rows.
+template <int MR, int NB, bool PANEL>
+inline void dot_tile_i8q8(const int8_t* const* a, const uint8_t* const* b, int kp, float* c) {
+  constexpr int S = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
+  __m512i acc[S][MR][NB];
+  __m512 tot[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) {
+      tot[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
+    }
+  const __m512i perm = _mm512_loadu_si512((const void*)kI8QuadPerm.v);
+  const int far = PANEL ? 0 : far_prefetch_bytes();
+  const int nb = kp / kQ8Group;
+  const float* d[MR];  // row layout: kernel_table.h q8_row_bytes (d per block, then d x sum q per block)
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) d[r] = reinterpret_cast<const float*>(a[r] + kp);
+  for (int bb = 0; bb < nb; ++bb) {
+#pragma GCC unroll 8
+    for (int oo = 0; oo < kQ8Group / 4; ++oo) {
+      const int o = bb * (kQ8Group / 4) + oo;
+      I8Operand w[NB];
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) {
+        if constexpr (PANEL) {
+          w[j] = i8_operand(_mm512_loadu_si512((const void*)(b[j] + size_t(o) * 64)));
+        } else {
+          _mm_prefetch((const char*)(b[j] + size_t(o + kI8PrefetchQuads) * 64), _MM_HINT_T0);
+          if (far) _mm_prefetch((const char*)(b[j] + size_t(o) * 64 + far), _MM_HINT_T1);
+          w[j] = i8_operand(i8_quad(b[j] + size_t(o) * 64, perm));
+        }
+      }
+      const int i = oo % S;
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        int32_t x;
+        memcpy(&x, a[r] + 4 * o, 4);
+        const __m512i xb = _mm512_set1_epi32(x);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) acc[i][r][j] = i8_dot(acc[i][r][j], w[j], xb);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512 dv = _mm512_set1_ps(d[r][bb]);
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j)
+        tot[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(take_chains<MR, NB, S>(acc, r, j)), dv, tot[r][j]);
+    }
+  }
+  if constexpr (kI8Offset) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      float zs = 0.0f;  // sum of d x sum q over the row's blocks
+      for (int bb = 0; bb < nb; ++bb) zs += d[r][nb + bb];
+      const __m512 off = _mm512_set1_ps(128.0f * zs);
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) tot[r][j] = _mm512_sub_ps(tot[r][j], off);
+    }
+  }
+  store_totals<MR, NB>(tot, c);
+}
+
+template <int NB, bool PANEL>
+void dot_rows_i8q8(int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c) {
+  switch (mr) {
+    case 1: dot_tile_i8q8<1, NB, PANEL>(a, b, kp, c); break;
+    case 2: dot_tile_i8q8<2, NB, PANEL>(a, b, kp, c); break;
+    case 3: dot_tile_i8q8<3, NB, PANEL>(a, b, kp, c); break;
+    default: dot_tile_i8q8<4, NB, PANEL>(a, b, kp, c); break;
+  }
+}
+template <int NB>
+void dot_rows_i8q8(bool panel, int mr, const int8_t* const* a, const uint8_t* const* b, int kp, float* c) {
+  if (panel) dot_rows_i8q8<NB, true>(mr, a, b, kp, c);
+  else dot_rows_i8q8<NB, false>(mr, a, b, kp, c);
+}
+
+// More rows than one tile: the block (pair) converted once into a panel.
+inline bool i8_panels(int m) { return m > kQ8TileRows; }
+
+void gate_up_i8q8(const GateUpTask& t, const Fp8Weights& q) {
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const bool panel = i8_panels(t.m);
+  uint8_t* pan = reinterpret_cast<uint8_t*>(t.scratch->deq);
+  float* c = t.scratch->c;
+  for (int j = 0; j < t.nblk; ++j) {  // the block pair stays in L1/L2 across the row tiles
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* b[2] = {bg, bg + block_bytes};
+    if (panel) {
+      i8_panel_block(b[0], t.kp, pan);
+      i8_panel_block(b[1], t.kp, pan + block_bytes);
+      b[0] = pan;
+      b[1] = pan + block_bytes;
+    }
+    const float* sg = q.scale + size_t(j) * 2 * kBlockN;
+    const float* su = sg + kBlockN;
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      dot_rows_i8q8<2>(panel, mr, t.q8_rows + r0, b, t.kp, c);
+      for (int r = 0; r < mr; ++r) {
+        mul_16(c + r * 32, sg);
+        mul_16(c + r * 32 + 16, su);
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+      }
+    }
+  }
+}
+
+void down_i8q8(const DownTask& t, const Fp8Weights& q) {
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const bool panel = i8_panels(t.m);
+  uint8_t* pan = reinterpret_cast<uint8_t*>(t.scratch->deq);
+  float* c = t.scratch->c;
+  const int8_t* rows[kQ8TileRows];
+  for (int j = 0; j < t.nblk; j += 2) {  // two blocks per tile share the activation broadcasts
+    const int nb = tmin(2, t.nblk - j);
+    const uint8_t* b[2] = {q.w + size_t(j) * block_bytes, q.w + size_t(j + nb - 1) * block_bytes};
+    if (panel) {
+      for (int h = 0; h < nb; ++h) i8_panel_block(b[h], t.kp, pan + h * block_bytes);
+      b[0] = pan;
+      b[1] = pan + (nb - 1) * block_bytes;
+    }
+    const float* sc = q.scale + size_t(j) * kBlockN;  // the nb blocks' row scales, 16 each
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+      if (nb == 2) dot_rows_i8q8<2>(panel, mr, rows, b, t.kp, c);
+      else dot_rows_i8q8<1>(panel, mr, rows, b, t.kp, c);
+      for (int r = 0; r < mr; ++r) {
+        float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
+        for (int h = 0; h < nb; ++h) axpy_vec_16(t.row_weight[r0 + r], c + r * 32 + h * 16, sc + h * kBlockN, o + h * 16);
+      }
+    }
+  }
+}
+#else
+inline void gate_up_i8q8(const GateUpTask&, const Fp8Weights&) {}
+inline void down_i8q8(const DownTask&, const Fp8Weights&) {}
+#endif
+
+#if defined(LK_V512)
 // Two panel sets (four blocks of bf16) at most this large pipeline: with DeepSeek-V3's 7168 inputs (896 KiB)
 // they and the rows' panel outgrew L2 and the pipelined layer ran 9-13% slower (2 cores, Sapphire Rapids).
 constexpr size_t kPipelinedPanelBytes = 256 << 10;
@@ -215,6 +423,7 @@ void gate_up_fp8(const GateUpTask& t) {
   const int per = q.per_row ? kBlockN : nseg;  // scales per block
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   float* c = t.scratch->c;
+  if (kHaveQ8 && t.q8_rows) return gate_up_i8q8(t, q);  // int8 codes with int8 activations
 #if defined(LK_V512)
   if (t.m > kFusedFp8Rows) return gate_up_fp8_panels(t, q);
 #endif
@@ -281,6 +490,7 @@ void down_fp8(const DownTask& t) {
   uint16_t* d = t.scratch->deq;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
+  if (kHaveQ8 && t.q8_act) return down_i8q8(t, q);  // int8 codes with int8 activations
 #if defined(LK_V512)
   if (t.m > kFusedFp8Rows) return down_fp8_panels(t, q);
 #elif defined(LK_F32_PANELS)
