@@ -51,7 +51,7 @@ struct Format {
   bool per_row = false;     // kByteCodes: one scale per output row (else one per block of the checkpoint)
   bool nv = false;          // kFp4: NVFP4 (fp8 e4m3fn scales per 16 inputs, fp32 global scales); else MXFP4
   // Decode chunks: the least DecodeWide policy that starts them with wide units; whether LK_INT8_ACT
-  // applies (int8 activations, off unless asked for); whether they take 15-bit activations otherwise
+  // applies (int8 activations, off unless asked for: the 4-bit formats and int8_channel); whether they take 15-bit activations otherwise
   // (q15_decode, Fp4DecodeActs: every 4-bit format). int8 activations (~0.01 relative RMS against 0.002)
   // moved gpt-oss's greedy logprobs past the e2e bound (mxfp4, 2026-12-01) and Kimi-K2.5's int4 decode away
   // from its own bf16 prefill (wna16_int4, H200, 2026-12-04), so 15-bit activations (bf16's error) are the

@@ -129,7 +129,7 @@ struct ForwardArgs {
 // units per thread decode keeps for balance. Process-wide; the setter is for benchmarks' A/Bs: the
 // grouping changes which thread computes a block, never a result's summation order.
 enum class DecodeWide {  // each covers the ones before it
-  kInt8Act = 0,    // only int8-activation chunks (4-bit formats with LK_INT8_ACT)
+  kInt8Act = 0,    // only int8-activation chunks (LK_INT8_ACT: the 4-bit formats, int8_channel)
   kFourBit = 1,    // every 4-bit format (wna16_int4, mxfp4, nvfp4): the default
   kQuantized = 2,  // every quantized format (the 8-bit ones too)
   kAll = 3,        // bf16 too

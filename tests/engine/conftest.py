@@ -140,8 +140,8 @@ def int8_activations(on: bool, name: str = "LK_INT8_ACT"):
                 os.environ[n] = v
 
 
-# Budget of the int8-activation decode path of the 4-bit formats (wna16_int4, mxfp4, nvfp4; chunks of
-# <= 16 tokens on the AVX-512 tiers, LK_INT8_ACT): the activation rows (x, and the activation output
+# Budget of the int8-activation path of the 4-bit formats and int8_channel (wna16_int4, mxfp4, nvfp4,
+# int8_channel; chunks of <= 16 tokens on the AVX-512 tiers, LK_INT8_ACT; prefill ones: runs_int8): the activation rows (x, and the activation output
 # before the down projection) are quantized per 32 inputs to symmetric int8 (d = max|x| / 127,
 # llama.cpp's Q8_0 scheme), so each input moves by at most d / 2: uniform rounding, RMS d / sqrt(12)
 # ~ max|x| / 440, i.e. ~2^-7.5 of the group's RMS for Gaussian-like x (max ~ 2.3 RMS over 32 values)
@@ -166,6 +166,17 @@ def runs_int8(tier: str, rows: int) -> bool:
     decode chunks (<= 16) on the tiers with the int8 kernels (avx512*, amx), prefill ones on INT8_PREFILL_TIERS."""
     int8_kernels = tier.startswith("avx512") or tier == "amx"
     return int8_kernels and (rows <= 16 or tier in INT8_PREFILL_TIERS)
+
+
+def q8(v: torch.Tensor) -> torch.Tensor:
+    """v rounded as the engine's q8 rows do (act_quant.cpp q8_row), per 32 values along the last dim (zero-padded
+    to a multiple of 32): q = round_half_even(v x 127 / max|v|) times max|v| / 127; fp32."""
+    v = v.float()
+    n = v.shape[-1]
+    g = torch.nn.functional.pad(v, (0, (-n) % 32)).reshape(*v.shape[:-1], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(g * inv) * (amax / 127.0)).reshape(*v.shape[:-1], -1)[..., :n]
 
 
 def assert_int8_budget(out, x, w13, w2, ids, weights, **act):

@@ -403,18 +403,25 @@ inline __attribute__((always_inline)) void fp4_quads_u8(const uint8_t* const* b,
   }
 }
 
+// One block's codes -> its panel of fp4_quad_u8 dwords (16 x kp bytes), for tasks of several row tiles.
+inline void fp4_u8_panel_block(const uint8_t* src, int kp, uint8_t* dst) {
+  const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
+  for (int q = 0; q < kp / 4; ++q) _mm512_storeu_si512((void*)(dst + size_t(q) * 64), fp4_quad_u8(src + size_t(q) * 32, lut));
+}
+
 // C[r][j*16 + n] (ld 32) as dot_tile_fp4, from integer activation rows. Per scale group (32 inputs,
 // NV: 16) the integer sum of u = kFp4Offset + 2 e2m1 times the activation codes (vpdpbusd), one chain
 // seeded with -kFp4Offset * sum q, converted once and multiplied by the group's scale and d in fp32;
-// the tile's totals are halved at the end. MR = 1 runs two integer chains per (row, block).
+// the tile's totals are halved at the end. MR = 1 runs two integer chains per (row, block). PANEL: b[j] are
+// fp4_u8_panel_block panels (the u8 operand ready), else the blocks' codes, converted here.
 // Q15 = false: q8 rows, x_r ~ d_r[b] * q_r[k] (b = k / 32).
 // Q15 = true: q15 rows, x_r ~ d_r[b] * (128 hi_r[k] + lo_r[k]): the same weights feed a second
 // vpdpbusd on hi, and 128 sum(u hi) + sum(u lo) - kFp4Offset sum q is sum 2 e2m1 q exactly
 // (|.| <= 32 x 12 x 16256 < 2^24, so its fp32 conversion is exact too).
-template <int MR, int NB, bool NV, bool Q15>
+template <int MR, int NB, bool NV, bool Q15, bool PANEL>
 inline void dot_tile_fp4_int(const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                              float* c) {
-  const int far = far_prefetch_bytes();
+  const int far = PANEL ? 0 : far_prefetch_bytes();
   constexpr int G = NV ? 16 : 32;  // inputs per weight scale
   constexpr int GQ = G / 4;        // quads per scale group
   constexpr int S = MR == 1 ? 2 : 1;
@@ -460,7 +467,12 @@ inline void dot_tile_fp4_int(const int8_t* const* a, const uint8_t* const* b, co
     for (int qq = 0; qq < GQ; ++qq) {
       const int q = g * GQ + qq;
       __m512i w[NB];
-      fp4_quads_u8<NB>(b, q, far, lut, w);
+      if constexpr (PANEL) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_si512((const void*)(b[j] + size_t(q) * 64));
+      } else {
+        fp4_quads_u8<NB>(b, q, far, lut, w);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         int32_t x;
@@ -501,27 +513,33 @@ inline void dot_tile_fp4_int(const int8_t* const* a, const uint8_t* const* b, co
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, _mm512_mul_ps(tot[r][j], _mm512_set1_ps(0.5f)));
 }
 
-template <int NB, bool NV, bool Q15>
+template <int NB, bool NV, bool Q15, bool PANEL>
 void dot_rows_fp4_int_t(int mr, const int8_t* const* a, const uint8_t* const* b, const uint8_t* const* sc, int kp,
                         float* c) {
   switch (mr) {
-    case 1: dot_tile_fp4_int<1, NB, NV, Q15>(a, b, sc, kp, c); break;
-    case 2: dot_tile_fp4_int<2, NB, NV, Q15>(a, b, sc, kp, c); break;
-    case 3: dot_tile_fp4_int<3, NB, NV, Q15>(a, b, sc, kp, c); break;
-    default: dot_tile_fp4_int<4, NB, NV, Q15>(a, b, sc, kp, c); break;
+    case 1: dot_tile_fp4_int<1, NB, NV, Q15, PANEL>(a, b, sc, kp, c); break;
+    case 2: dot_tile_fp4_int<2, NB, NV, Q15, PANEL>(a, b, sc, kp, c); break;
+    case 3: dot_tile_fp4_int<3, NB, NV, Q15, PANEL>(a, b, sc, kp, c); break;
+    default: dot_tile_fp4_int<4, NB, NV, Q15, PANEL>(a, b, sc, kp, c); break;
   }
 }
-// The rows are q15 rows if q15, else q8 rows (dot_tile_fp4_int).
-template <int NB>
-void dot_rows_fp4_int(bool nv, bool q15, int mr, const int8_t* const* a, const uint8_t* const* b,
-                      const uint8_t* const* sc, int kp, float* c) {
+template <int NB, bool PANEL>
+void dot_rows_fp4_int_p(bool nv, bool q15, int mr, const int8_t* const* a, const uint8_t* const* b,
+                        const uint8_t* const* sc, int kp, float* c) {
   if (q15) {
-    if (nv) dot_rows_fp4_int_t<NB, true, true>(mr, a, b, sc, kp, c);
-    else dot_rows_fp4_int_t<NB, false, true>(mr, a, b, sc, kp, c);
+    if (nv) dot_rows_fp4_int_t<NB, true, true, PANEL>(mr, a, b, sc, kp, c);
+    else dot_rows_fp4_int_t<NB, false, true, PANEL>(mr, a, b, sc, kp, c);
   } else {
-    if (nv) dot_rows_fp4_int_t<NB, true, false>(mr, a, b, sc, kp, c);
-    else dot_rows_fp4_int_t<NB, false, false>(mr, a, b, sc, kp, c);
+    if (nv) dot_rows_fp4_int_t<NB, true, false, PANEL>(mr, a, b, sc, kp, c);
+    else dot_rows_fp4_int_t<NB, false, false, PANEL>(mr, a, b, sc, kp, c);
   }
+}
+// The rows are q15 rows if q15, else q8 rows; b: panels if panel (dot_tile_fp4_int).
+template <int NB>
+void dot_rows_fp4_int(bool nv, bool q15, bool panel, int mr, const int8_t* const* a, const uint8_t* const* b,
+                      const uint8_t* const* sc, int kp, float* c) {
+  if (panel) dot_rows_fp4_int_p<NB, true>(nv, q15, mr, a, b, sc, kp, c);
+  else dot_rows_fp4_int_p<NB, false>(nv, q15, mr, a, b, sc, kp, c);
 }
 
 template <int NB, bool NV>
@@ -545,7 +563,8 @@ constexpr int kFusedFp4Rows = 0;
 template <int NB>
 void dot_rows_fp4(bool, int, const uint16_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
 template <int NB>
-void dot_rows_fp4_int(bool, bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+void dot_rows_fp4_int(bool, bool, bool, int, const int8_t* const*, const uint8_t* const*, const uint8_t* const*, int, float*) {}
+inline void fp4_u8_panel_block(const uint8_t*, int, uint8_t*) {}
 #endif
 
 // c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
@@ -631,12 +650,20 @@ void gate_up_fp4(const GateUpTask& t) {
       }
       act_16(t, j, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
     };
-    if (kHaveQ8 && t.q8_rows) {  // decode with int8 activations, the block pair in L1/L2 across row tiles
+    if (kHaveQ8 && t.q8_rows) {  // integer activations, the block pair in L1/L2 across row tiles
       const uint8_t* b[2] = {bg, bu};
       const uint8_t* sc[2] = {sg, su};
+      const bool panel = int_panels(t.m);
+      if (panel) {
+        uint8_t* pan = reinterpret_cast<uint8_t*>(t.scratch->deq);
+        fp4_u8_panel_block(bg, t.kp, pan);
+        fp4_u8_panel_block(bu, t.kp, pan + 2 * block_bytes);
+        b[0] = pan;
+        b[1] = pan + 2 * block_bytes;
+      }
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
         const int mr = tmin(kQ8TileRows, t.m - r0);
-        dot_rows_fp4_int<2>(q.nv, t.q15, mr, t.q8_rows + r0, b, sc, t.kp, c);
+        dot_rows_fp4_int<2>(q.nv, t.q15, panel, mr, t.q8_rows + r0, b, sc, t.kp, c);
         for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
       }
       continue;
@@ -691,13 +718,21 @@ void down_fp4(const DownTask& t) {
       float* o = t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN;
       for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r] * gs, cr + h * 16, o + h * 16);
     };
-    if (kHaveQ8 && t.q8_act) {  // decode with int8 activations
+    if (kHaveQ8 && t.q8_act) {  // integer activations
       const int8_t* rows8[kQ8TileRows];
+      const bool panel = int_panels(t.m);
+      const uint8_t* bb[2] = {b[0], b[1]};
+      if (panel) {
+        uint8_t* pan = reinterpret_cast<uint8_t*>(t.scratch->deq);
+        for (int h = 0; h < nb; ++h) fp4_u8_panel_block(b[h], t.kp, pan + h * 2 * block_bytes);
+        bb[0] = pan;
+        bb[1] = pan + (nb - 1) * 2 * block_bytes;
+      }
       for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
         const int mr = tmin(kQ8TileRows, t.m - r0);
         for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-        if (nb == 2) dot_rows_fp4_int<2>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
-        else dot_rows_fp4_int<1>(q.nv, t.q15, mr, rows8, b, s, t.kp, c);
+        if (nb == 2) dot_rows_fp4_int<2>(q.nv, t.q15, panel, mr, rows8, bb, s, t.kp, c);
+        else dot_rows_fp4_int<1>(q.nv, t.q15, panel, mr, rows8, bb, s, t.kp, c);
         for (int r = 0; r < mr; ++r) add(c + r * 32, r0 + r);
       }
       continue;

@@ -275,12 +275,9 @@ void dot_rows_i8q8(bool panel, int mr, const int8_t* const* a, const uint8_t* co
   else dot_rows_i8q8<NB, false>(mr, a, b, kp, c);
 }
 
-// More rows than one tile: the block (pair) converted once into a panel.
-inline bool i8_panels(int m) { return m > kQ8TileRows; }
-
 void gate_up_i8q8(const GateUpTask& t, const Fp8Weights& q) {
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  const bool panel = i8_panels(t.m);
+  const bool panel = int_panels(t.m);
   uint8_t* pan = reinterpret_cast<uint8_t*>(t.scratch->deq);
   float* c = t.scratch->c;
   for (int j = 0; j < t.nblk; ++j) {  // the block pair stays in L1/L2 across the row tiles
@@ -308,7 +305,7 @@ void gate_up_i8q8(const GateUpTask& t, const Fp8Weights& q) {
 
 void down_i8q8(const DownTask& t, const Fp8Weights& q) {
   const size_t block_bytes = size_t(t.kp) * kBlockN;
-  const bool panel = i8_panels(t.m);
+  const bool panel = int_panels(t.m);
   uint8_t* pan = reinterpret_cast<uint8_t*>(t.scratch->deq);
   float* c = t.scratch->c;
   const int8_t* rows[kQ8TileRows];

@@ -9,6 +9,9 @@ namespace LK_CAT(tier_, LK_TIER) {
 namespace {
 
 constexpr int kQ8TileRows = 4;  // activation rows per int8-activation tile (int4 and fp4)
+// Integer-activation tasks with more rows than one tile convert their weight blocks once into a panel of the
+// tile's u8 operand (fp4.cpp, fp8.cpp) instead of once per row tile.
+inline bool int_panels(int m) { return m > kQ8TileRows; }
 
 #if defined(LK_V512)
 constexpr bool kHaveQ8 = true;  // the integer-activation tiles (act_quant.cpp rows)
