@@ -141,7 +141,7 @@ def int8_activations(on: bool, name: str = "LK_INT8_ACT"):
 
 
 # Budget of the int8-activation path of the 4-bit formats and int8_channel (wna16_int4, mxfp4, nvfp4,
-# int8_channel; chunks of <= 16 tokens on the AVX-512 tiers, LK_INT8_ACT; prefill ones: runs_int8): the activation rows (x, and the activation output
+# int8_channel; LK_INT8_ACT=1, the chunks runs_int8 names): the activation rows (x, and the activation output
 # before the down projection) are quantized per 32 inputs to symmetric int8 (d = max|x| / 127,
 # llama.cpp's Q8_0 scheme), so each input moves by at most d / 2: uniform rounding, RMS d / sqrt(12)
 # ~ max|x| / 440, i.e. ~2^-7.5 of the group's RMS for Gaussian-like x (max ~ 2.3 RMS over 32 values)
@@ -153,19 +153,18 @@ def int8_activations(on: bool, name: str = "LK_INT8_ACT"):
 # a wrong rounding would exceed it), and every element within 2^-4 * (mag + |ref|) (mag: the
 # magnitude of assert_matches_reference's rounding analysis; a wrong block, scale, offset or zero
 # point is off by O(1)). LK_INT8_ACT unset, auto or 0 (read when a layer is built) keeps bf16's error (15-bit
-# activations, test_fp4_q15 / test_wna16); the generic/avx2 tiers never quantize the activations, the amx
-# tier only in decode chunks (<= 16 tokens): its prefill stays on AMX-BF16 panels. On avx512 and avx512_bf16
+# activations, test_fp4_q15 / test_wna16); the generic tier never quantizes the activations, the amx tier
+# only in decode chunks (<= 16 tokens): its prefill stays on AMX-BF16 panels. On avx2, avx512 and avx512_bf16
 # LK_INT8_ACT=1 takes prefill chunks to the int8 tiles too (faster than their bf16 panels there:
 # KernelTable::q8_prefill).
 INT8_REL_RMS = 2.0 ** -6
-INT8_PREFILL_TIERS = ("avx512", "avx512_bf16")
+INT8_PREFILL_TIERS = ("avx2", "avx512", "avx512_bf16")
 
 
 def runs_int8(tier: str, rows: int) -> bool:
     """Whether a chunk of `rows` tokens of a layer built with LK_INT8_ACT=1 runs on int8 activations on `tier`:
-    decode chunks (<= 16) on the tiers with the int8 kernels (avx512*, amx), prefill ones on INT8_PREFILL_TIERS."""
-    int8_kernels = tier.startswith("avx512") or tier == "amx"
-    return int8_kernels and (rows <= 16 or tier in INT8_PREFILL_TIERS)
+    decode chunks (<= 16) on the tiers with the int8 kernels (all but generic), prefill ones on INT8_PREFILL_TIERS."""
+    return tier != "generic" and (rows <= 16 or tier in INT8_PREFILL_TIERS)
 
 
 def q8(v: torch.Tensor) -> torch.Tensor:
@@ -196,7 +195,7 @@ def assert_int8_budget(out, x, w13, w2, ids, weights, **act):
 def check_int8_decode(layer, tier: str, experts: int, top_k: int, ms, int8_check, exact_check):
     """Forwards of M random tokens for M in ms on a layer built with int8 activations: decode chunks
     (M <= 16) on the tiers with the int8 kernels (avx512*, amx), and prefill chunks on INT8_PREFILL_TIERS,
-    go to int8_check, the rest (amx prefill, generic/avx2: exact either way) to exact_check; both are
+    go to int8_check, the rest (amx prefill, generic: exact either way) to exact_check; both are
     called as check(out, x, ids, w)."""
     for M in ms:
         x = torch.randn(M, layer.hidden_size).bfloat16()

@@ -66,7 +66,7 @@ def test_int8_channel_on_int8_activations(tier, H, I):
         refs.append(moe_reference(x, d13, d2, ids, w))
         emus.append(moe_reference(q8(x), d13, d2, ids, w, act_round=lambda a: q8(a.bfloat16())))
     if not outs:
-        assert tier in ("generic", "avx2"), tier
+        assert tier == "generic", tier
         return
     out, ref = torch.cat(outs), torch.cat(refs)
     assert _rel_rms(out, ref) > 3 * _rel_rms(torch.cat(exacts), ref), "no int8 rounding: the integer tiles did not run"

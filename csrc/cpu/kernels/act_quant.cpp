@@ -94,4 +94,49 @@ void q15_row(const uint16_t* src, int kp, int8_t* dst) {
 
 }  // namespace LK_CAT(tier_, LK_TIER)
 }  // namespace lk
-#endif  // LK_V512
+#elif defined(__AVX2__)
+namespace lk {
+namespace LK_CAT(tier_, LK_TIER) {
+
+// One bf16 row -> q8 row, as the AVX-512 tiers' q8_row computes it (the same d, codes and sums).
+void q8_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  float* d = reinterpret_cast<float*>(dst + kp);
+  float* ds = d + nb;
+  int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs work per 128-bit lane
+  for (int b = 0; b < nb; ++b) {
+    __m256 x[4];
+    __m256 mx = _mm256_setzero_ps();
+    bool nan = false;
+    for (int i = 0; i < 4; ++i) {
+      const __m128i v = _mm_loadu_si128((const __m128i*)(src + b * 32 + 8 * i));
+      x[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+      mx = _mm256_max_ps(mx, _mm256_and_ps(x[i], absmask));
+      nan = nan || _mm256_movemask_ps(_mm256_cmp_ps(x[i], x[i], _CMP_UNORD_Q)) != 0;
+    }
+    float m8[8];
+    _mm256_storeu_ps(m8, mx);
+    float amax = 0.0f;
+    for (float v : m8) amax = v > amax ? v : amax;
+    const bool finite = !nan && amax <= 3.4e38f;
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));  // round to nearest even
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i*)(dst + b * 32), _mm256_permutevar8x32_epi32(w, order));
+    int32_t sums[8];
+    _mm256_storeu_si256((__m256i*)sums, _mm256_add_epi32(q[0], q[1]));
+    s16[2 * b] = sums[0] + sums[1] + sums[2] + sums[3] + sums[4] + sums[5] + sums[6] + sums[7];
+    _mm256_storeu_si256((__m256i*)sums, _mm256_add_epi32(q[2], q[3]));
+    s16[2 * b + 1] = sums[0] + sums[1] + sums[2] + sums[3] + sums[4] + sums[5] + sums[6] + sums[7];
+    const float db = finite ? amax / 127.0f : __builtin_nanf("");  // inf/NaN input: NaN outputs, as in the bf16 path
+    d[b] = db;
+    ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
+  }
+}
+
+}  // namespace LK_CAT(tier_, LK_TIER)
+}  // namespace lk
+#endif  // LK_V512 / __AVX2__

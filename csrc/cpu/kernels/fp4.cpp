@@ -309,6 +309,23 @@ inline void fp4_dequant_seg(const Fp4Weights& q, const uint8_t* src, const uint8
   else fp4_dequant_seg_t<false>(src, sc, dst, len);
 }
 
+// ---- int8 activations (decode): exact int8 weights from the e2m1 codes
+// 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}; stored as kFp4Offset + 2 e2m1 in [0, 24] it is
+// the unsigned operand of vpdpbusd (the q8 activation codes are the signed one; vpmaddubsw cannot
+// saturate: 2 * 24 * 127 < 2^15), and the offset is taken back exactly in integers as kFp4Offset x the
+// sum of q over the scale group (per 16 inputs in the q8 row). The 2 is divided out of the fp32 total.
+constexpr int kFp4Offset = 12;
+struct Fp4U8Lut {
+  uint8_t v[64];  // the 16-entry table in each 128-bit lane (vpshufb looks up within a lane)
+};
+constexpr Fp4U8Lut make_fp4_u8_lut() {
+  Fp4U8Lut t{};
+  const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  for (int i = 0; i < 64; ++i) t.v[i] = uint8_t(kFp4Offset + (i & 8 ? -mag2[i & 7] : mag2[i & 7]));
+  return t;
+}
+constexpr Fp4U8Lut kFp4U8Lut = make_fp4_u8_lut();
+
 #if defined(LK_V512)
 constexpr int kFusedFp4Rows = 4;
 constexpr int kFp4PrefetchQuads = 96;  // prefetch distance in each block stream (32 B per quad)
@@ -360,22 +377,6 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
   store_totals<MR, NB>(tot, c);
 }
 
-// ---- int8 activations (decode): exact int8 weights from the e2m1 codes
-// 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}; stored as kFp4Offset + 2 e2m1 in [0, 24] it is
-// the unsigned operand of vpdpbusd (the q8 activation codes are the signed one; vpmaddubsw cannot
-// saturate: 2 * 24 * 127 < 2^15), and the offset is taken back exactly in integers as kFp4Offset x the
-// sum of q over the scale group (per 16 inputs in the q8 row). The 2 is divided out of the fp32 total.
-constexpr int kFp4Offset = 12;
-struct Fp4U8Lut {
-  uint8_t v[64];  // the 16-entry table in each 128-bit lane (vpshufb looks up within a lane)
-};
-constexpr Fp4U8Lut make_fp4_u8_lut() {
-  Fp4U8Lut t{};
-  const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
-  for (int i = 0; i < 64; ++i) t.v[i] = uint8_t(kFp4Offset + (i & 8 ? -mag2[i & 7] : mag2[i & 7]));
-  return t;
-}
-constexpr Fp4U8Lut kFp4U8Lut = make_fp4_u8_lut();
 
 // One quad of a block (32 bytes; row n's inputs 4q + j in the low nibble of byte 2n + j, 4q + 2 + j in
 // the high one) -> 16 dwords, dword n = row n's 4 inputs in order as kFp4Offset + 2 e2m1: zero-extend
@@ -567,6 +568,26 @@ void dot_rows_fp4_int(bool, bool, bool, int, const int8_t* const*, const uint8_t
 inline void fp4_u8_panel_block(const uint8_t*, int, uint8_t*) {}
 #endif
 
+#if defined(__AVX2__) && !defined(LK_V512)
+// One fp4 block into an avx2 integer panel (quad.h IntPanel): each quad's 16 byte pairs zero-extended to dwords, the
+// nibbles brought into byte order and mapped to kFp4Offset + 2 e2m1 as fp4_quad_u8 does; per scale group the 16
+// scales halved (the codes are 2 e2m1) and their kFp4Offset multiples.
+inline void fp4_int_panel(const Fp4Weights& q, const uint8_t* src, const uint8_t* sc, int kp, const IntPanel& p) {
+  const __m256i lut = _mm256_loadu_si256((const __m256i*)kFp4U8Lut.v);
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int o = 0; o < kp / 4; ++o)
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + size_t(o) * 32 + 16 * h)));
+      const __m256i nib = _mm256_and_si256(_mm256_or_si256(v, _mm256_slli_epi32(v, 12)), mask);
+      _mm256_storeu_si256((__m256i*)(p.u + size_t(o) * 64 + 32 * h), _mm256_shuffle_epi8(lut, nib));
+    }
+  for (int i = 0; i < kp / p.group * kBlockN; ++i) {
+    p.s[i] = 0.5f * (q.nv ? fp4_scale_f32<true>(sc[i]) : fp4_scale_f32<false>(sc[i]));
+    p.sz[i] = p.s[i] * float(kFp4Offset);
+  }
+}
+#endif
+
 // c[0:16] *= s (an nvfp4 global scale; 1 for mxfp4 is skipped by the callers).
 inline void scale_16(float* c, float s) {
   for (int n = 0; n < 16; ++n) c[n] *= s;
@@ -651,6 +672,18 @@ void gate_up_fp4(const GateUpTask& t) {
       act_16(t, j, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
     };
     if (kHaveQ8 && t.q8_rows) {  // integer activations, the block pair in L1/L2 across row tiles
+#if defined(__AVX2__) && !defined(LK_V512)
+      const IntPanel pg = int_panel(*t.scratch, t.kp, grp, 0), pu = int_panel(*t.scratch, t.kp, grp, 1);
+      fp4_int_panel(q, bg, sg, t.kp, pg);
+      fp4_int_panel(q, bu, su, t.kp, pu);
+      for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+        const int mr = tmin(kQ8TileRows, t.m - r0);
+        int_rows<false, true>(mr, t.q8_rows + r0, pg, t.kp, c);
+        int_rows<false, true>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
+        for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
+      }
+      continue;
+#endif
       const uint8_t* b[2] = {bg, bu};
       const uint8_t* sc[2] = {sg, su};
       const bool panel = int_panels(t.m);
@@ -720,6 +753,20 @@ void down_fp4(const DownTask& t) {
     };
     if (kHaveQ8 && t.q8_act) {  // integer activations
       const int8_t* rows8[kQ8TileRows];
+#if defined(__AVX2__) && !defined(LK_V512)
+      const IntPanel pan = int_panel(*t.scratch, t.kp, grp, 0);
+      for (int h = 0; h < nb; ++h) {
+        fp4_int_panel(q, b[h], s[h], t.kp, pan);
+        for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+          const int mr = tmin(kQ8TileRows, t.m - r0);
+          for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+          int_rows<false, true>(mr, rows8, pan, t.kp, c);
+          for (int r = 0; r < mr; ++r)
+            axpy_16(t.row_weight[r0 + r] * gs, c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + (j + h) * kBlockN);
+        }
+      }
+      continue;
+#endif
       const bool panel = int_panels(t.m);
       const uint8_t* bb[2] = {b[0], b[1]};
       if (panel) {

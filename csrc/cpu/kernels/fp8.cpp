@@ -330,6 +330,56 @@ void down_i8q8(const DownTask& t, const Fp8Weights& q) {
     }
   }
 }
+#elif defined(__AVX2__)
+// One block of int8 codes into an avx2 integer panel (quad.h IntPanel, SIGNED): pair-rows 2o and 2o + 1 interleaved
+// by words (vpunpck*wd works per 128-bit lane: rows 0-3 and 8-11, then 4-7 and 12-15, put in order by two lane
+// swaps); one group of all kp inputs with the 16 row scales.
+inline void i8_int_panel(const uint8_t* src, const float* scale, int kp, const IntPanel& p) {
+  for (int o = 0; o < kp / 4; ++o) {
+    const __m256i a = _mm256_loadu_si256((const __m256i*)(src + size_t(o) * 64));
+    const __m256i b = _mm256_loadu_si256((const __m256i*)(src + size_t(o) * 64 + 32));
+    const __m256i x = _mm256_unpacklo_epi16(a, b), y = _mm256_unpackhi_epi16(a, b);
+    _mm256_storeu_si256((__m256i*)(p.u + size_t(o) * 64), _mm256_permute2x128_si256(x, y, 0x20));
+    _mm256_storeu_si256((__m256i*)(p.u + size_t(o) * 64 + 32), _mm256_permute2x128_si256(x, y, 0x31));
+  }
+  memcpy(p.s, scale, kBlockN * sizeof(float));
+}
+
+void gate_up_i8q8(const GateUpTask& t, const Fp8Weights& q) {
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const IntPanel pg = int_panel(*t.scratch, t.kp, t.kp, 0), pu = int_panel(*t.scratch, t.kp, t.kp, 1);
+  float* c = t.scratch->c;
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const float* sg = q.scale + size_t(j) * 2 * kBlockN;
+    i8_int_panel(bg, sg, t.kp, pg);
+    i8_int_panel(bg + block_bytes, sg + kBlockN, t.kp, pu);
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      int_rows<true, false>(mr, t.q8_rows + r0, pg, t.kp, c);
+      int_rows<true, false>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
+      for (int r = 0; r < mr; ++r)
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+    }
+  }
+}
+
+void down_i8q8(const DownTask& t, const Fp8Weights& q) {
+  const size_t block_bytes = size_t(t.kp) * kBlockN;
+  const IntPanel pan = int_panel(*t.scratch, t.kp, t.kp, 0);
+  float* c = t.scratch->c;
+  const int8_t* rows[kQ8TileRows];
+  for (int j = 0; j < t.nblk; ++j) {
+    i8_int_panel(q.w + size_t(j) * block_bytes, q.scale + size_t(j) * kBlockN, t.kp, pan);
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+      int_rows<true, false>(mr, rows, pan, t.kp, c);
+      for (int r = 0; r < mr; ++r)
+        axpy_16(t.row_weight[r0 + r], c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
+    }
+  }
+}
 #else
 inline void gate_up_i8q8(const GateUpTask&, const Fp8Weights&) {}
 inline void down_i8q8(const DownTask&, const Fp8Weights&) {}

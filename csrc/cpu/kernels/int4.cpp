@@ -449,8 +449,70 @@ void down_q4q8(const DownTask& t) {
   }
 }
 #else
+#if defined(__AVX2__)
+// One int4 block into an avx2 integer panel (quad.h IntPanel): the low nibbles of an octet are the dwords of quad 2o,
+// the high ones of quad 2o + 1 (rows 0-7 in its first 32 bytes); per group the 16 scales and scale x zero point.
+inline void q4_int_panel(const Int4Weights& q, const uint8_t* src, const uint16_t* scale, const uint8_t* zero, int kp,
+                         const IntPanel& p) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int o = 0; o < kp / 8; ++o)
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(src + size_t(o) * 64 + 32 * h));
+      _mm256_storeu_si256((__m256i*)(p.u + size_t(2 * o) * 64 + 32 * h), _mm256_and_si256(v, mask));
+      _mm256_storeu_si256((__m256i*)(p.u + size_t(2 * o + 1) * 64 + 32 * h),
+                          _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+    }
+  for (int g = 0; g < kp / q.group; ++g) {
+    scales_16(scale + g * kBlockN, q.fp16_scale, p.s + g * 16);
+    for (int n = 0; n < 16; ++n) p.sz[g * 16 + n] = p.s[g * 16 + n] * float(zero ? (zero[g * 8 + n / 2] >> (4 * (n % 2))) & 15 : 8);
+  }
+}
+
+void gate_up_q4q8(const GateUpTask& t) {
+  const Int4Weights& q = *std::get_if<Int4Weights>(&t.quant);
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(t.kp / q.group) * kBlockN;
+  const IntPanel pg = int_panel(*t.scratch, t.kp, q.group, 0), pu = int_panel(*t.scratch, t.kp, q.group, 1);
+  float* c = t.scratch->c;
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint16_t* scg = q.scale + size_t(j) * 2 * per;
+    const uint8_t* zg = q.zero ? q.zero + size_t(j) * per : nullptr;
+    q4_int_panel(q, bg, scg, zg, t.kp, pg);
+    q4_int_panel(q, bg + block_bytes, scg + per, zg ? zg + per / 2 : nullptr, t.kp, pu);
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      int_rows<false, true>(mr, t.q8_rows + r0, pg, t.kp, c);
+      int_rows<false, true>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
+      for (int r = 0; r < mr; ++r)
+        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
+    }
+  }
+}
+
+void down_q4q8(const DownTask& t) {
+  const Int4Weights& q = *std::get_if<Int4Weights>(&t.quant);
+  const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
+  const size_t per = size_t(t.kp / q.group) * kBlockN;
+  const IntPanel pan = int_panel(*t.scratch, t.kp, q.group, 0);
+  float* c = t.scratch->c;
+  const int8_t* rows[kQ8TileRows];
+  for (int j = 0; j < t.nblk; ++j) {
+    q4_int_panel(q, q.w + size_t(j) * block_bytes, q.scale + size_t(j) * per, q.zero ? q.zero + size_t(j) * per / 2 : nullptr,
+                 t.kp, pan);
+    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+      const int mr = tmin(kQ8TileRows, t.m - r0);
+      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+      int_rows<false, true>(mr, rows, pan, t.kp, c);
+      for (int r = 0; r < mr; ++r)
+        axpy_16(t.row_weight[r0 + r], c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
+    }
+  }
+}
+#else
 inline void gate_up_q4q8(const GateUpTask&) {}
 inline void down_q4q8(const DownTask&) {}
+#endif
 constexpr int kFusedQ4Rows = 0;
 template <int NB>
 void dot_rows_q4(int, const uint16_t* const*, const uint8_t* const*, int, float*, int, const uint16_t* const*,

@@ -103,6 +103,95 @@ inline __m512i dot4_u8s8(__m512i acc, __m512i u, __m512i s) {
 #endif
 }
 
+#elif defined(__AVX2__)
+constexpr bool kHaveQ8 = true;  // the avx2 integer tile below (LK_INT8_ACT=1; no q15 rows on this tier)
+
+// ---- int8 activations on avx2: one tile for every format, over a panel of the block
+// The task converts each block once into an IntPanel: per quad of 4 inputs 64 bytes, the dwords of rows 0-7 then
+// of rows 8-15, each 4 codes (the int4 / fp4 formats: u8 codes with a per-row offset; int8_channel: the int8 codes
+// themselves, SIGNED), and per scale group of `group` inputs 16 fp32 scales s and 16 s x z (z: the row's code
+// offset). The tile sums codes x q8 activation codes per L = min(group, 32) inputs in int32 (vpmaddubsw +
+// vpmaddwd: 32 multiply-adds in two multiplies against four fp32 FMAs; no saturation: |2 x 128 x 127| < 2^15, the
+// int8 codes as |w| and q with w's sign), then tot += sum x d x s - (s z) x d x sum q in fp32.
+struct IntPanel {
+  uint8_t* u;
+  float* s;
+  float* sz;
+  int group;
+};
+// Panel h (0 or 1) of a task's scratch deq (2 x 16 x kp code bytes, then the scales and offsets of both).
+inline IntPanel int_panel(const KernelScratch& sc, int kp, int group, int h) {
+  uint8_t* base = reinterpret_cast<uint8_t*>(sc.deq);
+  float* f = reinterpret_cast<float*>(base + size_t(2) * kBlockN * kp);
+  const size_t per = size_t(kp / group) * kBlockN;
+  return {base + size_t(h) * kBlockN * kp, f + h * per, f + 2 * per + h * per, group};
+}
+
+template <int MR, int L, bool SIGNED, bool OFFSET>
+inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, float* c) {
+  __m256i acc[MR][2];
+  __m256 tot[MR][2];
+  for (int r = 0; r < MR; ++r) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int nb = kp / kQ8Group;
+  const float* d[MR];        // row layout: kernel_table.h q8_row_bytes
+  const int32_t* s16[MR];
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + kp);
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + 2 * nb);
+  }
+  for (int k0 = 0; k0 < kp; k0 += L) {
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int qd = 0; qd < L / 4; ++qd) {
+      const int o = k0 / 4 + qd;
+      const __m256i w0 = _mm256_loadu_si256((const __m256i*)(p.u + size_t(o) * 64));
+      const __m256i w1 = _mm256_loadu_si256((const __m256i*)(p.u + size_t(o) * 64 + 32));
+      const __m256i u0 = SIGNED ? _mm256_abs_epi8(w0) : w0, u1 = SIGNED ? _mm256_abs_epi8(w1) : w1;
+#pragma GCC unroll 2
+      for (int r = 0; r < MR; ++r) {
+        int32_t xi;
+        memcpy(&xi, a[r] + 4 * o, 4);
+        const __m256i x = _mm256_set1_epi32(xi);
+        const __m256i x0 = SIGNED ? _mm256_sign_epi8(x, w0) : x, x1 = SIGNED ? _mm256_sign_epi8(x, w1) : x;
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones));
+      }
+    }
+    const int g = k0 / p.group;
+    const __m256 sv[2] = {_mm256_loadu_ps(p.s + g * 16), _mm256_loadu_ps(p.s + g * 16 + 8)};
+    for (int r = 0; r < MR; ++r) {
+      const float dv = d[r][k0 / kQ8Group];
+      const __m256 dd = _mm256_set1_ps(dv);
+      for (int h = 0; h < 2; ++h)
+        tot[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(dd, sv[h]), tot[r][h]);
+      if constexpr (OFFSET) {  // d x sum q over the L inputs: the q8 row's per-block value, or d x the 16-sum
+        const float sq = L == 32 ? d[r][nb + k0 / 32] : dv * float(s16[r][k0 / 16]);
+        const __m256 sqv = _mm256_set1_ps(sq);
+        for (int h = 0; h < 2; ++h) tot[r][h] = _mm256_fnmadd_ps(_mm256_loadu_ps(p.sz + g * 16 + 8 * h), sqv, tot[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(c + r * 32, tot[r][0]);
+    _mm256_storeu_ps(c + r * 32 + 8, tot[r][1]);
+  }
+}
+
+// C[r][0:16] (ld 32) for mr rows of q8 codes against one panel, in tiles of two rows.
+template <bool SIGNED, bool OFFSET>
+void int_rows(int mr, const int8_t* const* a, const IntPanel& p, int kp, float* c) {
+  for (int r = 0; r < mr; r += 2) {
+    const bool two = mr - r >= 2;
+    if (p.group < kQ8Group) {
+      if (two) dot_tile_int2<2, 16, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
+      else dot_tile_int2<1, 16, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
+    } else {
+      if (two) dot_tile_int2<2, 32, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
+      else dot_tile_int2<1, 32, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
+    }
+  }
+}
 #else
 constexpr bool kHaveQ8 = false;
 #endif

@@ -112,6 +112,8 @@ uint64_t read_sum(const void* src, size_t n) {
 const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row, false};
 #elif defined(LK_V512)
 const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row, true};
+#elif defined(__AVX2__)
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, nullptr, true};
 #else
 const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr, nullptr, false};
 #endif
