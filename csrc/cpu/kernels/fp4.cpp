@@ -709,7 +709,7 @@ void gate_up_fp4(const GateUpTask& t) {
       continue;
     }
 #if defined(LK_F32_PANELS)
-    if (t.m >= kF32PanelMinRows) {  // the block pair into fp32 panels, the global scales folded in
+    if (t.m >= kF32PanelMinRows4Bit) {  // the block pair into fp32 panels, the global scales folded in
       fp4_f32_panel_block(q, bg, sg, t.kp, q.nv ? q.gs[0] : 1.0f, f32_panel_of(*t.scratch, t.kp, 0));
       fp4_f32_panel_block(q, bu, su, t.kp, q.nv ? q.gs[1] : 1.0f, f32_panel_of(*t.scratch, t.kp, 1));
       gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes, [&](float* g, int r) {
@@ -791,7 +791,7 @@ void down_fp4(const DownTask& t) {
       continue;
     }
 #if defined(LK_F32_PANELS)
-    if (t.m >= kF32PanelMinRows) {
+    if (t.m >= kF32PanelMinRows4Bit) {
       for (int h = 0; h < nb; ++h)
         fp4_f32_panel_block(q, b[h], s[h], t.kp, gs, f32_panel_of(*t.scratch, t.kp, h));
       down_f32_panel(t, j, nb, j + 2 < t.nblk ? b[0] + 2 * block_bytes : nullptr,

@@ -640,7 +640,7 @@ void gate_up_q4(const GateUpTask& t) {
     }
 #endif
 #if defined(LK_F32_PANELS)
-    if (t.m >= kF32PanelMinRows) {
+    if (t.m >= kF32PanelMinRows4Bit) {
       q4_f32_panel_block(q, bg, scg, zg, t.kp, f32_panel_of(*t.scratch, t.kp, 0));
       q4_f32_panel_block(q, bu, scu, zu, t.kp, f32_panel_of(*t.scratch, t.kp, 1));
       uint16_t* act = t.act + j * kBlockN;
@@ -726,7 +726,7 @@ void down_q4(const DownTask& t) {
   }
   return;
 #elif defined(LK_F32_PANELS)
-  if (t.m >= kF32PanelMinRows)
+  if (t.m >= kF32PanelMinRows4Bit)
     return down_f32_panels(t, q.w, block_bytes, [&](int blk, float* dst) {
       q4_f32_panel_block(q, q.w + size_t(blk) * block_bytes, q.scale + size_t(blk) * per,
                          q.zero ? q.zero + size_t(blk) * per / 2 : nullptr, t.kp, dst);

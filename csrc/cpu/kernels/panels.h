@@ -333,7 +333,7 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
 #elif defined(__AVX2__)
 #define LK_F32_PANELS 1
 
-// Prefill of the quantized formats on the avx2 tier (tasks of kF32PanelMinRows rows or more): each
+// Prefill of the quantized formats on the avx2 tier (tasks of kF32PanelMinRows rows or more; the 4-bit formats: every task): each
 // block (pair) whole into an fp32 panel, every weight with its scales folded in ((u - z) x a bf16/fp16
 // scale, e2m1 x a power of two or an fp8 scale: exact in fp32; fp8/int8 codes x an fp32 scale: one
 // rounding), in the order the tile consumes it: per pair-row p and 8-row half h, the 8 weights of
@@ -343,6 +343,12 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
 // all of K per row tile. Each format writes its panels straight from its codes (q4_f32_panel_block,
 // fp8_f32_panel_block, fp4_f32_panel_block).
 constexpr int kF32PanelMinRows = 4;
+// The 4-bit formats take the panels from one row: their segment path below it dequantizes int4 codes in scalar
+// code and fp4 ones a segment per row tile. 2 Zen4 cores, avx2 tier, Qwen3-30B-A3B layer, M = 1 / 4 ms, segments
+// -> panels: wna16_int4 7.51 / 27.07 -> 2.18 / 7.92, nvfp4 3.91 / 13.39 -> 2.64 / 9.54, mxfp4 3.04 / 11.12 -> 3.13 /
+// 10.23; the byte formats lost with panels there (fp8_block 2.75 / 9.94 -> 3.48 / 12.43) and keep the segments
+// (docs/results/2026-12-05_dev2c_avx2_decode.log).
+constexpr int kF32PanelMinRows4Bit = 1;
 inline float* f32_panel_of(const KernelScratch& s, int kp, int h) {
   return reinterpret_cast<float*>(s.deq) + size_t(h) * kBlockN * kp;
 }
