@@ -168,14 +168,15 @@ struct KernelTable {
   void (*store_row)(const float* src, void* dst, DType dst_type, int n);
   // Sum of n bytes (multiple of 64) read as int64 lanes; used by the read-bandwidth probe.
   uint64_t (*read_sum)(const void* src, size_t n);
-  // One bf16 row of kp inputs (kp a multiple of 32) -> a q8 row (see q8_row_bytes). Null on tiers
-  // without the int8-activation 4-bit kernels (generic, avx2): they take the exact bf16 path.
+  // One bf16 row of kp inputs (kp a multiple of 32) -> a q8 row (see q8_row_bytes). Null on the tier
+  // without int8-activation kernels (generic): it takes the exact bf16 path.
   void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
-  // One bf16 row -> a q15 row (see q15_row_bytes); null where q8_row is.
+  // One bf16 row -> a q15 row (see q15_row_bytes); the AVX-512 tiers only.
   void (*q15_row)(const uint16_t* src, int kp, int8_t* dst);
   // With int8 activations chosen (LK_INT8_ACT), prefill-sized chunks take the int8 tiles too: where they
-  // outrun this tier's bf16 panels (avx512, avx512_bf16: 0.60-0.98x of bf16's time for wna16_int4 and mxfp4
-  // on 2 Zen4 cores, nvfp4 0.85-1.08x; docs/results/2026-12-04_dev2c_int8_prefill.log); not on amx, whose
+  // outrun this tier's bf16 panels (2 Zen4 cores, Qwen3-30B-A3B and DeepSeek-V3 shapes, M 64-1024: avx512 and
+  // avx512_bf16 0.60-0.96x of bf16's time for every format with an integer route, avx2 0.73-0.95x;
+  // docs/results/2026-12-04_dev2c_int8_prefill_panels.log, 2026-12-05_dev2c_avx2_decode.log); not on amx, whose
   // AMX-BF16 panels do more multiply-adds per cycle than the VNNI tile.
   bool q8_prefill;
 };

@@ -52,6 +52,10 @@ namespace {
 // (34 -> 36 GB/s). Hot weights (8 experts in L3, 1 thread): mxfp4 M=1 0.89 -> 0.57 ms, M=4 1.08 ->
 // 0.65 ms; nvfp4 M=1 0.81 -> 0.54 ms, M=4 1.26 -> 1.02 ms (its per-16 epilogue, the fp8 scale
 // conversion above all, is the larger share: a cheaper fp8x16_to_f32 is the next step there).
+// Integer tasks of several row tiles (prefill with LK_INT8_ACT=1 on avx512 / avx512_bf16, decode chunks of more
+// than 4 tokens) convert the block pair once into u8 panels (fp4_u8_panel_block) instead of once per row tile:
+// nvfp4's int8 prefill went from 1.02-1.08x to 0.81-0.91x of bf16 on avx512_bf16 (2 Zen4 cores). The avx2 tier
+// with LK_INT8_ACT=1 runs quad.h's avx2 integer tile over fp4_int_panel panels, decode and prefill.
 // Decode on bf16 activations (the benchmark setting 'bf16', m <= kFusedFp4Rows rows on the AVX-512
 // tiers, dot_tile_fp4; the default before q15 and the numbers below are from that time): the 4-bit codes
 // stream from memory and become bf16 in registers: bytes zero-extended to words, low/high nibble = two
