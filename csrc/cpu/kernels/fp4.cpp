@@ -680,12 +680,7 @@ void gate_up_fp4(const GateUpTask& t) {
       const IntPanel pg = int_panel(*t.scratch, t.kp, grp, 0), pu = int_panel(*t.scratch, t.kp, grp, 1);
       fp4_int_panel(q, bg, sg, t.kp, pg);
       fp4_int_panel(q, bu, su, t.kp, pu);
-      for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
-        const int mr = tmin(kQ8TileRows, t.m - r0);
-        int_rows<false, true>(mr, t.q8_rows + r0, pg, t.kp, c);
-        int_rows<false, true>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
-        for (int r = 0; r < mr; ++r) finish(c + r * 32, r0 + r);
-      }
+      int_gate_up_rows<false, true>(t, pg, pu, finish);
       continue;
 #endif
       const uint8_t* b[2] = {bg, bu};
@@ -756,21 +751,15 @@ void down_fp4(const DownTask& t) {
       for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r] * gs, cr + h * 16, o + h * 16);
     };
     if (kHaveQ8 && t.q8_act) {  // integer activations
-      const int8_t* rows8[kQ8TileRows];
 #if defined(__AVX2__) && !defined(LK_V512)
       const IntPanel pan = int_panel(*t.scratch, t.kp, grp, 0);
       for (int h = 0; h < nb; ++h) {
         fp4_int_panel(q, b[h], s[h], t.kp, pan);
-        for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
-          const int mr = tmin(kQ8TileRows, t.m - r0);
-          for (int r = 0; r < mr; ++r) rows8[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-          int_rows<false, true>(mr, rows8, pan, t.kp, c);
-          for (int r = 0; r < mr; ++r)
-            axpy_16(t.row_weight[r0 + r] * gs, c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + (j + h) * kBlockN);
-        }
+        int_down_rows<false, true>(t, pan, j + h, gs);
       }
       continue;
 #endif
+      const int8_t* rows8[kQ8TileRows];
       const bool panel = int_panels(t.m);
       const uint8_t* bb[2] = {b[0], b[1]};
       if (panel) {

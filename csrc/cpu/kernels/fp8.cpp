@@ -200,14 +200,7 @@ inline void dot_tile_i8q8(const int8_t* const* a, const uint8_t* const* b, int k
   constexpr int S = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
   __m512i acc[S][MR][NB];
   __m512 tot[MR][NB];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) {
-      tot[r][j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_si512();
-    }
+  zero_chains<MR, NB, S>(acc, tot);
   const __m512i perm = _mm512_loadu_si512((const void*)kI8QuadPerm.v);
   const int far = PANEL ? 0 : far_prefetch_bytes();
   const int nb = kp / kQ8Group;
@@ -348,36 +341,23 @@ inline void i8_int_panel(const uint8_t* src, const float* scale, int kp, const I
 void gate_up_i8q8(const GateUpTask& t, const Fp8Weights& q) {
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   const IntPanel pg = int_panel(*t.scratch, t.kp, t.kp, 0), pu = int_panel(*t.scratch, t.kp, t.kp, 1);
-  float* c = t.scratch->c;
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const float* sg = q.scale + size_t(j) * 2 * kBlockN;
     i8_int_panel(bg, sg, t.kp, pg);
     i8_int_panel(bg + block_bytes, sg + kBlockN, t.kp, pu);
-    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
-      const int mr = tmin(kQ8TileRows, t.m - r0);
-      int_rows<true, false>(mr, t.q8_rows + r0, pg, t.kp, c);
-      int_rows<true, false>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
-      for (int r = 0; r < mr; ++r)
-        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
-    }
+    int_gate_up_rows<true, false>(t, pg, pu, [&](float* g, int r) {
+      gate_act_16(t, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    });
   }
 }
 
 void down_i8q8(const DownTask& t, const Fp8Weights& q) {
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   const IntPanel pan = int_panel(*t.scratch, t.kp, t.kp, 0);
-  float* c = t.scratch->c;
-  const int8_t* rows[kQ8TileRows];
   for (int j = 0; j < t.nblk; ++j) {
     i8_int_panel(q.w + size_t(j) * block_bytes, q.scale + size_t(j) * kBlockN, t.kp, pan);
-    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
-      const int mr = tmin(kQ8TileRows, t.m - r0);
-      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-      int_rows<true, false>(mr, rows, pan, t.kp, c);
-      for (int r = 0; r < mr; ++r)
-        axpy_16(t.row_weight[r0 + r], c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
-    }
+    int_down_rows<true, false>(t, pan, j, 1.0f);
   }
 }
 #else

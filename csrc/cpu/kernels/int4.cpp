@@ -474,20 +474,15 @@ void gate_up_q4q8(const GateUpTask& t) {
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / q.group) * kBlockN;
   const IntPanel pg = int_panel(*t.scratch, t.kp, q.group, 0), pu = int_panel(*t.scratch, t.kp, q.group, 1);
-  float* c = t.scratch->c;
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint16_t* scg = q.scale + size_t(j) * 2 * per;
     const uint8_t* zg = q.zero ? q.zero + size_t(j) * per : nullptr;
     q4_int_panel(q, bg, scg, zg, t.kp, pg);
     q4_int_panel(q, bg + block_bytes, scg + per, zg ? zg + per / 2 : nullptr, t.kp, pu);
-    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
-      const int mr = tmin(kQ8TileRows, t.m - r0);
-      int_rows<false, true>(mr, t.q8_rows + r0, pg, t.kp, c);
-      int_rows<false, true>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
-      for (int r = 0; r < mr; ++r)
-        gate_act_16(t, c + r * 32, c + r * 32 + 16, t.act + size_t(r0 + r) * t.act_ld + j * kBlockN);
-    }
+    int_gate_up_rows<false, true>(t, pg, pu, [&](float* g, int r) {
+      gate_act_16(t, g, g + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    });
   }
 }
 
@@ -496,18 +491,10 @@ void down_q4q8(const DownTask& t) {
   const size_t block_bytes = size_t(t.kp) * kBlockN / 2;
   const size_t per = size_t(t.kp / q.group) * kBlockN;
   const IntPanel pan = int_panel(*t.scratch, t.kp, q.group, 0);
-  float* c = t.scratch->c;
-  const int8_t* rows[kQ8TileRows];
   for (int j = 0; j < t.nblk; ++j) {
     q4_int_panel(q, q.w + size_t(j) * block_bytes, q.scale + size_t(j) * per, q.zero ? q.zero + size_t(j) * per / 2 : nullptr,
                  t.kp, pan);
-    for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
-      const int mr = tmin(kQ8TileRows, t.m - r0);
-      for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-      int_rows<false, true>(mr, rows, pan, t.kp, c);
-      for (int r = 0; r < mr; ++r)
-        axpy_16(t.row_weight[r0 + r], c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN);
-    }
+    int_down_rows<false, true>(t, pan, j, 1.0f);
   }
 }
 #else

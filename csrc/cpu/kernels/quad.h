@@ -55,23 +55,23 @@ inline __attribute__((always_inline)) void fma_quad(__m512 (&acc)[S][MR][NB], co
 // The S accumulator chains per (row, block) of the 4-bit decode tiles and their fp32 totals:
 // all start at zero; after each scale group, take_chains sums a (row, block)'s chains and restarts
 // them; store_totals writes the tile (ld 32).
-template <int MR, int NB, int S>
-inline __attribute__((always_inline)) void zero_chains(__m512 (&acc)[S][MR][NB], __m512 (&tot)[MR][NB]) {
+// The chains' lanes: fp32 sums (the bf16-activation tiles) or int32 ones (the integer tiles).
+inline __attribute__((always_inline)) __m512 chain_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+inline __attribute__((always_inline)) __m512i chain_add(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+inline __attribute__((always_inline)) void chain_zero(__m512& v) { v = _mm512_setzero_ps(); }
+inline __attribute__((always_inline)) void chain_zero(__m512i& v) { v = _mm512_setzero_si512(); }
+
+template <int MR, int NB, int S, typename V>
+inline __attribute__((always_inline)) void zero_chains(V (&acc)[S][MR][NB], __m512 (&tot)[MR][NB]) {
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
       tot[r][j] = _mm512_setzero_ps();
 #pragma GCC unroll 4
-      for (int i = 0; i < S; ++i) acc[i][r][j] = _mm512_setzero_ps();
+      for (int i = 0; i < S; ++i) chain_zero(acc[i][r][j]);
     }
 }
-
-// The chains' lanes: fp32 sums (the bf16-activation tiles) or int32 ones (the integer tiles).
-inline __attribute__((always_inline)) __m512 chain_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
-inline __attribute__((always_inline)) __m512i chain_add(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
-inline __attribute__((always_inline)) void chain_zero(__m512& v) { v = _mm512_setzero_ps(); }
-inline __attribute__((always_inline)) void chain_zero(__m512i& v) { v = _mm512_setzero_si512(); }
 
 template <int MR, int NB, int S, typename V>
 inline __attribute__((always_inline)) V take_chains(V (&acc)[S][MR][NB], int r, int j) {
@@ -190,6 +190,34 @@ void int_rows(int mr, const int8_t* const* a, const IntPanel& p, int kp, float* 
       if (two) dot_tile_int2<2, 32, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
       else dot_tile_int2<1, 32, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
     }
+  }
+}
+
+// A gate/up task's rows against the panels of its block pair j (pg, pu, filled by the caller): fin(c, r) takes row
+// r's gate (c[0:16]) and up (c[16:32]) sums.
+template <bool SIGNED, bool OFFSET, typename Fin>
+void int_gate_up_rows(const GateUpTask& t, const IntPanel& pg, const IntPanel& pu, Fin&& fin) {
+  float* c = t.scratch->c;
+  for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+    const int mr = tmin(kQ8TileRows, t.m - r0);
+    int_rows<SIGNED, OFFSET>(mr, t.q8_rows + r0, pg, t.kp, c);
+    int_rows<SIGNED, OFFSET>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
+    for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
+  }
+}
+
+// A down task's rows against the panel of its block blk: each row's 16 sums times its router weight times w are
+// added to its out_acc row.
+template <bool SIGNED, bool OFFSET>
+void int_down_rows(const DownTask& t, const IntPanel& p, int blk, float w) {
+  float* c = t.scratch->c;
+  const int8_t* rows[kQ8TileRows];
+  for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
+    const int mr = tmin(kQ8TileRows, t.m - r0);
+    for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
+    int_rows<SIGNED, OFFSET>(mr, rows, p, t.kp, c);
+    for (int r = 0; r < mr; ++r)
+      axpy_16(t.row_weight[r0 + r] * w, c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + blk * kBlockN);
   }
 }
 #else
