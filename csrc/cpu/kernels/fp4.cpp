@@ -313,9 +313,9 @@ inline void fp4_dequant_seg(const Fp4Weights& q, const uint8_t* src, const uint8
   else fp4_dequant_seg_t<false>(src, sc, dst, len);
 }
 
-// ---- int8 activations (decode): exact int8 weights from the e2m1 codes
+// ---- integer activations: exact int8 weights from the e2m1 codes
 // 2 x e2m1 is an integer in +-{0, 1, 2, 3, 4, 6, 8, 12}; stored as kFp4Offset + 2 e2m1 in [0, 24] it is
-// the unsigned operand of vpdpbusd (the q8 activation codes are the signed one; vpmaddubsw cannot
+// the unsigned operand of vpdpbusd / vpmaddubsw (the q8 activation codes are the signed one; vpmaddubsw cannot
 // saturate: 2 * 24 * 127 < 2^15), and the offset is taken back exactly in integers as kFp4Offset x the
 // sum of q over the scale group (per 16 inputs in the q8 row). The 2 is divided out of the fp32 total.
 constexpr int kFp4Offset = 12;
@@ -380,7 +380,6 @@ inline void dot_tile_fp4(const uint16_t* const* a, const uint8_t* const* b, cons
   }
   store_totals<MR, NB>(tot, c);
 }
-
 
 // One quad of a block (32 bytes; row n's inputs 4q + j in the low nibble of byte 2n + j, 4q + 2 + j in
 // the high one) -> 16 dwords, dword n = row n's 4 inputs in order as kFp4Offset + 2 e2m1: zero-extend

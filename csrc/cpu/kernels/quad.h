@@ -8,7 +8,7 @@ namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
 namespace {
 
-constexpr int kQ8TileRows = 4;  // activation rows per int8-activation tile (int4 and fp4)
+constexpr int kQ8TileRows = 4;  // activation rows per integer-activation tile (avx2: two tiles of two)
 // Integer-activation tasks with more rows than one tile convert their weight blocks once into a panel of the
 // tile's u8 operand (fp4.cpp, fp8.cpp) instead of once per row tile.
 inline bool int_panels(int m) { return m > kQ8TileRows; }
@@ -52,15 +52,15 @@ inline __attribute__((always_inline)) void fma_quad(__m512 (&acc)[S][MR][NB], co
   }
 }
 
-// The S accumulator chains per (row, block) of the 4-bit decode tiles and their fp32 totals:
-// all start at zero; after each scale group, take_chains sums a (row, block)'s chains and restarts
-// them; store_totals writes the tile (ld 32).
 // The chains' lanes: fp32 sums (the bf16-activation tiles) or int32 ones (the integer tiles).
 inline __attribute__((always_inline)) __m512 chain_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 inline __attribute__((always_inline)) __m512i chain_add(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
 inline __attribute__((always_inline)) void chain_zero(__m512& v) { v = _mm512_setzero_ps(); }
 inline __attribute__((always_inline)) void chain_zero(__m512i& v) { v = _mm512_setzero_si512(); }
 
+// The S accumulator chains per (row, block) of the quantized decode tiles and their fp32 totals:
+// all start at zero; after each scale group, take_chains sums a (row, block)'s chains and restarts
+// them; store_totals writes the tile (ld 32).
 template <int MR, int NB, int S, typename V>
 inline __attribute__((always_inline)) void zero_chains(V (&acc)[S][MR][NB], __m512 (&tot)[MR][NB]) {
 #pragma GCC unroll 4
