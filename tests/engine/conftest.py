@@ -194,7 +194,7 @@ def assert_int8_budget(out, x, w13, w2, ids, weights, **act):
 
 def check_int8_decode(layer, tier: str, experts: int, top_k: int, ms, int8_check, exact_check):
     """Forwards of M random tokens for M in ms on a layer built with int8 activations: decode chunks
-    (M <= 16) on the tiers with the int8 kernels (avx512*, amx), and prefill chunks on INT8_PREFILL_TIERS,
+    (M <= 16) on the tiers with the int8 kernels (all but generic), and prefill chunks on INT8_PREFILL_TIERS,
     go to int8_check, the rest (amx prefill, generic: exact either way) to exact_check; both are
     called as check(out, x, ids, w)."""
     for M in ms:

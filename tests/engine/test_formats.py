@@ -10,11 +10,12 @@ import torch
 
 import lk_moe
 from lk_moe import _C, formats, gpu_dequant
-from lk_moe.reference import random_routing
+from lk_moe.reference import moe_reference, random_routing
 from lvllm import policy
 from lvllm.testing.experts import QUANTIZE, quantize_experts
 
-from .conftest import assert_int8_budget, assert_matches_reference, check_int8_decode, int8_activations, rounds_weights
+from .conftest import (assert_int8_budget, assert_matches_reference, check_int8_decode, int8_activations, q8,
+                       rounds_weights, runs_int8)
 
 
 def test_the_python_table_is_the_engines():
@@ -103,6 +104,54 @@ def test_every_format_computes_the_reference(tier, fmt, activation, optional, in
         assert_int8_budget(out, x, d13, d2, ids, w, **act)
 
     check_int8_decode(layer, tier, E, K, (1, 5, 40), int8 if int8_act else exact, exact)
+
+
+def _rel_rms(out, ref):
+    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+INT8_FORMATS = ("wna16_int4", "mxfp4", "nvfp4", "int8_channel")  # the rows LK_INT8_ACT switches (Format::int8_act)
+INT8_CASES = ([(f, 2048, 768) for f in INT8_FORMATS] + [(f, 256, 128) for f in INT8_FORMATS]
+              + [("int8_channel", 2880, 720), ("int8_channel", 200, 72)])
+
+
+@pytest.mark.parametrize("fmt,H,I", INT8_CASES, ids=[f"{f}-{h}x{i}" for f, h, i in INT8_CASES])
+def test_int8_activations_are_the_q8_rounding(tier, fmt, H, I):
+    """LK_INT8_ACT=1: the chunks conftest.runs_int8 names (decode on every tier but generic, prefill on avx2 / avx512 /
+    avx512_bf16; one row tile, and several over a panel) run on the integer tiles: each within the int8 budget
+    against the fp32 reference; over all of them the output carries the int8 rounding (its error more than 3x
+    the exact layer's: 0.012 against 0.0024 measured) and is that rounding (the reference on x and activations
+    rounded as conftest.q8 does is at least twice as close as the exact one; what is left is the output's bf16
+    rounding and activations that round to the other q8 code after a one-ulp bf16 difference, 0.0015-0.005
+    measured). The other chunks stay on the exact bound."""
+    E, K = 6, 4
+    g = torch.Generator().manual_seed(H + I + len(fmt))
+    w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    with int8_activations(True):
+        layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors)
+    with int8_activations(False):
+        exact = lk_moe.MoELayer.from_checkpoint(fmt, tensors)
+    outs, exacts, refs, emus = [], [], [], []
+    for M in (1, 3, 4, 16, 70):
+        x = torch.randn(M, H, generator=g).bfloat16()
+        ids, w = random_routing(M, E, K, generator=g)
+        out = layer.forward(x, ids, w)
+        if not runs_int8(tier, M):
+            assert_matches_reference(out, x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt))
+            continue
+        assert_int8_budget(out, x, d13, d2, ids, w)
+        outs.append(out.float())
+        exacts.append(exact.forward(x, ids, w).float())
+        refs.append(moe_reference(x, d13, d2, ids, w))
+        emus.append(moe_reference(q8(x), d13, d2, ids, w, act_round=lambda a: q8(a.bfloat16())))
+    if not outs:
+        assert tier == "generic", tier
+        return
+    out, ref = torch.cat(outs), torch.cat(refs)
+    assert _rel_rms(out, ref) > 3 * _rel_rms(torch.cat(exacts), ref), "no int8 rounding: the integer tiles did not run"
+    assert _rel_rms(out, torch.cat(emus)) < 0.5 * _rel_rms(out, ref), "the error is not the q8 rounding"
 
 
 def _check_activation(fmt, seed, activation, constants, engine_constants, other, why):
