@@ -1,5 +1,5 @@
 // The activation rows of the 4-bit decode with integer activations (kernel_table.h: q8 and q15 rows),
-// quantized once per chunk by the engine; AVX-512 tiers only (the others take the exact bf16 path).
+// quantized once per chunk by the engine; the AVX-512 tiers and avx2 (generic takes the exact bf16 path).
 #include "cpu/kernels/kernels.h"
 #include "cpu/kernels/simd.h"
 
@@ -98,42 +98,96 @@ void q15_row(const uint16_t* src, int kp, int8_t* dst) {
 namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
 
+namespace {
+// 32 int32 codes (4 x 8, in order) -> 32 bytes at dst (|q| <= 127).
+inline void store_codes32(const __m256i (&q)[4], int8_t* dst) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs work per 128-bit lane
+  const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256((__m256i*)dst, _mm256_permutevar8x32_epi32(w, order));
+}
+inline int32_t hsum8(__m256i v) {
+  int32_t s[8];
+  _mm256_storeu_si256((__m256i*)s, v);
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+// One group of 32 bf16 activations as fp32 (4 x 8), their max |x|, and whether every one is finite.
+struct ActGroup32 {
+  __m256 x[4];
+  float amax;
+  bool finite;
+};
+inline ActGroup32 load_act_group32(const uint16_t* src) {
+  ActGroup32 g;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 mx = _mm256_setzero_ps();
+  bool nan = false;
+  for (int i = 0; i < 4; ++i) {
+    const __m128i v = _mm_loadu_si128((const __m128i*)(src + 8 * i));
+    g.x[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    mx = _mm256_max_ps(mx, _mm256_and_ps(g.x[i], absmask));
+    nan = nan || _mm256_movemask_ps(_mm256_cmp_ps(g.x[i], g.x[i], _CMP_UNORD_Q)) != 0;
+  }
+  float m8[8];
+  _mm256_storeu_ps(m8, mx);
+  g.amax = 0.0f;
+  for (float v : m8) g.amax = v > g.amax ? v : g.amax;
+  g.finite = !nan && g.amax <= 3.4e38f;
+  return g;
+}
+}  // namespace
+
 // One bf16 row -> q8 row, as the AVX-512 tiers' q8_row computes it (the same d, codes and sums).
 void q8_row(const uint16_t* src, int kp, int8_t* dst) {
   const int nb = kp / kQ8Group;
   float* d = reinterpret_cast<float*>(dst + kp);
   float* ds = d + nb;
   int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs work per 128-bit lane
   for (int b = 0; b < nb; ++b) {
-    __m256 x[4];
-    __m256 mx = _mm256_setzero_ps();
-    bool nan = false;
-    for (int i = 0; i < 4; ++i) {
-      const __m128i v = _mm_loadu_si128((const __m128i*)(src + b * 32 + 8 * i));
-      x[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-      mx = _mm256_max_ps(mx, _mm256_and_ps(x[i], absmask));
-      nan = nan || _mm256_movemask_ps(_mm256_cmp_ps(x[i], x[i], _CMP_UNORD_Q)) != 0;
-    }
-    float m8[8];
-    _mm256_storeu_ps(m8, mx);
-    float amax = 0.0f;
-    for (float v : m8) amax = v > amax ? v : amax;
-    const bool finite = !nan && amax <= 3.4e38f;
-    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const ActGroup32 x = load_act_group32(src + b * 32);
+    const __m256 inv = _mm256_set1_ps(x.amax > 0.0f ? 127.0f / x.amax : 0.0f);
     __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));  // round to nearest even
-    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256((__m256i*)(dst + b * 32), _mm256_permutevar8x32_epi32(w, order));
-    int32_t sums[8];
-    _mm256_storeu_si256((__m256i*)sums, _mm256_add_epi32(q[0], q[1]));
-    s16[2 * b] = sums[0] + sums[1] + sums[2] + sums[3] + sums[4] + sums[5] + sums[6] + sums[7];
-    _mm256_storeu_si256((__m256i*)sums, _mm256_add_epi32(q[2], q[3]));
-    s16[2 * b + 1] = sums[0] + sums[1] + sums[2] + sums[3] + sums[4] + sums[5] + sums[6] + sums[7];
-    const float db = finite ? amax / 127.0f : __builtin_nanf("");  // inf/NaN input: NaN outputs, as in the bf16 path
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x.x[i], inv));  // round to nearest even
+    store_codes32(q, dst + b * 32);
+    s16[2 * b] = hsum8(_mm256_add_epi32(q[0], q[1]));
+    s16[2 * b + 1] = hsum8(_mm256_add_epi32(q[2], q[3]));
+    const float db = x.finite ? x.amax / 127.0f : __builtin_nanf("");  // inf/NaN input: NaN outputs, as in the bf16 path
     d[b] = db;
     ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
+  }
+}
+
+// One bf16 row -> q15 row, as the AVX-512 tiers' q15_row computes it (the same power-of-two d, hi, lo and sums).
+void q15_row(const uint16_t* src, int kp, int8_t* dst) {
+  const int nb = kp / kQ8Group;
+  int8_t* lo = dst + kp;
+  float* d = reinterpret_cast<float*>(dst + 2 * kp);
+  int32_t* s16 = reinterpret_cast<int32_t*>(d + nb);
+  for (int b = 0; b < nb; ++b) {
+    const ActGroup32 x = load_act_group32(src + b * 32);
+    __m256i q[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    float db = 0.0f;  // all-zero group: q = 0
+    if (!x.finite) {
+      db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
+    } else if (x.amax > 0.0f) {
+      int k;
+      std::frexp(x.amax, &k);  // amax = f 2^k, f in [0.5, 1)
+      int e = k - 14;
+      if (std::ldexp(x.amax, -e) > 16256.0f) ++e;  // keep |hi| <= 127
+      const int p1 = -e > 126 ? 126 : -e;  // two factors where 2^-e alone would overflow
+      const __m256 f1 = _mm256_set1_ps(std::ldexp(1.0f, p1)), f2 = _mm256_set1_ps(std::ldexp(1.0f, -e - p1));
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x.x[i], f1), f2));
+      db = std::ldexp(1.0f, e);
+    }
+    __m256i h[4], l[4];
+    for (int i = 0; i < 4; ++i) {
+      h[i] = _mm256_srai_epi32(_mm256_add_epi32(q[i], _mm256_set1_epi32(64)), 7);
+      l[i] = _mm256_sub_epi32(q[i], _mm256_slli_epi32(h[i], 7));
+    }
+    store_codes32(h, dst + b * 32);
+    store_codes32(l, lo + b * 32);
+    d[b] = db;
+    s16[2 * b] = hsum8(_mm256_add_epi32(q[0], q[1]));
+    s16[2 * b + 1] = hsum8(_mm256_add_epi32(q[2], q[3]));
   }
 }
 

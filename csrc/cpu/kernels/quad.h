@@ -112,7 +112,9 @@ constexpr bool kHaveQ8 = true;  // the avx2 integer tile below (LK_INT8_ACT=1; n
 // themselves, SIGNED), and per scale group of `group` inputs 16 fp32 scales s and 16 s x z (z: the row's code
 // offset). The tile sums codes x q8 activation codes per L = min(group, 32) inputs in int32 (vpmaddubsw +
 // vpmaddwd: 32 multiply-adds in two multiplies against four fp32 FMAs; no saturation: |2 x 128 x 127| < 2^15, the
-// int8 codes as |w| and q with w's sign), then tot += sum x d x s - (s z) x d x sum q in fp32.
+// int8 codes as |w| and q with w's sign), then tot += sum x d x s - (s z) x d x sum q in fp32. Q15 (the 4-bit
+// formats' default decode, as on the AVX-512 tiers): q15 rows, q = 128 hi + lo, two multiplies per quad on the
+// same codes, 128 sum(u hi) + sum(u lo) exact in int32 (|.| <= 32 x 24 x 16256 < 2^24): bf16's error.
 struct IntPanel {
   uint8_t* u;
   float* s;
@@ -127,21 +129,28 @@ inline IntPanel int_panel(const KernelScratch& sc, int kp, int group, int h) {
   return {base + size_t(h) * kBlockN * kp, f + h * per, f + 2 * per + h * per, group};
 }
 
-template <int MR, int L, bool SIGNED, bool OFFSET>
+template <int MR, int L, bool SIGNED, bool OFFSET, bool Q15>
 inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, float* c) {
-  __m256i acc[MR][2];
+  __m256i acc[MR][2];                // q8: q; q15: lo
+  __m256i hacc[Q15 ? MR : 1][2];     // q15: hi
   __m256 tot[MR][2];
   for (int r = 0; r < MR; ++r) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   const int nb = kp / kQ8Group;
-  const float* d[MR];        // row layout: kernel_table.h q8_row_bytes
+  const float* d[MR];  // row layouts: kernel_table.h q8_row_bytes, q15_row_bytes
   const int32_t* s16[MR];
   for (int r = 0; r < MR; ++r) {
-    d[r] = reinterpret_cast<const float*>(a[r] + kp);
-    s16[r] = reinterpret_cast<const int32_t*>(d[r] + 2 * nb);
+    d[r] = reinterpret_cast<const float*>(a[r] + (Q15 ? 2 : 1) * size_t(kp));
+    s16[r] = reinterpret_cast<const int32_t*>(d[r] + (Q15 ? 1 : 2) * nb);
   }
+  auto dot = [&](__m256i acc_, __m256i u, __m256i x) {
+    return _mm256_add_epi32(acc_, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones));
+  };
   for (int k0 = 0; k0 < kp; k0 += L) {
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int r = 0; r < MR; ++r) {
+      acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      if constexpr (Q15) hacc[r][0] = hacc[r][1] = _mm256_setzero_si256();
+    }
 #pragma GCC unroll 8
     for (int qd = 0; qd < L / 4; ++qd) {
       const int o = k0 / 4 + qd;
@@ -151,11 +160,17 @@ inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, flo
 #pragma GCC unroll 2
       for (int r = 0; r < MR; ++r) {
         int32_t xi;
-        memcpy(&xi, a[r] + 4 * o, 4);
+        memcpy(&xi, a[r] + (Q15 ? size_t(kp) : 0) + 4 * o, 4);  // q8: q; q15: lo
         const __m256i x = _mm256_set1_epi32(xi);
         const __m256i x0 = SIGNED ? _mm256_sign_epi8(x, w0) : x, x1 = SIGNED ? _mm256_sign_epi8(x, w1) : x;
-        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones));
-        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones));
+        acc[r][0] = dot(acc[r][0], u0, x0);
+        acc[r][1] = dot(acc[r][1], u1, x1);
+        if constexpr (Q15) {  // the 4-bit formats only (unsigned codes)
+          memcpy(&xi, a[r] + 4 * o, 4);
+          const __m256i xh = _mm256_set1_epi32(xi);
+          hacc[r][0] = dot(hacc[r][0], u0, xh);
+          hacc[r][1] = dot(hacc[r][1], u1, xh);
+        }
       }
     }
     const int g = k0 / p.group;
@@ -163,10 +178,14 @@ inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, flo
     for (int r = 0; r < MR; ++r) {
       const float dv = d[r][k0 / kQ8Group];
       const __m256 dd = _mm256_set1_ps(dv);
-      for (int h = 0; h < 2; ++h)
-        tot[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(dd, sv[h]), tot[r][h]);
-      if constexpr (OFFSET) {  // d x sum q over the L inputs: the q8 row's per-block value, or d x the 16-sum
-        const float sq = L == 32 ? d[r][nb + k0 / 32] : dv * float(s16[r][k0 / 16]);
+      for (int h = 0; h < 2; ++h) {
+        __m256i sum = acc[r][h];
+        if constexpr (Q15) sum = _mm256_add_epi32(_mm256_slli_epi32(hacc[r][h], 7), sum);
+        tot[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dd, sv[h]), tot[r][h]);
+      }
+      if constexpr (OFFSET) {  // d x sum q over the L inputs: the q8 row's per-block value, or d x the 16-sums
+        const float sq = Q15 ? dv * float(L == 32 ? s16[r][k0 / 16] + s16[r][k0 / 16 + 1] : s16[r][k0 / 16])
+                             : L == 32 ? d[r][nb + k0 / 32] : dv * float(s16[r][k0 / 16]);
         const __m256 sqv = _mm256_set1_ps(sq);
         for (int h = 0; h < 2; ++h) tot[r][h] = _mm256_fnmadd_ps(_mm256_loadu_ps(p.sz + g * 16 + 8 * h), sqv, tot[r][h]);
       }
@@ -178,19 +197,26 @@ inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, flo
   }
 }
 
-// C[r][0:16] (ld 32) for mr rows of q8 codes against one panel, in tiles of two rows.
-template <bool SIGNED, bool OFFSET>
-void int_rows(int mr, const int8_t* const* a, const IntPanel& p, int kp, float* c) {
-  for (int r = 0; r < mr; r += 2) {
-    const bool two = mr - r >= 2;
-    if (p.group < kQ8Group) {
-      if (two) dot_tile_int2<2, 16, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
-      else dot_tile_int2<1, 16, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
+// C[r][0:16] (ld 32) for mr rows of q8 codes (q15: q15 rows, one row a tile) against one panel, in tiles of two rows.
+template <int L, bool SIGNED, bool OFFSET>
+void int_rows_l(bool q15, int mr, const int8_t* const* a, const IntPanel& p, int kp, float* c) {
+  for (int r = 0; r < mr;) {
+    if (q15) {
+      if constexpr (!SIGNED) dot_tile_int2<1, L, SIGNED, OFFSET, true>(a + r, p, kp, c + r * 32);
+      r += 1;
+    } else if (mr - r >= 2) {
+      dot_tile_int2<2, L, SIGNED, OFFSET, false>(a + r, p, kp, c + r * 32);
+      r += 2;
     } else {
-      if (two) dot_tile_int2<2, 32, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
-      else dot_tile_int2<1, 32, SIGNED, OFFSET>(a + r, p, kp, c + r * 32);
+      dot_tile_int2<1, L, SIGNED, OFFSET, false>(a + r, p, kp, c + r * 32);
+      r += 1;
     }
   }
+}
+template <bool SIGNED, bool OFFSET>
+void int_rows(bool q15, int mr, const int8_t* const* a, const IntPanel& p, int kp, float* c) {
+  if (p.group < kQ8Group) int_rows_l<16, SIGNED, OFFSET>(q15, mr, a, p, kp, c);
+  else int_rows_l<32, SIGNED, OFFSET>(q15, mr, a, p, kp, c);
 }
 
 // A gate/up task's rows against the panels of its block pair j (pg, pu, filled by the caller): fin(c, r) takes row
@@ -200,8 +226,8 @@ void int_gate_up_rows(const GateUpTask& t, const IntPanel& pg, const IntPanel& p
   float* c = t.scratch->c;
   for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
     const int mr = tmin(kQ8TileRows, t.m - r0);
-    int_rows<SIGNED, OFFSET>(mr, t.q8_rows + r0, pg, t.kp, c);
-    int_rows<SIGNED, OFFSET>(mr, t.q8_rows + r0, pu, t.kp, c + 16);
+    int_rows<SIGNED, OFFSET>(t.q15, mr, t.q8_rows + r0, pg, t.kp, c);
+    int_rows<SIGNED, OFFSET>(t.q15, mr, t.q8_rows + r0, pu, t.kp, c + 16);
     for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
   }
 }
@@ -215,7 +241,7 @@ void int_down_rows(const DownTask& t, const IntPanel& p, int blk, float w) {
   for (int r0 = 0; r0 < t.m; r0 += kQ8TileRows) {
     const int mr = tmin(kQ8TileRows, t.m - r0);
     for (int r = 0; r < mr; ++r) rows[r] = t.q8_act + size_t(r0 + r) * t.q8_ld;
-    int_rows<SIGNED, OFFSET>(mr, rows, p, t.kp, c);
+    int_rows<SIGNED, OFFSET>(t.q15, mr, rows, p, t.kp, c);
     for (int r = 0; r < mr; ++r)
       axpy_16(t.row_weight[r0 + r] * w, c + r * 32, t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + blk * kBlockN);
   }

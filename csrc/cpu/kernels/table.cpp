@@ -113,7 +113,7 @@ const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &r
 #elif defined(LK_V512)
 const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row, true};
 #elif defined(__AVX2__)
-const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, nullptr, true};
+const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, &q8_row, &q15_row, true};
 #else
 const KernelTable kTable = {kTierName, &gate_up, &down, &to_bf16, &store_row, &read_sum, nullptr, nullptr, false};
 #endif
