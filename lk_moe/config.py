@@ -21,7 +21,8 @@ LK_FORCE_GPU_FALLBACK  1 | 0 (default): GPU paths of quantized experts take the 
 LK_INT8_ACT        auto (default) | 1 | 0 (true/false, yes/no, on/off): int8 activations in the decode
                    of 4-bit and int8_channel experts (wna16_int4, mxfp4, nvfp4, int8_channel), and in their
                    prefill on the avx2 / avx512 / avx512_bf16 tiers (1: on; auto and 0: off, the 4-bit formats'
-                   decode takes 15-bit activations on the AVX-512 tiers, bf16's error; see csrc/cpu/format.h). LK_WNA16_INT8_ACT, its first
+                   decode takes 15-bit activations on every tier but generic, bf16's error; see
+                   csrc/cpu/format.h). LK_WNA16_INT8_ACT, its first
                    name (1: int4 only, no auto), is read while it is unset. Read again each time a layer is
                    built (int8_act_from_env).
 

@@ -171,7 +171,7 @@ struct KernelTable {
   // One bf16 row of kp inputs (kp a multiple of 32) -> a q8 row (see q8_row_bytes). Null on the tier
   // without int8-activation kernels (generic): it takes the exact bf16 path.
   void (*q8_row)(const uint16_t* src, int kp, int8_t* dst);
-  // One bf16 row -> a q15 row (see q15_row_bytes); the AVX-512 tiers only.
+  // One bf16 row -> a q15 row (see q15_row_bytes); null where q8_row is.
   void (*q15_row)(const uint16_t* src, int kp, int8_t* dst);
   // With int8 activations chosen (LK_INT8_ACT), prefill-sized chunks take the int8 tiles too: where they
   // outrun this tier's bf16 panels (2 Zen4 cores, Qwen3-30B-A3B and DeepSeek-V3 shapes, M 64-1024: avx512 and

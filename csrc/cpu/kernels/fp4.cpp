@@ -9,7 +9,8 @@ namespace LK_CAT(tier_, LK_TIER) {
 namespace {
 
 // ---------------------------------------------------------------- mxfp4 (gpt-oss) and nvfp4 (ModelOpt)
-// Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers; LK_INT8_ACT not set
+// Strategy. Decode, default (chunks of <= kQ8MaxTokens tokens on the AVX-512 tiers, and on avx2 through quad.h's
+// integer tile over fp4_int_panel panels; LK_INT8_ACT not set
 // for fp4): 15-bit activations, dot_tile_fp4_int with Q15. x and the bf16 act rows become q15 rows once per chunk
 // (q15_row: per 32 inputs a power of two d with max|x| / d in (8128, 16256], q = round(x / d) split
 // as 128 hi + lo into two int8 rows); each quad of codes becomes the unsigned bytes 12 + 2 e2m1 of the

@@ -23,7 +23,8 @@ namespace {
 // up to 4 rows share each weight load (q15: 2). Error: rel RMS of the layer output ~0.012 with int8
 // against the fp32 reference on the dequantized weights (q15 and the exact path ~0.0035); budget and
 // reasoning in tests/engine/conftest.py.
-// The avx2 tier with LK_INT8_ACT=1: quad.h's avx2 integer tile over q4_int_panel panels, decode and prefill.
+// The avx2 tier: quad.h's avx2 integer tile over q4_int_panel panels, on q15 rows in decode (the default, as
+// above) and on q8 rows with LK_INT8_ACT=1 (decode and prefill).
 // Decode, exact (the A/B setting _set_fp4_decode_acts("bf16"), m <= kFusedQ4Rows, dot_tile_q4): each
 // octet becomes 4 bf16 pair-rows in registers (zero-extend, nibbles, vpermt2w into the block order, OR
 // 0x4300 = bf16(128 + u) exactly); vdpbf16ps (or the even/odd fp32 split without AVX512-BF16) accumulates sum A (128 + u)

@@ -21,7 +21,7 @@ void gate_up_q4(const GateUpTask& t);    // int4.cpp: wna16_int4
 void down_q4(const DownTask& t);
 void gate_up_fp4(const GateUpTask& t);   // fp4.cpp: mxfp4, nvfp4
 void down_fp4(const DownTask& t);
-// act_quant.cpp (KernelTable::q8_row: AVX-512 tiers and avx2; q15_row: AVX-512 tiers)
+// act_quant.cpp, the AVX-512 tiers and avx2 (KernelTable::q8_row / q15_row)
 void q8_row(const uint16_t* src, int kp, int8_t* dst);
 void q15_row(const uint16_t* src, int kp, int8_t* dst);
 
