@@ -3,6 +3,42 @@
 #include "cpu/kernels/kernels.h"
 #include "cpu/kernels/simd.h"
 
+namespace lk {
+namespace LK_CAT(tier_, LK_TIER) {
+namespace {
+// Where an integer row's parts live (kernel_table.h q8_row_bytes, q15_row_bytes): the codes at the row's start (q15:
+// hi), lo (q15), d per 32 inputs, d x sum q per 32 (q8), sums of q per 16.
+struct IntRow {
+  int8_t* lo;
+  float* d;
+  float* ds;
+  int32_t* s16;
+};
+inline IntRow q8_parts(int8_t* dst, int kp) {
+  float* d = reinterpret_cast<float*>(dst + kp);
+  return {nullptr, d, d + kp / kQ8Group, reinterpret_cast<int32_t*>(d + 2 * (kp / kQ8Group))};
+}
+inline IntRow q15_parts(int8_t* dst, int kp) {
+  float* d = reinterpret_cast<float*>(dst + 2 * kp);
+  return {dst + kp, d, nullptr, reinterpret_cast<int32_t*>(d + kp / kQ8Group)};
+}
+// A q15 group's scale (q15_row) for a finite amax > 0: d = 2^e with amax / d in (8128, 16256], and 1 / d as two
+// factors, x * f1 * f2 exact (2^-e alone would overflow for groups below ~2^-113).
+struct Q15Scale {
+  float f1, f2, d;
+};
+inline Q15Scale q15_scale(float amax) {
+  int k;
+  std::frexp(amax, &k);  // amax = f 2^k, f in [0.5, 1)
+  int e = k - 14;
+  if (std::ldexp(amax, -e) > 16256.0f) ++e;  // keep |hi| <= 127
+  const int p1 = -e > 126 ? 126 : -e;
+  return {std::ldexp(1.0f, p1), std::ldexp(1.0f, -e - p1), std::ldexp(1.0f, e)};
+}
+}  // namespace
+}  // namespace LK_CAT(tier_, LK_TIER)
+}  // namespace lk
+
 #if defined(LK_V512)
 namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
@@ -30,11 +66,10 @@ inline ActGroup32 load_act_group32(const uint16_t* src) {
 
 // One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
 void q8_row(const uint16_t* src, int kp, int8_t* dst) {
-  const int nb = kp / kQ8Group;
-  float* d = reinterpret_cast<float*>(dst + kp);
-  float* ds = d + nb;
-  int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
-  for (int b = 0; b < nb; ++b) {
+  const IntRow row = q8_parts(dst, kp);
+  float *d = row.d, *ds = row.ds;
+  int32_t* s16 = row.s16;
+  for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
     const float amax = x.amax;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -56,29 +91,22 @@ void q8_row(const uint16_t* src, int kp, int8_t* dst) {
 // by at most d / 2 <= 2^-14 max|x|), stored as int8 hi = floor((q + 64) / 128) and lo = q - 128 hi in
 // [-64, 63], so q = 128 hi + lo.
 void q15_row(const uint16_t* src, int kp, int8_t* dst) {
-  const int nb = kp / kQ8Group;
-  int8_t* lo = dst + kp;
-  float* d = reinterpret_cast<float*>(dst + 2 * kp);
-  int32_t* s16 = reinterpret_cast<int32_t*>(d + nb);
-  for (int b = 0; b < nb; ++b) {
+  const IntRow row = q15_parts(dst, kp);
+  int8_t* lo = row.lo;
+  float* d = row.d;
+  int32_t* s16 = row.s16;
+  for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
-    const float amax = x.amax;
-    const __m512 x0 = x.x0, x1 = x.x1;
     __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
     float db = 0.0f;  // all-zero group: q = 0
     if (!x.finite) {
       db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
-    } else if (amax > 0.0f) {
-      int k;
-      std::frexp(amax, &k);  // amax = f 2^k, f in [0.5, 1)
-      int e = k - 14;
-      if (std::ldexp(amax, -e) > 16256.0f) ++e;  // keep |hi| <= 127
-      // x * 2^-e is exact; two factors where 2^-e alone would overflow (groups below ~2^-113)
-      const int p1 = -e > 126 ? 126 : -e;
-      const __m512 f1 = _mm512_set1_ps(std::ldexp(1.0f, p1)), f2 = _mm512_set1_ps(std::ldexp(1.0f, -e - p1));
-      q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x0, f1), f2));  // round to nearest even
-      q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x1, f1), f2));
-      db = std::ldexp(1.0f, e);
+    } else if (x.amax > 0.0f) {
+      const Q15Scale sc = q15_scale(x.amax);
+      const __m512 f1 = _mm512_set1_ps(sc.f1), f2 = _mm512_set1_ps(sc.f2);
+      q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x.x0, f1), f2));  // round to nearest even
+      q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x.x1, f1), f2));
+      db = sc.d;
     }
     const __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(q0, _mm512_set1_epi32(64)), 7);
     const __m512i h1 = _mm512_srai_epi32(_mm512_add_epi32(q1, _mm512_set1_epi32(64)), 7);
@@ -138,11 +166,10 @@ inline ActGroup32 load_act_group32(const uint16_t* src) {
 
 // One bf16 row -> q8 row, as the AVX-512 tiers' q8_row computes it (the same d, codes and sums).
 void q8_row(const uint16_t* src, int kp, int8_t* dst) {
-  const int nb = kp / kQ8Group;
-  float* d = reinterpret_cast<float*>(dst + kp);
-  float* ds = d + nb;
-  int32_t* s16 = reinterpret_cast<int32_t*>(ds + nb);
-  for (int b = 0; b < nb; ++b) {
+  const IntRow row = q8_parts(dst, kp);
+  float *d = row.d, *ds = row.ds;
+  int32_t* s16 = row.s16;
+  for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
     const __m256 inv = _mm256_set1_ps(x.amax > 0.0f ? 127.0f / x.amax : 0.0f);
     __m256i q[4];
@@ -158,25 +185,21 @@ void q8_row(const uint16_t* src, int kp, int8_t* dst) {
 
 // One bf16 row -> q15 row, as the AVX-512 tiers' q15_row computes it (the same power-of-two d, hi, lo and sums).
 void q15_row(const uint16_t* src, int kp, int8_t* dst) {
-  const int nb = kp / kQ8Group;
-  int8_t* lo = dst + kp;
-  float* d = reinterpret_cast<float*>(dst + 2 * kp);
-  int32_t* s16 = reinterpret_cast<int32_t*>(d + nb);
-  for (int b = 0; b < nb; ++b) {
+  const IntRow row = q15_parts(dst, kp);
+  int8_t* lo = row.lo;
+  float* d = row.d;
+  int32_t* s16 = row.s16;
+  for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
     __m256i q[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     float db = 0.0f;  // all-zero group: q = 0
     if (!x.finite) {
       db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
     } else if (x.amax > 0.0f) {
-      int k;
-      std::frexp(x.amax, &k);  // amax = f 2^k, f in [0.5, 1)
-      int e = k - 14;
-      if (std::ldexp(x.amax, -e) > 16256.0f) ++e;  // keep |hi| <= 127
-      const int p1 = -e > 126 ? 126 : -e;  // two factors where 2^-e alone would overflow
-      const __m256 f1 = _mm256_set1_ps(std::ldexp(1.0f, p1)), f2 = _mm256_set1_ps(std::ldexp(1.0f, -e - p1));
+      const Q15Scale sc = q15_scale(x.amax);
+      const __m256 f1 = _mm256_set1_ps(sc.f1), f2 = _mm256_set1_ps(sc.f2);
       for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x.x[i], f1), f2));
-      db = std::ldexp(1.0f, e);
+      db = sc.d;
     }
     __m256i h[4], l[4];
     for (int i = 0; i < 4; ++i) {
