@@ -39,17 +39,22 @@ inline Q15Scale q15_scale(float amax) {
 }  // namespace LK_CAT(tier_, LK_TIER)
 }  // namespace lk
 
-#if defined(LK_V512)
+#if defined(LK_V512) || defined(__AVX2__)
 namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
 namespace {
-
-// One group of 32 bf16 activations for the integer rows (q8_row, q15_row): as fp32, their max |x|, and
-// whether every one is finite.
+// Each ISA's primitives on one group of 32 activations: load_act_group32 (as fp32, their max |x|, whether every one
+// is finite), round_scaled (round(x * f1 * f2) to nearest even, as 32 int32 codes), store_codes (32 codes of
+// |q| <= 127 as bytes), half_sum (sum of codes [16 h, 16 h + 16)) and q15_split (q = 128 hi + lo, hi =
+// floor((q + 64) / 128), lo in [-64, 63]). The row loops below are written once over them.
+#if defined(LK_V512)
 struct ActGroup32 {
   __m512 x0, x1;
   float amax;
   bool finite;
+};
+struct Codes32 {
+  __m512i q0, q1;
 };
 inline ActGroup32 load_act_group32(const uint16_t* src) {
   ActGroup32 g;
@@ -61,88 +66,30 @@ inline ActGroup32 load_act_group32(const uint16_t* src) {
   g.finite = !nan && g.amax <= 3.4e38f;
   return g;
 }
-
-}  // namespace
-
-// One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
-void q8_row(const uint16_t* src, int kp, int8_t* dst) {
-  const IntRow row = q8_parts(dst, kp);
-  float *d = row.d, *ds = row.ds;
-  int32_t* s16 = row.s16;
-  for (int b = 0; b < kp / kQ8Group; ++b) {
-    const ActGroup32 x = load_act_group32(src + b * 32);
-    const float amax = x.amax;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x.x0, _mm512_set1_ps(inv)));  // round to nearest even
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x.x1, _mm512_set1_ps(inv)));
-    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
-    // inf/NaN input: d = NaN, so the outputs that read it are NaN as in the bf16 path
-    const float db = x.finite ? amax / 127.0f : __builtin_nanf("");
-    d[b] = db;
-    s16[2 * b] = _mm512_reduce_add_epi32(q0);
-    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
-    ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
-  }
+inline Codes32 zero_codes() { return {_mm512_setzero_si512(), _mm512_setzero_si512()}; }
+inline Codes32 round_scaled(const ActGroup32& x, float f1, float f2) {
+  const __m512 a = _mm512_set1_ps(f1), b = _mm512_set1_ps(f2);
+  return {_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x.x0, a), b)),
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x.x1, a), b))};
 }
-
-// One bf16 row -> q15 row (kernel_table.h): per 32 inputs a power of two d = 2^e with max|x| / d in
-// (8128, 16256], q = round(x / d) (exact for every input within 2^-6 of the group's max, the rest off
-// by at most d / 2 <= 2^-14 max|x|), stored as int8 hi = floor((q + 64) / 128) and lo = q - 128 hi in
-// [-64, 63], so q = 128 hi + lo.
-void q15_row(const uint16_t* src, int kp, int8_t* dst) {
-  const IntRow row = q15_parts(dst, kp);
-  int8_t* lo = row.lo;
-  float* d = row.d;
-  int32_t* s16 = row.s16;
-  for (int b = 0; b < kp / kQ8Group; ++b) {
-    const ActGroup32 x = load_act_group32(src + b * 32);
-    __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
-    float db = 0.0f;  // all-zero group: q = 0
-    if (!x.finite) {
-      db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
-    } else if (x.amax > 0.0f) {
-      const Q15Scale sc = q15_scale(x.amax);
-      const __m512 f1 = _mm512_set1_ps(sc.f1), f2 = _mm512_set1_ps(sc.f2);
-      q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x.x0, f1), f2));  // round to nearest even
-      q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(x.x1, f1), f2));
-      db = sc.d;
-    }
-    const __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(q0, _mm512_set1_epi32(64)), 7);
-    const __m512i h1 = _mm512_srai_epi32(_mm512_add_epi32(q1, _mm512_set1_epi32(64)), 7);
-    _mm_storeu_si128((__m128i*)(dst + b * 32), _mm512_cvtsepi32_epi8(h0));
-    _mm_storeu_si128((__m128i*)(dst + b * 32 + 16), _mm512_cvtsepi32_epi8(h1));
-    _mm_storeu_si128((__m128i*)(lo + b * 32), _mm512_cvtsepi32_epi8(_mm512_sub_epi32(q0, _mm512_slli_epi32(h0, 7))));
-    _mm_storeu_si128((__m128i*)(lo + b * 32 + 16), _mm512_cvtsepi32_epi8(_mm512_sub_epi32(q1, _mm512_slli_epi32(h1, 7))));
-    d[b] = db;
-    s16[2 * b] = _mm512_reduce_add_epi32(q0);
-    s16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
-  }
+inline void store_codes(const Codes32& q, int8_t* dst) {
+  _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(q.q0));
+  _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(q.q1));
 }
-
-}  // namespace LK_CAT(tier_, LK_TIER)
-}  // namespace lk
-#elif defined(__AVX2__)
-namespace lk {
-namespace LK_CAT(tier_, LK_TIER) {
-
-namespace {
-// 32 int32 codes (4 x 8, in order) -> 32 bytes at dst (|q| <= 127).
-inline void store_codes32(const __m256i (&q)[4], int8_t* dst) {
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs work per 128-bit lane
-  const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-  _mm256_storeu_si256((__m256i*)dst, _mm256_permutevar8x32_epi32(w, order));
+inline int32_t half_sum(const Codes32& q, int h) { return _mm512_reduce_add_epi32(h ? q.q1 : q.q0); }
+inline void q15_split(const Codes32& q, Codes32& hi, Codes32& lo) {
+  const __m512i c64 = _mm512_set1_epi32(64);
+  hi = {_mm512_srai_epi32(_mm512_add_epi32(q.q0, c64), 7), _mm512_srai_epi32(_mm512_add_epi32(q.q1, c64), 7)};
+  lo = {_mm512_sub_epi32(q.q0, _mm512_slli_epi32(hi.q0, 7)), _mm512_sub_epi32(q.q1, _mm512_slli_epi32(hi.q1, 7))};
 }
-inline int32_t hsum8(__m256i v) {
-  int32_t s[8];
-  _mm256_storeu_si256((__m256i*)s, v);
-  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
-}
-// One group of 32 bf16 activations as fp32 (4 x 8), their max |x|, and whether every one is finite.
+#else  // AVX2
 struct ActGroup32 {
   __m256 x[4];
   float amax;
   bool finite;
+};
+struct Codes32 {
+  __m256i q[4];
 };
 inline ActGroup32 load_act_group32(const uint16_t* src) {
   ActGroup32 g;
@@ -162,58 +109,77 @@ inline ActGroup32 load_act_group32(const uint16_t* src) {
   g.finite = !nan && g.amax <= 3.4e38f;
   return g;
 }
+inline Codes32 zero_codes() {
+  return {{_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()}};
+}
+inline Codes32 round_scaled(const ActGroup32& x, float f1, float f2) {
+  const __m256 a = _mm256_set1_ps(f1), b = _mm256_set1_ps(f2);
+  Codes32 q;
+  for (int i = 0; i < 4; ++i) q.q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x.x[i], a), b));
+  return q;
+}
+inline void store_codes(const Codes32& q, int8_t* dst) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs work per 128-bit lane
+  const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q.q[0], q.q[1]), _mm256_packs_epi32(q.q[2], q.q[3]));
+  _mm256_storeu_si256((__m256i*)dst, _mm256_permutevar8x32_epi32(w, order));
+}
+inline int32_t half_sum(const Codes32& q, int h) {
+  int32_t s[8];
+  _mm256_storeu_si256((__m256i*)s, _mm256_add_epi32(q.q[2 * h], q.q[2 * h + 1]));
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+inline void q15_split(const Codes32& q, Codes32& hi, Codes32& lo) {
+  for (int i = 0; i < 4; ++i) {
+    hi.q[i] = _mm256_srai_epi32(_mm256_add_epi32(q.q[i], _mm256_set1_epi32(64)), 7);
+    lo.q[i] = _mm256_sub_epi32(q.q[i], _mm256_slli_epi32(hi.q[i], 7));
+  }
+}
+#endif
 }  // namespace
 
-// One bf16 row -> q8 row, as the AVX-512 tiers' q8_row computes it (the same d, codes and sums).
+// One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
 void q8_row(const uint16_t* src, int kp, int8_t* dst) {
   const IntRow row = q8_parts(dst, kp);
-  float *d = row.d, *ds = row.ds;
-  int32_t* s16 = row.s16;
   for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
-    const __m256 inv = _mm256_set1_ps(x.amax > 0.0f ? 127.0f / x.amax : 0.0f);
-    __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x.x[i], inv));  // round to nearest even
-    store_codes32(q, dst + b * 32);
-    s16[2 * b] = hsum8(_mm256_add_epi32(q[0], q[1]));
-    s16[2 * b + 1] = hsum8(_mm256_add_epi32(q[2], q[3]));
-    const float db = x.finite ? x.amax / 127.0f : __builtin_nanf("");  // inf/NaN input: NaN outputs, as in the bf16 path
-    d[b] = db;
-    ds[b] = db * float(s16[2 * b] + s16[2 * b + 1]);
+    const Codes32 q = round_scaled(x, x.amax > 0.0f ? 127.0f / x.amax : 0.0f, 1.0f);
+    store_codes(q, dst + b * 32);
+    // inf/NaN input: d = NaN, so the outputs that read it are NaN as in the bf16 path
+    const float db = x.finite ? x.amax / 127.0f : __builtin_nanf("");
+    row.d[b] = db;
+    row.s16[2 * b] = half_sum(q, 0);
+    row.s16[2 * b + 1] = half_sum(q, 1);
+    row.ds[b] = db * float(row.s16[2 * b] + row.s16[2 * b + 1]);
   }
 }
 
-// One bf16 row -> q15 row, as the AVX-512 tiers' q15_row computes it (the same power-of-two d, hi, lo and sums).
+// One bf16 row -> q15 row (kernel_table.h): per 32 inputs a power of two d = 2^e with max|x| / d in
+// (8128, 16256], q = round(x / d) (exact for every input within 2^-6 of the group's max, the rest off
+// by at most d / 2 <= 2^-14 max|x|), stored as int8 hi = floor((q + 64) / 128) and lo = q - 128 hi in
+// [-64, 63], so q = 128 hi + lo.
 void q15_row(const uint16_t* src, int kp, int8_t* dst) {
   const IntRow row = q15_parts(dst, kp);
-  int8_t* lo = row.lo;
-  float* d = row.d;
-  int32_t* s16 = row.s16;
   for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
-    __m256i q[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    Codes32 q = zero_codes();
     float db = 0.0f;  // all-zero group: q = 0
     if (!x.finite) {
       db = __builtin_nanf("");  // inf/NaN input: the outputs that read it are NaN, as in the bf16 path
     } else if (x.amax > 0.0f) {
       const Q15Scale sc = q15_scale(x.amax);
-      const __m256 f1 = _mm256_set1_ps(sc.f1), f2 = _mm256_set1_ps(sc.f2);
-      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x.x[i], f1), f2));
+      q = round_scaled(x, sc.f1, sc.f2);
       db = sc.d;
     }
-    __m256i h[4], l[4];
-    for (int i = 0; i < 4; ++i) {
-      h[i] = _mm256_srai_epi32(_mm256_add_epi32(q[i], _mm256_set1_epi32(64)), 7);
-      l[i] = _mm256_sub_epi32(q[i], _mm256_slli_epi32(h[i], 7));
-    }
-    store_codes32(h, dst + b * 32);
-    store_codes32(l, lo + b * 32);
-    d[b] = db;
-    s16[2 * b] = hsum8(_mm256_add_epi32(q[0], q[1]));
-    s16[2 * b + 1] = hsum8(_mm256_add_epi32(q[2], q[3]));
+    Codes32 hi, lo;
+    q15_split(q, hi, lo);
+    store_codes(hi, dst + b * 32);
+    store_codes(lo, row.lo + b * 32);
+    row.d[b] = db;
+    row.s16[2 * b] = half_sum(q, 0);
+    row.s16[2 * b + 1] = half_sum(q, 1);
   }
 }
 
 }  // namespace LK_CAT(tier_, LK_TIER)
 }  // namespace lk
-#endif  // LK_V512 / __AVX2__
+#endif  // LK_V512 || __AVX2__

@@ -202,7 +202,9 @@ template <int L, bool SIGNED, bool OFFSET>
 void int_rows_l(bool q15, int mr, const int8_t* const* a, const IntPanel& p, int kp, float* c) {
   for (int r = 0; r < mr;) {
     if (q15) {
-      if constexpr (!SIGNED) dot_tile_int2<1, L, SIGNED, OFFSET, true>(a + r, p, kp, c + r * 32);
+      // q15 rows only reach formats with q15_decode (moe_layer.cpp), none of them signed (int8_channel)
+      if constexpr (SIGNED) __builtin_trap();
+      else dot_tile_int2<1, L, SIGNED, OFFSET, true>(a + r, p, kp, c + r * 32);
       r += 1;
     } else if (mr - r >= 2) {
       dot_tile_int2<2, L, SIGNED, OFFSET, false>(a + r, p, kp, c + r * 32);
