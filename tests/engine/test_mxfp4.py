@@ -172,6 +172,45 @@ def test_mxfp4_silu_interleaved_and_custom_constants(tier):
                                  interleaved=True, w13_bias=b13, w2_bias=b2, swiglu_alpha=1.0, swiglu_limit=2.5)
 
 
+def test_mxfp4_zero_scale_byte_groups_are_zero_weights(tier):
+    """An e8m0 byte 0 (2^-127, an fp32 subnormal: what quantizers write for an all-zero block) is packed as codes 0
+    with scale 1.0, so no kernel multiplies by a subnormal (microcode assists on Intel cores): the layer equals, bit
+    for bit, one whose such groups hold codes 0 at scale 1.0, and matches the reference with those weights 0 (they
+    differ from it by at most 6 x 2^-127 each), on every path (M = 1: decode, 5: a chunk, 64 / 600: prefill)."""
+    E, H, I = 4, 256, 192
+    tensors, d13, d2, _, _ = make_mxfp4(E, H, I, interleaved=False, bias=False, h_std=1.0)
+    g = torch.Generator().manual_seed(7)
+    zeroed = {}
+    for name, dense in (("w13", d13), ("w2", d2)):
+        codes, scale = tensors[f"{name}_weight"].clone(), tensors[f"{name}_weight_scale"].clone()
+        mask = torch.rand(scale.shape, generator=g) < 0.15  # groups at byte 0
+        blank = mask & (torch.rand(scale.shape, generator=g) < 0.5)  # of which all-zero blocks
+        scale[mask] = 0
+        codes.view(*codes.shape[:-1], -1, 16)[blank] = 0
+        zeroed[name] = (codes, scale, mask)
+        dense = dense.clone()
+        dense.view(*dense.shape[:-1], -1, 32)[mask] = 0.0
+        zeroed[name + "_dense"] = dense
+    with_zero_bytes = {f"{n}_weight": zeroed[n][0] for n in ("w13", "w2")}
+    with_zero_bytes.update({f"{n}_weight_scale": zeroed[n][1] for n in ("w13", "w2")})
+    as_packed = {k: v.clone() for k, v in with_zero_bytes.items()}
+    for n in ("w13", "w2"):
+        mask = zeroed[n][2]
+        as_packed[f"{n}_weight"].view(*mask.shape, 16)[mask] = 0
+        as_packed[f"{n}_weight_scale"][mask] = 127
+    layer = _layer(with_zero_bytes, activation="silu")
+    twin = _layer(as_packed, activation="silu")
+    for got, want in zip(layer._impl.quant4_slices(), twin._impl.quant4_slices()):  # packed: no byte-0 scale left
+        for k in ("w13", "s13", "w2", "s2"):
+            assert torch.equal(got[k], want[k]), k
+    for M in MS:
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, 2)
+        out = layer.forward(x, ids, w)
+        assert torch.equal(out, twin.forward(x, ids, w))
+        assert_matches_reference(out, x, zeroed["w13_dense"], zeroed["w2_dense"], ids, w)
+
+
 def test_mxfp4_unused_slots_and_memory():
     E, H, I = 3, 2880, 2880
     tensors, d13, d2, b13, b2 = make_mxfp4(E, H, I)

@@ -112,8 +112,11 @@ void allocate(const MoEShape& sh, NodeSlice& sl, int node) {
 // nibble pairs (element 2i low nibble of byte i) -> one Fp4Weights block of kp inputs; inputs at or
 // past k get the code 0 (+0.0). Scales [rows, cs] (one per grp inputs: e8m0 for 32, fp8 e4m3fn for
 // 16) -> [kp/grp][16]; groups past the checkpoint's and padding rows get `one` (1.0).
+// An e8m0 byte 0 (2^-127, what quantizers write for an all-zero block) is an fp32 subnormal: every product
+// with it costs a microcode assist on Intel cores (session 27: 4.3x slower decode with all scales at byte 0). Such
+// a group becomes codes 0 with scale 1.0: exact for an all-zero block, and at most 6 x 2^-127 per weight otherwise.
 void pack_fp4(const uint8_t* src, int c, const uint8_t* scale, int cs, const int* rows, int k, int kp, int grp,
-              uint8_t one, uint8_t* dst, uint8_t* sd) {
+              uint8_t one, bool e8m0, uint8_t* dst, uint8_t* sd) {
   for (int n = 0; n < kBlockN; ++n) {
     const uint8_t* row = rows[n] >= 0 ? src + size_t(rows[n]) * c : nullptr;
     for (int q = 0; q < kp / 4; ++q) {
@@ -131,7 +134,17 @@ void pack_fp4(const uint8_t* src, int c, const uint8_t* scale, int cs, const int
       dst[size_t(q) * 32 + 2 * n] = uint8_t((b0 & 15) | (b1 << 4));
       dst[size_t(q) * 32 + 2 * n + 1] = uint8_t((b0 >> 4) | (b1 & 0xF0));
     }
-    for (int g = 0; g < kp / grp; ++g) sd[g * kBlockN + n] = row && g < cs ? scale[size_t(rows[n]) * cs + g] : one;
+    for (int g = 0; g < kp / grp; ++g) {
+      uint8_t sb = row && g < cs ? scale[size_t(rows[n]) * cs + g] : one;
+      if (e8m0 && sb == 0) {
+        for (int q = g * grp / 4; q < (g + 1) * grp / 4; ++q) {
+          dst[size_t(q) * 32 + 2 * n] = 0;
+          dst[size_t(q) * 32 + 2 * n + 1] = 0;
+        }
+        sb = one;
+      }
+      sd[g * kBlockN + n] = sb;
+    }
   }
 }
 
@@ -153,7 +166,7 @@ void repack13(const RepackUnit& u) {
     }
     const size_t b = u.blk + h;
     pack_fp4(w13 + size_t(e) * f.r13 * f.c13, f.c13, f.s13 + size_t(e) * f.r13 * f.cs13, f.cs13, rows, H,
-             sh.kp1, grp, scale_one(sh), u.sl.w13.as<uint8_t>() + b * bb1, u.sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
+             sh.kp1, grp, scale_one(sh), !sh.format->nv, u.sl.w13.as<uint8_t>() + b * bb1, u.sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
     if (sh.bias) {
       uint16_t* bd = u.sl.b13.as<uint16_t>() + b * kBlockN;
       for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && f.b13 ? f.b13[size_t(e) * f.r13 + rows[n]] : 0;
@@ -172,7 +185,7 @@ void repack2(const RepackUnit& u) {
   int rows[kBlockN];
   for (int n = 0; n < kBlockN; ++n) rows[n] = u.r0 + n < H ? u.r0 + n : -1;
   pack_fp4(w2 + size_t(e) * f.r2 * f.c2, f.c2, f.s2 + size_t(e) * f.r2 * f.cs2, f.cs2, rows, I, sh.kp2,
-           grp, scale_one(sh), u.sl.w2.as<uint8_t>() + b * bb2, u.sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
+           grp, scale_one(sh), !sh.format->nv, u.sl.w2.as<uint8_t>() + b * bb2, u.sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
   if (sh.bias) {
     uint16_t* bd = u.sl.b2.as<uint16_t>() + b * kBlockN;
     for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && f.b2 ? f.b2[size_t(e) * f.r2 + rows[n]] : 0;
