@@ -20,8 +20,8 @@ IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
 
 SHAPES = {
     "tiny": dict(H=512, L=4, nh=8, E=32, K=4, I=128, latent=256, dense_I=1024, V=2048, kda_heads=4, kda_dim=128,
-                 q_lora=256, kv_lora=512, nope=128, rope=64, v=128, situ_beta=1.0, vis_depth=1, vis_H=64, vis_I=128,
-                 vis_heads=2, vis_pos=8),
+                 q_lora=256, kv_lora=512, nope=128, rope=64, v=128, situ_beta=4.0, situ_linear_beta=25.0, vis_depth=1,
+                 vis_H=64, vis_I=128, vis_heads=2, vis_pos=8),
     "big": dict(H=7168, L=61, nh=64, E=896, K=16, I=3072, shared=2, latent=3584, dense_I=18432, V=163840,
                 kda_heads=96, kda_dim=128, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128, situ_beta=4.0,
                 situ_linear_beta=25.0, vis_depth=1, vis_H=64, vis_I=128, vis_heads=2, vis_pos=8),

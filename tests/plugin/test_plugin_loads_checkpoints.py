@@ -15,7 +15,9 @@ backend and raises, see vllm_cpu_load.lend_nvfp4_backend; the compressed-tensors
 per-channel methods need no such help); MLA models take vLLM's reference CPU_MLA backend (the AMX one
 packs its weights with a compiled op of vLLM's CPU build, see vllm_cpu_load.lend_plain_cpu_gemm); GLM-5's
 DSA sparse attention has no CPU backend (tests/e2e on the GPU machine covers it); Qwen3.8-Flash-Next's QSA attention
-asks for FlashAttention and its PLE tables for pinned memory (vllm_cpu_load.lend_qwen4_exp_cpu_parts)."""
+asks for FlashAttention and its PLE tables for pinned memory (vllm_cpu_load.lend_qwen4_exp_cpu_parts); Kimi-K3 loses
+prefix caching (MLA on a CPU without AMX) which its KDA layers need, makes a CUDA stream in its constructor and has
+SituGLU experts no CPU MoE backend computes (vllm_cpu_load.lend_kimi_k3_cpu_parts)."""
 import json
 import os
 import subprocess
@@ -56,6 +58,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
     ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 with dummy weights: swigluoai on [gate; up] rows
     ("minimax_m3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (w1 gate / w3 up through vLLM's own loader)
+    ("kimi_k3", "dummy", 1, "bf16"),  # Kimi-K3 (config only): KDA + MLA, latent MoE, SituGLU experts (beta 4, linear 25)
     ("qwen4_exp", "dummy", 0, "bf16"),  # Qwen3.8-Flash-Next (config only): GDN + QSA, hyper-connections, PLE, MoE
     ("deepseek_v3", "bf16", 1, "bf16"),  # MLA (vLLM's reference CPU_MLA backend), grouped sigmoid routing
     ("deepseek_v3", "fp8", 1, "fp8_block"),  # as DeepSeek-V3 / R1 are released
@@ -65,7 +68,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("kimi_k25", "w4a16", 1, "wna16_int4"),  # and its int4 experts (quantization_config in text_config)
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
-ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "minimax_m3": "swigluoai"}
+ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "minimax_m3": "swigluoai", "kimi_k3": "situ"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors), by quant.
 VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
                 "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}

@@ -55,7 +55,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
-from lvllm.cli.checkpoint_info import expert_shape  # noqa: E402
+from lvllm.cli.checkpoint_info import expert_shape, experts_per_token  # noqa: E402
 from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, TEXT_PREFIX  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def dummy_reference(model_dir, arch):
     from lvllm.dummy_weights import fill_
     cfg = text_config(model_dir)
     E, H, I = expert_shape(cfg)
-    act = minimax_m3_activation(cfg) if arch == "minimax_m3" else {}
+    act = minimax_m3_activation(cfg) if arch == "minimax_m3" else kimi_k3_activation(cfg) if arch == "kimi_k3" else {}
     return dict(w13=fill_(torch.empty(E, 2 * I, H, dtype=torch.bfloat16)).float(),
                 w2=fill_(torch.empty(E, H, I, dtype=torch.bfloat16)).float(), **act)
 
@@ -80,6 +80,12 @@ def minimax_m3_activation(cfg):
     """vLLM's swigluoai_uninterleave: swigluoai on [gate; up] rows, with the config's constants."""
     return dict(activation="swigluoai", interleaved=False, swiglu_alpha=cfg["swiglu_alpha"],
                 swiglu_limit=cfg["swiglu_limit"])
+
+
+def kimi_k3_activation(cfg):
+    """Kimi-K3's SituGLU with the config's constants (vLLM's FusedMoEConfig carries them; linear beta None = 0)."""
+    return dict(activation="situ", situ_beta=cfg["activation_situ_beta"],
+                situ_linear_beta=cfg.get("activation_situ_linear_beta") or 0.0)
 
 
 def text_config(model_dir):
@@ -192,10 +198,11 @@ def lend_deepseek_v4_mxfp4_backend():
     mxfp4.select_deepseek_v4_mxfp4_moe_backend = lambda *a, **k: (Mxfp4MoeBackend.MARLIN, None)
 
 
-def lend_unquantized_swigluoai_backend():
-    """MiniMax-M3's bf16 experts (vLLM's swigluoai_uninterleave activation): vLLM's CPU MoE backend does not compute
-    that activation, so the unquantized oracle finds no backend on the CPU platform. Answer as a CUDA machine would
-    (Triton); the method, its create_weights and the loader stay vLLM's, and the hand-over replaces its kernel."""
+def lend_unquantized_moe_backend():
+    """MiniMax-M3's bf16 experts (vLLM's swigluoai_uninterleave activation) and Kimi-K3's (SITU): vLLM's CPU MoE
+    backend does not compute those activations, so the unquantized oracle finds no backend on the CPU platform. Answer
+    as a CUDA machine would (Triton); the method, its create_weights and the loader stay vLLM's, and the hand-over
+    replaces its kernel."""
     from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
     method.select_unquantized_moe_backend = lambda *a, **k: (UnquantizedMoeBackend.TRITON, None)
@@ -212,9 +219,32 @@ def lend_qwen4_exp_cpu_parts():
     qsa.is_flash_attn_varlen_func_available = lambda: True
 
 
+def lend_kimi_k3_cpu_parts():
+    """Kimi-K3 (KDA linear attention beside MLA): vLLM's CPU platform turns prefix caching off for MLA without AMX
+    (the AMX MLA backend is hidden by lend_plain_cpu_gemm), and the KDA layers' mamba block size is then refused by
+    VllmConfig's validation; keep prefix caching as a CUDA machine does. Only the attention's cache setup is
+    concerned; the MoE layers are the plugin's."""
+    orig = CpuPlatform.check_and_update_config.__func__
+
+    def keep_prefix_caching(cls, vllm_config):
+        before = vllm_config.cache_config.enable_prefix_caching
+        orig(cls, vllm_config)
+        vllm_config.cache_config.enable_prefix_caching = before
+
+    CpuPlatform.check_and_update_config = classmethod(keep_prefix_caching)
+    lend_unquantized_moe_backend()  # SITU experts
+    # The model makes an auxiliary CUDA stream in its constructor (used only in forward, to overlap a GEMM)
+    class NoStream:
+        def __new__(cls, *a, **k):
+            return None
+
+    torch.cuda.Stream = NoStream
+
+
 LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
-                "minimax_m3": lend_unquantized_swigluoai_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts}
+                "minimax_m3": lend_unquantized_moe_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts,
+                "kimi_k3": lend_kimi_k3_cpu_parts}
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
 
@@ -264,7 +294,7 @@ def main():
     w13, w2 = ref.pop("w13"), ref.pop("w2")
     g = torch.Generator().manual_seed(0)
     M = 37
-    K = text_config(model_dir)["num_experts_per_tok"]
+    K = experts_per_token(text_config(model_dir))
     x = torch.randn(M, w2.shape[1], generator=g)
     if ref.get("activation") == "silu_clamp":  # pre-activations of ~limit: the clamps engage (and are checked)
         x *= ref["swiglu_limit"]
