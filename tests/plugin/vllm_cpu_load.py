@@ -219,11 +219,12 @@ def lend_qwen4_exp_cpu_parts():
     qsa.is_flash_attn_varlen_func_available = lambda: True
 
 
-def lend_kimi_k3_cpu_parts():
-    """Kimi-K3 (KDA linear attention beside MLA): vLLM's CPU platform turns prefix caching off for MLA without AMX
-    (the AMX MLA backend is hidden by lend_plain_cpu_gemm), and the KDA layers' mamba block size is then refused by
-    VllmConfig's validation; keep prefix caching as a CUDA machine does. Only the attention's cache setup is
-    concerned; the MoE layers are the plugin's."""
+def lend_prefix_caching():
+    """Kimi-K3 (KDA linear attention beside MLA; GLM-5.3 has the same, but its DSA sparse attention has no CPU
+    backend at all, as GLM-5's): vLLM's CPU platform turns prefix caching off for MLA
+    without AMX (the AMX MLA backend is hidden by lend_plain_cpu_gemm), and the KDA layers' mamba block size is then
+    refused by VllmConfig's validation; keep prefix caching as a CUDA machine does. Only the attention's cache setup
+    is concerned; the MoE layers are the plugin's."""
     orig = CpuPlatform.check_and_update_config.__func__
 
     def keep_prefix_caching(cls, vllm_config):
@@ -232,13 +233,19 @@ def lend_kimi_k3_cpu_parts():
         vllm_config.cache_config.enable_prefix_caching = before
 
     CpuPlatform.check_and_update_config = classmethod(keep_prefix_caching)
-    lend_unquantized_moe_backend()  # SITU experts
-    # The model makes an auxiliary CUDA stream in its constructor (used only in forward, to overlap a GEMM)
+
+
+def lend_kimi_k3_cpu_parts():
+    """Kimi-K3: prefix caching (lend_prefix_caching), the auxiliary CUDA stream its constructor makes (used only in
+    forward, to overlap a GEMM), and its SituGLU experts' backend question (lend_unquantized_moe_backend)."""
+    lend_prefix_caching()
+
     class NoStream:
         def __new__(cls, *a, **k):
             return None
 
     torch.cuda.Stream = NoStream
+    lend_unquantized_moe_backend()
 
 
 LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
