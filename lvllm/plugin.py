@@ -134,7 +134,7 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
         # the worker's runtime starts with the first MoE layer; with LVLLM_AUTO_FIT=1 its config carries the
         # plan (resident layers, prefill threshold, cache), made before any weight loads
         rt = get_runtime(cfg)
-        plan = plan_for(prefix, method, self, moe_config, rt.cfg, _target_layers())
+        plan = plan_for(prefix, method, self, moe_config, rt.cfg, _target_layers(), _model_tag())
         if plan.kind == "hybrid":
             make_hybrid(method, self, plan, rt.cfg)
         rt.note_planned(plan)
@@ -143,6 +143,12 @@ def _hook_routed_experts(cfg: LvllmConfig, where: str, module) -> None:
 
     _get_quant_method.__wrapped__ = original_get_quant_method
     RoutedExperts._get_quant_method = _get_quant_method
+
+
+def _model_tag():
+    """vLLM's model tag of the model being built ("backbone" for the target; draft tags: policy.DRAFT_MODEL_TAGS)."""
+    from vllm.compilation import backends
+    return getattr(backends, "model_tag", None)
 
 
 def _target_layers():

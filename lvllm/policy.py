@@ -187,21 +187,29 @@ def _check_features(layer, moe_config, prefix: str, fmt: str) -> None:
         raise UnsupportedMoELayer(f"{prefix}: lk_moe cannot run this MoE layer: {'; '.join(problems)}")
 
 
-def is_draft_layer(prefix: str, target_layers: Optional[int]) -> bool:
-    """A MoE layer of the draft model vLLM builds for MTP / NextN speculation: under an `mtp.` prefix
-    (Qwen3-Next, Qwen3.5), or numbered past the target's decoder layers (DeepSeek, GLM: the MTP layer
-    of a 61-layer model is model.layers.61)."""
-    if prefix.startswith("mtp.") or ".mtp." in prefix:
+# vLLM's compilation model tag while it builds a speculative draft model (vllm.compilation.backends.set_model_tag,
+# around the proposers' get_model in both model runners: EAGLE / MTP heads, DSpark, DFlash, a separate draft model);
+# the target is built under "backbone".
+DRAFT_MODEL_TAGS = frozenset({"eagle_head", "dspark_head", "dflash_head", "draft_model"})
+
+
+def is_draft_layer(prefix: str, target_layers: Optional[int], model_tag: Optional[str] = None) -> bool:
+    """A MoE layer of the draft model vLLM builds for speculation: built under a draft model tag, or (the same
+    layers, told by their names) under an `mtp.` prefix (Qwen3-Next, Qwen3.5) or numbered past the target's decoder
+    layers (DeepSeek, GLM: the MTP layer of a 61-layer model is model.layers.61). The tag also catches a draft whose
+    own layers are numbered from 0 (a DSpark or separate draft model)."""
+    if model_tag in DRAFT_MODEL_TAGS or prefix.startswith("mtp.") or ".mtp." in prefix:
         return True
     idx = layer_index_of(prefix)
     return idx is not None and target_layers is not None and idx >= target_layers
 
 
-def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig, target_layers: Optional[int] = None) -> LayerPlan:
-    """target_layers: the target model's decoder-layer count (vLLM's hf_config.num_hidden_layers), which
-    tells MTP / NextN draft layers apart (LVLLM_DRAFT_MOE: GPU-resident by default)."""
+def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig, target_layers: Optional[int] = None,
+             model_tag: Optional[str] = None) -> LayerPlan:
+    """target_layers: the target model's decoder-layer count (vLLM's hf_config.num_hidden_layers) and model_tag:
+    vLLM's model tag at construction, which tell draft layers apart (LVLLM_DRAFT_MOE: GPU-resident by default)."""
     idx = layer_index_of(prefix)
-    draft = is_draft_layer(prefix, target_layers)
+    draft = is_draft_layer(prefix, target_layers, model_tag)
     if draft and cfg.draft_moe == "gpu":
         return LayerPlan(prefix, idx, "gpu_resident", draft=True)
     if idx is not None and not draft and cfg.is_resident(idx):

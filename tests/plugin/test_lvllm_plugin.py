@@ -116,3 +116,17 @@ def test_switch_on_refuses_deepseek_v41_specialized_decode():
         r.stderr[-3000:]
     r = _run(code % "auto", LVLLM_MOE_NUMA_ENABLED="1")
     assert r.returncode == 0 and "RESULT None" in r.stdout, r.stderr[-3000:]
+
+
+def test_model_tag_is_the_one_vllm_builds_drafts_under():
+    """The planner's draft signal: vLLM's compilation model tag ("backbone" for the target; its proposers build
+    drafts under set_model_tag("eagle_head" / "dspark_head" / ...)), read from vLLM itself."""
+    code = ("from vllm.compilation.backends import set_model_tag; from lvllm.plugin import _model_tag; "
+            "from lvllm.policy import DRAFT_MODEL_TAGS; assert _model_tag() == 'backbone', _model_tag(); "
+            "tags = []\n"
+            "for t in sorted(DRAFT_MODEL_TAGS):\n"
+            "    with set_model_tag(t): tags.append(_model_tag())\n"
+            "assert tags == sorted(DRAFT_MODEL_TAGS), tags; print('ok')")
+    pytest.importorskip("vllm")
+    r = _run(code)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

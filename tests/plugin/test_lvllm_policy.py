@@ -193,7 +193,8 @@ def test_gpu_prefill_per_format():
 
 def test_draft_model_layers_follow_the_draft_rule():
     """MTP / NextN layers of a speculative draft model: GPU-resident by default (LVLLM_DRAFT_MOE=gpu),
-    hybrid with LVLLM_DRAFT_MOE=cpu; told apart by an mtp. prefix or a number past the target's layers."""
+    hybrid with LVLLM_DRAFT_MOE=cpu; told apart by vLLM's model tag, an mtp. prefix or a number past the target's
+    layers."""
     from lvllm.policy import is_draft_layer
     unq = method("UnquantizedFusedMoEMethod")
     assert is_draft_layer("mtp.layers.0.mlp.experts", 48) and is_draft_layer("model.mtp.layers.0.mlp.experts", None)
@@ -203,6 +204,14 @@ def test_draft_model_layers_follow_the_draft_rule():
     # under the target's VllmConfig, so target_layers is the target's count)
     assert is_draft_layer("model.layers.43.ffn.experts", 43) and is_draft_layer("model.layers.45.ffn.experts", 43)
     assert not is_draft_layer("model.layers.42.ffn.experts", 43)
+    # vLLM's model tag while a proposer builds its draft: a draft numbering its layers from 0 (DSpark, a separate
+    # draft model) is still a draft; the target's tag ("backbone") and Gemma's decoder halves are not
+    assert is_draft_layer("model.layers.0.mlp.experts", 43, "dspark_head")
+    assert is_draft_layer("draft_model.model.layers.1.mlp.experts", 43, "draft_model")
+    for tag in ("backbone", "self_decoder", "cross_decoder", None):
+        assert not is_draft_layer("model.layers.0.mlp.experts", 43, tag)
+    p = plan_for("model.layers.0.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=43, model_tag="eagle_head")
+    assert p.kind == "gpu_resident" and p.draft
     p = plan_for("model.layers.61.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=61)
     assert p.kind == "gpu_resident" and p.draft and p.layer_index == 61
     p = plan_for("mtp.layers.0.mlp.experts", unq, LAYER, moe_config(), ON, target_layers=48)

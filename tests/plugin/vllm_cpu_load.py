@@ -286,7 +286,12 @@ def main():
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{sys.argv[5]}")
         initialize_model_parallel(world)
-        model = get_model(vllm_config=vc, model_config=vc.speculative_config.draft_model_config if DRAFT else None)
+        if DRAFT:  # under the model tag vLLM's proposers build drafts with (llm_base_proposer._get_model)
+            from vllm.compilation.backends import set_model_tag
+            with set_model_tag("eagle_head"):
+                model = get_model(vllm_config=vc, model_config=vc.speculative_config.draft_model_config)
+        else:
+            model = get_model(vllm_config=vc)
     hybrid = {name: m.quant_method for name, m in model.named_modules()
               if hasattr(getattr(m, "quant_method", None), "_lk_hybrid")}
     if DRAFT:
