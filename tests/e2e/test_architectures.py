@@ -23,6 +23,8 @@ vision-language model only).
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs).
+Stock vLLM's own spread (LVLLM_E2E_ARCHS=minimax_m3_spread, only when named): its switch-off run against the same on
+another MoE backend, under the same criterion: how much an architecture's tiny checkpoint amplifies kernel rounding.
 """
 from __future__ import annotations
 
@@ -45,6 +47,12 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16")]
 
 
+# Stock vLLM against itself on other MoE kernels (LVLLM_E2E_ARCHS=<arch>_spread): how far vLLM's own runs of an
+# architecture spread under the suite's criterion, for a switch-on failure without an fp32 oracle to say which side
+# is off (MiniMax-M3: transformers has no text model). batched_triton: the same math, another kernel and tiling.
+SPREAD = {"minimax_m3": ["--moe-backend", "batched_triton"]}
+
+
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
 
@@ -53,10 +61,12 @@ def _selected() -> set:
     """LVLLM_E2E_ARCHS=a,b: run only these architectures' vLLM runs (a device run's time; "mtp": the drafts'
     runs); default all."""
     names = {a for a in os.environ.get("LVLLM_E2E_ARCHS", "").split(",") if a}
-    unknown = names - set(NEW_ARCHS) - {"mtp"}
+    spreads = {f"{a}_spread" for a in SPREAD}
+    unknown = names - set(NEW_ARCHS) - {"mtp"} - spreads
     if unknown:
-        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, mtp")
-    return names or set(NEW_ARCHS) | {"mtp"}
+        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, mtp, "
+                         f"{', '.join(sorted(spreads))}")
+    return names or set(NEW_ARCHS) | {"mtp"}  # the spread runs only when named
 
 
 def _only_selected(arch: str) -> None:
@@ -71,6 +81,10 @@ def arch_runs(tmp_path_factory):
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
     for arch, quant in [(a, q) for a, q in NEW_QUANTIZED if a in chosen]:
         specs += [(arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
+    for arch in [a for a in SPREAD if f"{a}_spread" in chosen]:
+        if arch not in chosen:
+            specs.append((arch, "off", OFF, KV))
+        specs.append((arch, "off-spread", OFF, KV + SPREAD[arch]))
     if "mtp" in chosen:
         specs += [("deepseek_v3", "cpu", CPU, KV, "mtp"), ("deepseek_v3", "cpu-drafts", CPU, KV + MTP, "mtp"),
                   ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
@@ -95,6 +109,17 @@ def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch,
     on = _get(arch_runs, f"{arch}-{quant}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"]
     _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} switch on vs bf16 twin")
+
+
+@pytest.mark.parametrize("arch", list(SPREAD))
+def test_stock_vllm_spread_on_other_moe_kernels(arch_runs, arch):
+    """Stock vLLM, switch off, against itself on another MoE backend: under the suite's criterion as the switch-on
+    runs are (a failure here says the tiny checkpoint amplifies kernel-level rounding beyond the criterion, so a
+    switch-on failure of the same size is no evidence against the engine)."""
+    _only_selected(f"{arch}_spread")
+    off, other = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-off-spread")
+    assert "lk_moe" not in other["log"]
+    _check(off, other, f"{arch} stock vLLM on {SPREAD[arch][-1]} vs its default MoE kernels", oracle=False)
 
 
 @pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
