@@ -166,7 +166,8 @@ void repack13(const RepackUnit& u) {
     }
     const size_t b = u.blk + h;
     pack_fp4(w13 + size_t(e) * f.r13 * f.c13, f.c13, f.s13 + size_t(e) * f.r13 * f.cs13, f.cs13, rows, H,
-             sh.kp1, grp, scale_one(sh), !sh.format->nv, u.sl.w13.as<uint8_t>() + b * bb1, u.sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
+             sh.kp1, grp, scale_one(sh), !sh.format->nv, u.sl.w13.as<uint8_t>() + b * bb1,
+             u.sl.s13.as<uint8_t>() + b * ng1 * kBlockN);
     if (sh.bias) {
       uint16_t* bd = u.sl.b13.as<uint16_t>() + b * kBlockN;
       for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && f.b13 ? f.b13[size_t(e) * f.r13 + rows[n]] : 0;
@@ -185,7 +186,8 @@ void repack2(const RepackUnit& u) {
   int rows[kBlockN];
   for (int n = 0; n < kBlockN; ++n) rows[n] = u.r0 + n < H ? u.r0 + n : -1;
   pack_fp4(w2 + size_t(e) * f.r2 * f.c2, f.c2, f.s2 + size_t(e) * f.r2 * f.cs2, f.cs2, rows, I, sh.kp2,
-           grp, scale_one(sh), !sh.format->nv, u.sl.w2.as<uint8_t>() + b * bb2, u.sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
+           grp, scale_one(sh), !sh.format->nv, u.sl.w2.as<uint8_t>() + b * bb2,
+           u.sl.s2.as<uint8_t>() + b * ng2 * kBlockN);
   if (sh.bias) {
     uint16_t* bd = u.sl.b2.as<uint16_t>() + b * kBlockN;
     for (int n = 0; n < kBlockN; ++n) bd[n] = rows[n] >= 0 && f.b2 ? f.b2[size_t(e) * f.r2 + rows[n]] : 0;
