@@ -197,6 +197,11 @@ def _num(v, width: int, digits: int) -> str:
     return f"{v:{width}.{digits}f}" if isinstance(v, (int, float)) else f"{'n/a':>{width}}"
 
 
+def mode_share(left_s: float, modes_left: int, cap: int) -> int:
+    """A mode's seconds under --total-timeout: an even share of what is left, at most `cap`, at least 1."""
+    return max(1, min(cap, int(left_s // max(1, modes_left))))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="hybrid")
@@ -218,7 +223,10 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=9216)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--gpu-util", type=float, default=0.85)
-    ap.add_argument("--timeout", type=int, default=1500)
+    ap.add_argument("--timeout", type=int, default=1500, help="seconds per mode")
+    ap.add_argument("--total-timeout", type=int, default=0,
+                    help="seconds for all modes: each gets an even share of what is left when it starts (a mode that "
+                         "fails fast leaves its time to the next), capped by --timeout")
     ap.add_argument("--no-jit-warmup", action="store_true",
                     help="every mode: vLLM's --kernel-config '{\"enable_jit_warmup\": false}' (DeepSeek-V4: its ~200 "
                          "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine) "
@@ -249,7 +257,9 @@ def main() -> int:
     if a.results and os.path.exists(a.results):
         with open(a.results) as f:
             results = json.load(f)
-    for mode in modes:
+    deadline = time.time() + a.total_timeout if a.total_timeout > 0 else None
+    for i, mode in enumerate(modes):
+        timeout = a.timeout if deadline is None else mode_share(deadline - time.time(), len(modes) - i, a.timeout)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         # collective_rpc sends the engine-counter reader (a function) to the engine process pickled: vLLM asks for this
@@ -271,7 +281,7 @@ def main() -> int:
         # The child's log streams to a file, and its milestones to our stdout as they happen.
         milestones = ("Loading weights took", "Model loading took", "lk_moe:", "torch.compile took",
                       "KV cache size", "init engine", "Graph capturing finished", "lk_moe stats", "RESULT", "Error", "error")
-        rc, lines = run_child(cmd, env, log_path, mode, milestones, a.timeout)
+        rc, lines = run_child(cmd, env, log_path, mode, milestones, timeout)
         if rc != 0 or not lines:
             print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
             continue

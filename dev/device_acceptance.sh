@@ -205,7 +205,7 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
     body="timeout $left python3 benchmarks/e2e_decode.py --arch \${PROBE_ARCH:-deepseek_v41} --quant \${PROBE_QUANT:-mxfp4} \
 --size \${PROBE_SIZE:-big} --layers \${PROBE_LAYERS:-10} --no-jit-warmup --modes \${PROBE_MODES:-hybrid,stock} --reps 1 \
 --decode-tokens 32 --results \$OUT/bench_probe.json --log-dir \$OUT \
---timeout \$(((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60) / \$(echo \${PROBE_MODES:-hybrid,stock} | tr , ' ' | wc -w))) \
+--total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) \
 > \$OUT/bench_probe.log 2>&1
 grep -v '^ *\$' \$OUT/bench_probe.log | tail -20; grep -h 'Engram\|engram\|Traceback\|Error' \$OUT/e2e_decode-*.log | cut -c1-300 | head -20" ;;
   base1)

@@ -100,3 +100,13 @@ def test_engine_direct_step_times_every_hybrid_layer_in_the_worker(monkeypatch):
     assert calls == [((1, H), (1, 2))] * 9  # 3 steps x 3 layers, M = 1, top-2
     monkeypatch.setattr(runtime, "_runtime", types.SimpleNamespace(monitor=WorkerStats(0, 60, lambda line: None)))
     assert _engine_direct_step(None) is None  # no hybrid layer (a stock run): nothing to time
+
+
+def test_modes_share_the_total_timeout():
+    """--total-timeout: each mode an even share of what is left when it starts, so a mode that fails fast leaves its
+    time to the next (the even split given up front cut two new-architecture starts short on the GPU machine)."""
+    from e2e_decode import mode_share
+    assert mode_share(300, 2, 1500) == 150
+    assert mode_share(280, 1, 1500) == 280  # the first of two failed after 20 s: the second gets the rest
+    assert mode_share(900, 1, 600) == 600  # --timeout caps a mode
+    assert mode_share(-5, 2, 600) == 1  # past the deadline: a start that times out at once, never a negative timeout
