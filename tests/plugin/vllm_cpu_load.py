@@ -221,10 +221,10 @@ def lend_qwen4_exp_cpu_parts():
 
 def lend_prefix_caching():
     """Kimi-K3 (KDA linear attention beside MLA; GLM-5.3 has the same, but its DSA sparse attention has no CPU
-    backend at all, as GLM-5's): vLLM's CPU platform turns prefix caching off for MLA
-    without AMX (the AMX MLA backend is hidden by lend_plain_cpu_gemm), and the KDA layers' mamba block size is then
-    refused by VllmConfig's validation; keep prefix caching as a CUDA machine does. Only the attention's cache setup
-    is concerned; the MoE layers are the plugin's."""
+    backend at all, as GLM-5's): vLLM's CPU platform turns prefix caching off for MLA without AMX (the AMX MLA
+    backend is hidden by lend_plain_cpu_gemm), and the KDA layers' mamba block size is then refused by VllmConfig's
+    validation; keep prefix caching as a CUDA machine does. Only the attention's cache setup is concerned; the MoE
+    layers are the plugin's."""
     orig = CpuPlatform.check_and_update_config.__func__
 
     def keep_prefix_caching(cls, vllm_config):
