@@ -106,11 +106,21 @@ using QuantWeights = std::variant<std::monostate, Fp8Weights, Int4Weights, Fp4We
 // codes q (int8), then kp/32 fp32 scales d (x ~ d * q), then kp/32 fp32 d * sum(q) (int4 zero
 // points), then kp/16 int32 sums of q per 16 inputs (the fp4 kernels' code offset, exact in integers).
 constexpr int kQ8Group = 32;
-inline size_t q8_row_bytes(int kp) { return size_t(kp) + size_t(kp / kQ8Group) * 16; }
 // The fp4 formats' decode input (KernelTable::q15_row): one activation row as 15-bit integers per 32
 // inputs, q = 128 hi + lo with a power-of-two scale d (x ~ d * q, exact for the group's top 2^6 range):
 // kp int8 hi, kp int8 lo, kp/32 fp32 d, kp/16 int32 sums of q per 16 inputs.
-inline size_t q15_row_bytes(int kp) { return 2 * size_t(kp) + size_t(kp / kQ8Group) * 12; }
+// Where those parts start, in bytes from the row's start (the q8 / q15 codes at 0): the writer (act_quant.cpp)
+// and every integer tile read it from here. lo: q15 only, ds (d x sum q): q8 only; 0 where absent.
+struct IntRowLayout {
+  size_t lo, d, ds, s16, bytes;
+};
+inline IntRowLayout int_row_layout(int kp, bool q15) {
+  const size_t n = size_t(kp), nb = n / kQ8Group, sums = (n / 16) * 4;
+  if (q15) return {n, 2 * n, 0, 2 * n + 4 * nb, 2 * n + 4 * nb + sums};
+  return {0, n, n + 4 * nb, n + 8 * nb, n + 8 * nb + sums};
+}
+inline size_t q8_row_bytes(int kp) { return int_row_layout(kp, false).bytes; }
+inline size_t q15_row_bytes(int kp) { return int_row_layout(kp, true).bytes; }
 constexpr int kQ8MaxTokens = 16;  // the engine quantizes activations for chunks of at most this many tokens
 
 // Phase 1: act[r, j*16 + n] = act_fn(gate_j[n] . x_r) * (up_j[n] . x_r) for the

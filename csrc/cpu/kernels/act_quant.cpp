@@ -6,21 +6,18 @@
 namespace lk {
 namespace LK_CAT(tier_, LK_TIER) {
 namespace {
-// Where an integer row's parts live (kernel_table.h q8_row_bytes, q15_row_bytes): the codes at the row's start (q15:
-// hi), lo (q15), d per 32 inputs, d x sum q per 32 (q8), sums of q per 16.
+// An integer row's parts (kernel_table.h int_row_layout): the codes at the row's start (q15: hi), lo (q15), d per
+// 32 inputs, d x sum q per 32 (q8), sums of q per 16.
 struct IntRow {
   int8_t* lo;
   float* d;
   float* ds;
   int32_t* s16;
 };
-inline IntRow q8_parts(int8_t* dst, int kp) {
-  float* d = reinterpret_cast<float*>(dst + kp);
-  return {nullptr, d, d + kp / kQ8Group, reinterpret_cast<int32_t*>(d + 2 * (kp / kQ8Group))};
-}
-inline IntRow q15_parts(int8_t* dst, int kp) {
-  float* d = reinterpret_cast<float*>(dst + 2 * kp);
-  return {dst + kp, d, nullptr, reinterpret_cast<int32_t*>(d + kp / kQ8Group)};
+inline IntRow int_row_parts(int8_t* dst, int kp, bool q15) {
+  const IntRowLayout l = int_row_layout(kp, q15);
+  return {q15 ? dst + l.lo : nullptr, reinterpret_cast<float*>(dst + l.d),
+          q15 ? nullptr : reinterpret_cast<float*>(dst + l.ds), reinterpret_cast<int32_t*>(dst + l.s16)};
 }
 // A q15 group's scale (q15_row) for a finite amax > 0: d = 2^e with amax / d in (8128, 16256], and 1 / d as two
 // factors, x * f1 * f2 exact (2^-e alone would overflow for groups below ~2^-113).
@@ -139,7 +136,7 @@ inline void q15_split(const Codes32& q, Codes32& hi, Codes32& lo) {
 
 // One bf16 row -> q8 row (kernel_table.h): per 32 inputs d = max|x| / 127, q = round(x / d).
 void q8_row(const uint16_t* src, int kp, int8_t* dst) {
-  const IntRow row = q8_parts(dst, kp);
+  const IntRow row = int_row_parts(dst, kp, false);
   for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
     const Codes32 q = round_scaled(x, x.amax > 0.0f ? 127.0f / x.amax : 0.0f, 1.0f);
@@ -158,7 +155,7 @@ void q8_row(const uint16_t* src, int kp, int8_t* dst) {
 // by at most d / 2 <= 2^-14 max|x|), stored as int8 hi = floor((q + 64) / 128) and lo = q - 128 hi in
 // [-64, 63], so q = 128 hi + lo.
 void q15_row(const uint16_t* src, int kp, int8_t* dst) {
-  const IntRow row = q15_parts(dst, kp);
+  const IntRow row = int_row_parts(dst, kp, true);
   for (int b = 0; b < kp / kQ8Group; ++b) {
     const ActGroup32 x = load_act_group32(src + b * 32);
     Codes32 q = zero_codes();

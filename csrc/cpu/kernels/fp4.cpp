@@ -434,14 +434,14 @@ inline void dot_tile_fp4_int(const int8_t* const* a, const uint8_t* const* b, co
   __m512i hi[Q15 ? S : 1][MR][NB];   // q15: hi
   __m512 tot[MR][NB];
   const __m512i lut = _mm512_loadu_si512((const void*)kFp4U8Lut.v);
-  const int nb = kp / kQ8Group;
-  const size_t lo_off = Q15 ? size_t(kp) : 0;  // where the seeded chain's codes start in a row
+  const IntRowLayout lay = int_row_layout(kp, Q15);
+  const size_t lo_off = lay.lo;  // where the seeded chain's codes start in a row
   const float* d[MR];
   const int32_t* s16[MR];
 #pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) {  // row layouts: kernel_table.h (q8_row_bytes, q15_row_bytes)
-    d[r] = reinterpret_cast<const float*>(a[r] + (Q15 ? 2 : 1) * size_t(kp));
-    s16[r] = reinterpret_cast<const int32_t*>(d[r] + (Q15 ? 1 : 2) * nb);
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + lay.d);
+    s16[r] = reinterpret_cast<const int32_t*>(a[r] + lay.s16);
   }
   // chain 0 of (r, j) starts each group at -kFp4Offset * sum q of the group, the others at zero
   auto seed = [&](int g) {

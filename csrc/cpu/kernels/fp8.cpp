@@ -204,9 +204,13 @@ inline void dot_tile_i8q8(const int8_t* const* a, const uint8_t* const* b, int k
   const __m512i perm = _mm512_loadu_si512((const void*)kI8QuadPerm.v);
   const int far = PANEL ? 0 : far_prefetch_bytes();
   const int nb = kp / kQ8Group;
-  const float* d[MR];  // row layout: kernel_table.h q8_row_bytes (d per block, then d x sum q per block)
+  const IntRowLayout lay = int_row_layout(kp, false);
+  const float *d[MR], *ds[MR];  // d per block, d x sum q per block
 #pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) d[r] = reinterpret_cast<const float*>(a[r] + kp);
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + lay.d);
+    ds[r] = reinterpret_cast<const float*>(a[r] + lay.ds);
+  }
   for (int bb = 0; bb < nb; ++bb) {
 #pragma GCC unroll 8
     for (int oo = 0; oo < kQ8Group / 4; ++oo) {
@@ -244,7 +248,7 @@ inline void dot_tile_i8q8(const int8_t* const* a, const uint8_t* const* b, int k
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
       float zs = 0.0f;  // sum of d x sum q over the row's blocks
-      for (int bb = 0; bb < nb; ++bb) zs += d[r][nb + bb];
+      for (int bb = 0; bb < nb; ++bb) zs += ds[r][bb];
       const __m512 off = _mm512_set1_ps(128.0f * zs);
 #pragma GCC unroll 2
       for (int j = 0; j < NB; ++j) tot[r][j] = _mm512_sub_ps(tot[r][j], off);

@@ -288,13 +288,15 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
       for (int i = 0; i < S; ++i) acc[i][r][j] = hacc[Q15 ? i : 0][r][j] = _mm512_setzero_si512();
     }
   const __m512i mask = _mm512_set1_epi8(0x0F);
-  const int nb = kp / kQ8Group, ngroups = kp / group, bpg = group / kQ8Group;
-  const float* d[MR];
-  const int32_t* s16[MR];  // q15: sums of q per 16 inputs (q8 rows keep d * sum q per block at d + nb)
+  const int ngroups = kp / group, bpg = group / kQ8Group;
+  const IntRowLayout lay = int_row_layout(kp, Q15);
+  const float *d[MR], *ds[MR];  // ds: q8 rows' d x sum q per block
+  const int32_t* s16[MR];       // q15: sums of q per 16 inputs
 #pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) {  // row layouts: kernel_table.h (q8_row_bytes, q15_row_bytes)
-    d[r] = reinterpret_cast<const float*>(a[r] + (Q15 ? 2 : 1) * size_t(kp));
-    s16[r] = reinterpret_cast<const int32_t*>(d[r] + nb);
+  for (int r = 0; r < MR; ++r) {
+    d[r] = reinterpret_cast<const float*>(a[r] + lay.d);
+    ds[r] = reinterpret_cast<const float*>(a[r] + lay.ds);
+    s16[r] = reinterpret_cast<const int32_t*>(a[r] + lay.s16);
   }
   for (int g = 0; g < ngroups; ++g) {
     for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb) {
@@ -319,8 +321,8 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
           const __m512i a0 = _mm512_set1_epi32(x0), a1 = _mm512_set1_epi32(x1);
           if constexpr (Q15) {
             int32_t y0, y1;  // lo
-            memcpy(&y0, a[r] + kp + 8 * o, 4);
-            memcpy(&y1, a[r] + kp + 8 * o + 4, 4);
+            memcpy(&y0, a[r] + lay.lo + 8 * o, 4);
+            memcpy(&y1, a[r] + lay.lo + 8 * o + 4, 4);
             const __m512i b0 = _mm512_set1_epi32(y0), b1 = _mm512_set1_epi32(y1);
 #pragma GCC unroll 2
             for (int j = 0; j < NB; ++j) {
@@ -354,7 +356,7 @@ inline void dot_tile_q4q8(const int8_t* const* a, const uint8_t* const* b, int k
     for (int r = 0; r < MR; ++r) {
       zs[r] = 0.0f;
       for (int bb = g * bpg; bb < (g + 1) * bpg; ++bb)
-        zs[r] += Q15 ? d[r][bb] * float(s16[r][2 * bb] + s16[r][2 * bb + 1]) : d[r][nb + bb];
+        zs[r] += Q15 ? d[r][bb] * float(s16[r][2 * bb] + s16[r][2 * bb + 1]) : ds[r][bb];
     }
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {

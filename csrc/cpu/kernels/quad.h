@@ -136,12 +136,13 @@ inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, flo
   __m256 tot[MR][2];
   for (int r = 0; r < MR; ++r) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
-  const int nb = kp / kQ8Group;
-  const float* d[MR];  // row layouts: kernel_table.h q8_row_bytes, q15_row_bytes
+  const IntRowLayout lay = int_row_layout(kp, Q15);
+  const float *d[MR], *ds[MR];
   const int32_t* s16[MR];
   for (int r = 0; r < MR; ++r) {
-    d[r] = reinterpret_cast<const float*>(a[r] + (Q15 ? 2 : 1) * size_t(kp));
-    s16[r] = reinterpret_cast<const int32_t*>(d[r] + (Q15 ? 1 : 2) * nb);
+    d[r] = reinterpret_cast<const float*>(a[r] + lay.d);
+    ds[r] = reinterpret_cast<const float*>(a[r] + lay.ds);  // q8 rows only
+    s16[r] = reinterpret_cast<const int32_t*>(a[r] + lay.s16);
   }
   auto dot = [&](__m256i acc_, __m256i u, __m256i x) {
     return _mm256_add_epi32(acc_, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones));
@@ -160,7 +161,7 @@ inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, flo
 #pragma GCC unroll 2
       for (int r = 0; r < MR; ++r) {
         int32_t xi;
-        memcpy(&xi, a[r] + (Q15 ? size_t(kp) : 0) + 4 * o, 4);  // q8: q; q15: lo
+        memcpy(&xi, a[r] + lay.lo + 4 * o, 4);  // q8: q; q15: lo
         const __m256i x = _mm256_set1_epi32(xi);
         const __m256i x0 = SIGNED ? _mm256_sign_epi8(x, w0) : x, x1 = SIGNED ? _mm256_sign_epi8(x, w1) : x;
         acc[r][0] = dot(acc[r][0], u0, x0);
@@ -185,7 +186,7 @@ inline void dot_tile_int2(const int8_t* const* a, const IntPanel& p, int kp, flo
       }
       if constexpr (OFFSET) {  // d x sum q over the L inputs: the q8 row's per-block value, or d x the 16-sums
         const float sq = Q15 ? dv * float(L == 32 ? s16[r][k0 / 16] + s16[r][k0 / 16 + 1] : s16[r][k0 / 16])
-                             : L == 32 ? d[r][nb + k0 / 32] : dv * float(s16[r][k0 / 16]);
+                             : L == 32 ? ds[r][k0 / 32] : dv * float(s16[r][k0 / 16]);
         const __m256 sqv = _mm256_set1_ps(sq);
         for (int h = 0; h < 2; ++h) tot[r][h] = _mm256_fnmadd_ps(_mm256_loadu_ps(p.sz + g * 16 + 8 * h), sqv, tot[r][h]);
       }
