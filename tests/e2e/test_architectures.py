@@ -24,7 +24,8 @@ MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative 
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs).
 Stock vLLM's own spread (LVLLM_E2E_ARCHS=minimax_m3_spread, only when named): its switch-off run against the same on
-another MoE backend, under the same criterion: how much an architecture's tiny checkpoint amplifies kernel rounding.
+another MoE backend, under the same criterion: how much an architecture's tiny checkpoint amplifies kernel rounding;
+and its switch-on run with every MoE layer GPU-resident (no engine layer) against the switch-off one.
 """
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16")]
 # architecture spread under the suite's criterion, for a switch-on failure without an fp32 oracle to say which side
 # is off (MiniMax-M3: transformers has no text model). batched_triton: the same math, another kernel and tiling.
 SPREAD = {"minimax_m3": ["--moe-backend", "batched_triton"]}
+# ... and, switch on, every MoE layer GPU-resident (vLLM's own kernels, no engine layer): what the plugin changes
+# besides the experts' math (routing inputs, padding, the shared expert's overlap) against the same stock run.
+SPREAD_ALL_RESIDENT = {"minimax_m3": "1-3"}
 
 
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
@@ -85,6 +89,7 @@ def arch_runs(tmp_path_factory):
         if arch not in chosen:
             specs.append((arch, "off", OFF, KV))
         specs.append((arch, "off-spread", OFF, KV + SPREAD[arch]))
+        specs.append((arch, "all-resident", {**CPU, "LVLLM_GPU_RESIDENT_MOE_LAYERS": SPREAD_ALL_RESIDENT[arch]}, KV))
     if "mtp" in chosen:
         specs += [("deepseek_v3", "cpu", CPU, KV, "mtp"), ("deepseek_v3", "cpu-drafts", CPU, KV + MTP, "mtp"),
                   ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
@@ -120,6 +125,16 @@ def test_stock_vllm_spread_on_other_moe_kernels(arch_runs, arch):
     off, other = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-off-spread")
     assert "lk_moe" not in other["log"]
     _check(off, other, f"{arch} stock vLLM on {SPREAD[arch][-1]} vs its default MoE kernels", oracle=False)
+
+
+@pytest.mark.parametrize("arch", list(SPREAD))
+def test_switch_on_with_every_moe_layer_resident_matches_switch_off(arch_runs, arch):
+    """Switch on with every MoE layer GPU-resident (vLLM's own experts, the plugin around them) against stock: a
+    failure here puts a switch-on difference outside the engine."""
+    _only_selected(f"{arch}_spread")
+    off, on = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-all-resident")
+    assert "lk_moe" in on["log"]
+    _check(off, on, f"{arch} switch on, MoE layers {SPREAD_ALL_RESIDENT[arch]} GPU-resident, vs off", oracle=False)
 
 
 @pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
