@@ -284,13 +284,5 @@ def register() -> None:
     setup_first_process()  # the API server's /metrics shows the workers' lk_moe counters
     for warning in settings.warnings:
         logger.warning("lvllm: %s", warning)
-    prefill = (f"GPU prefill from {cfg.gpu_prefill_min_batch} tokens" if cfg.gpu_prefill_min_batch
-               else "prefill on the CPU")
-    logger.info("lvllm %s: lk_moe hybrid MoE enabled (pid %d): %s, prefetch window %d, "
-                "GPU-resident MoE layers %s", _version(), os.getpid(), prefill, cfg.prefetch_window,
-                sorted(cfg.resident_layers) or "none")
-
-
-def _version() -> str:
-    from . import __version__
-    return __version__
+    # the "enabled" line comes from the worker's runtime (lvllm.runtime.get_runtime): vLLM 0.33 configures its
+    # loggers at engine start, after plugins load, so an INFO line here is dropped

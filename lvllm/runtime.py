@@ -290,6 +290,18 @@ _lock = threading.Lock()
 _runtime: Optional[WorkerRuntime] = None
 
 
+def switch_line(cfg: LvllmConfig) -> str:
+    """Said once per worker, when its first MoE layer is built: the switch is on, and the settings that decide where
+    the experts run (also when every MoE layer stays on the GPU, where no hybrid layer ever logs)."""
+    import os
+
+    from . import __version__
+    prefill = (f"GPU prefill from {cfg.gpu_prefill_min_batch} tokens" if cfg.gpu_prefill_min_batch
+               else "prefill on the CPU")
+    return (f"lvllm {__version__}: lk_moe hybrid MoE enabled (pid {os.getpid()}): {prefill}, prefetch window "
+            f"{cfg.prefetch_window}, GPU-resident MoE layers [{_ranges(cfg.resident_layers)}]")
+
+
 def get_runtime(cfg: Optional[LvllmConfig] = None) -> WorkerRuntime:
     global _runtime
     with _lock:
@@ -303,6 +315,7 @@ def get_runtime(cfg: Optional[LvllmConfig] = None) -> WorkerRuntime:
                 from .autofit_inputs import plan_at_startup
                 cfg, threads, lines = plan_at_startup(cfg, os.environ, cache_only=not cfg.auto_fit)
             _runtime = WorkerRuntime(cfg, fit_threads=threads, fit_lines=lines)
+            logger.info("%s", switch_line(_runtime.cfg))
             for line in lines:
                 logger.info("lk_moe: %s: %s", "LVLLM_AUTO_FIT" if cfg.auto_fit else "LVLLM_GPU_EXPERT_CACHE=auto", line)
         return _runtime

@@ -42,30 +42,36 @@ def config(s: dict, vocab: int) -> dict:
 
 
 def weights(s: dict, vocab: int, w) -> None:
-    """The tiny model's tensors into `w` (tiny_checkpoint's _Weights: linear / norm / mlp writers)."""
+    """The tiny model's tensors into `w` (tiny_checkpoint's _Weights: linear / mlp writers). Every norm is Gemma-style
+    (use_gemma_norm: x * (1 + weight), vLLM's MiniMAXGemmaRMSNorm), so its weights are 0 for a gain of 1 as in the
+    other tiny checkpoints; weights of 1 would double every norm's output (attention scores x4, logits x2)."""
     import torch
     H, hd, L, dense = s["H"], 128, s["L"], s["dense"]
+
+    def norm(name: str, n: int) -> None:
+        w.t[f"{name}.weight"] = torch.zeros(n, dtype=torch.bfloat16)
+
     w.t["model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
     w.linear("lm_head", vocab, H, gain=3.0)
-    w.norm("model.norm", H)
+    norm("model.norm", H)
     for i in range(L):
         p = f"model.layers.{i}"
-        w.norm(f"{p}.input_layernorm", H)
-        w.norm(f"{p}.post_attention_layernorm", H)
+        norm(f"{p}.input_layernorm", H)
+        norm(f"{p}.post_attention_layernorm", H)
         a = f"{p}.self_attn"
         w.linear(f"{a}.q_proj", s["nh"] * hd, H)
         w.linear(f"{a}.k_proj", s["nkv"] * hd, H)
         w.linear(f"{a}.v_proj", s["nkv"] * hd, H)
         w.linear(f"{a}.o_proj", H, s["nh"] * hd)
-        w.norm(f"{a}.q_norm", hd)
-        w.norm(f"{a}.k_norm", hd)
+        norm(f"{a}.q_norm", hd)
+        norm(f"{a}.k_norm", hd)
         if i < dense:
             w.mlp(f"{p}.mlp", H, s["dense_I"])
             continue
         w.linear(f"{a}.index_q_proj", s["nkv"] * hd, H)  # the lightning indexer of the sparse layers
         w.linear(f"{a}.index_k_proj", hd, H)
-        w.norm(f"{a}.index_q_norm", hd)
-        w.norm(f"{a}.index_k_norm", hd)
+        norm(f"{a}.index_q_norm", hd)
+        norm(f"{a}.index_k_norm", hd)
         m = f"{p}.block_sparse_moe"
         w.t[f"{m}.gate.weight"] = torch.randn(s["E"], H, generator=w.g) / H ** 0.5  # fp32, as released
         w.t[f"{m}.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)

@@ -21,10 +21,11 @@ the FP8 table's dummy fill).
 from __future__ import annotations
 
 # tiny keeps the release's GDN head width (128): vLLM's GPU GDN kernel takes no other ("DSL kernel only supports
-# D=128", H200 2026-12-05)
+# D=128", H200 2026-12-05), and the release's indexer budget (2048 tokens = 512 blocks of 4): vLLM's top-k kernel
+# takes 512, 1024 or 2048 blocks only
 SHAPES = {
     "tiny": dict(H=256, L=4, nh=4, nkv=2, hd=64, E=8, K=2, I=128, shared_I=128, V=2048, lin_k=4, lin_v=8, lin_d=128,
-                 idx_dim=64, budget=256, hc_rank=32, ple_base=1000, ple_parts=4, ple_dtype=None, ctx=32768),
+                 idx_dim=64, budget=2048, hc_rank=32, ple_base=1000, ple_parts=4, ple_dtype=None, ctx=32768),
     "big": dict(H=2560, L=40, nh=24, nkv=2, hd=256, E=512, K=10, I=512, shared_I=640, V=248320, lin_k=16, lin_v=48,
                 lin_d=128, idx_dim=128, budget=2048, hc_rank=320, ple_base=20_000_000, ple_parts=512,
                 ple_dtype="float8_e4m3fn", ctx=262144),

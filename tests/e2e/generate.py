@@ -88,8 +88,6 @@ def main() -> int:
     ap.add_argument("--implicit-exit", action="store_true",
                     help="leave the engine to vLLM's exit-time finalizers, as a plain LLM() script does "
                          "(dev/exit_check.sh measures that path)")
-    ap.add_argument("--moe-backend", default="",
-                    help="vLLM's --moe-backend (a stock run on other MoE kernels: how far vLLM spreads from itself)")
     ap.add_argument("--speculative-config", default="",
                     help="JSON for LLM(speculative_config=...), "
                          "e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
@@ -115,8 +113,6 @@ def main() -> int:
         extra["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     if a.speculative_config:
         extra["speculative_config"] = json.loads(a.speculative_config)
-    if a.moe_backend:
-        extra["moe_backend"] = a.moe_backend
     llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,
               max_num_seqs=4, max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=True,
               seed=0, **mem_args, **extra)

@@ -89,3 +89,20 @@ def test_summary_names_the_gpu_path_of_each_format():
     assert text.count("GPU path of fp8_block: native on sm_90: vLLM fused_experts") == 1, text
     assert "GPU path of mxfp4: no native GPU kernel wired" in text
     assert "GPU path of fp8_channel: the native kernel needs sm_89+, this GPU is sm_80" in text
+
+
+def test_worker_says_the_switch_is_on_when_its_first_moe_layer_is_built(monkeypatch):
+    """The "enabled" line comes from the worker's runtime (vLLM 0.33 configures its loggers after plugins load, so a
+    line at plugin registration was dropped): with the resident layers, also when every MoE layer is GPU-resident
+    and no hybrid layer ever logs its summary."""
+    from lvllm import runtime
+    from lvllm.config import from_env
+
+    monkeypatch.setattr(runtime, "_runtime", None)
+    with lvllm_log_records() as seen:
+        rt = runtime.get_runtime(from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_RESIDENT_MOE_LAYERS": "1-3,7",
+                                           "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "256"}))
+        assert runtime.get_runtime() is rt
+    lines = [m for _, m in seen if "lk_moe hybrid MoE enabled" in m]
+    assert len(lines) == 1, seen
+    assert "GPU prefill from 256 tokens" in lines[0] and lines[0].endswith("GPU-resident MoE layers [1-3,7]"), lines

@@ -69,3 +69,20 @@ def test_readers_count_their_moe_layers(ckpt):
     model = describe_model(info, tp=1, max_model_len=4096)
     # swigluoai (MiniMax-M3) is one of the GPU expert cache's activations, silu_clamp (GLM-5.3) is not
     assert model.top_k == s["K"] and (model.slot_bytes > 0) == (arch == "minimax_m3")
+
+
+def test_minimax_m3_tiny_norms_have_a_gain_of_one(tmp_path):
+    """MiniMax-M3's norms are Gemma-style (x * (1 + weight)): vLLM's own norm starts at weight 0, a gain of 1. The tiny
+    checkpoint's norms hold 0 likewise (weights of 1 doubled every norm's output: a model twice as steep in its logits,
+    whose bf16 rounding differences count double in the switch-on vs off comparison)."""
+    import torch
+    from safetensors.torch import load_file
+    from vllm.models.minimax_m3.nvidia.model import MiniMAXGemmaRMSNorm
+    assert torch.count_nonzero(MiniMAXGemmaRMSNorm(8).weight) == 0
+    path = make_checkpoint("minimax_m3", str(tmp_path / "ckpt"))
+    with open(f"{path}/config.json") as f:
+        assert json.load(f)["text_config"]["use_gemma_norm"] is True
+    norms = {k: t for k, t in load_file(f"{path}/model.safetensors").items() if k.endswith("norm.weight")}
+    s = minimax_m3.SHAPES["tiny"]
+    assert len(norms) == 1 + 4 * s["L"] + 2 * (s["L"] - s["dense"])  # final; per layer 2 + q/k; indexer q/k
+    assert all(torch.count_nonzero(t) == 0 for t in norms.values()), [k for k, t in norms.items() if t.any()]

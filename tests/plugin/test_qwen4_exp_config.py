@@ -35,6 +35,14 @@ def test_transformers_class_reads_it(ckpt):
     assert cfg.hidden_act == "silu" and cfg.ple_layer_ids == [1]
 
 
+def test_indexer_block_budget_is_one_vllm_topk_kernel_takes(ckpt):
+    """vLLM's QSA indexer selects budget / compress-ratio blocks a token with its cooperative top-k on Hopper for up to
+    64 rows, which takes k = 512, 1024 or 2048 only (H200 2026-12-05: the tiny budget of 256 stopped stock vLLM and the
+    switch-on run alike at startup, "cooperative_topk supports k=512, k=1024, or k=2048, got k=64")."""
+    _, _, _, raw = ckpt
+    assert raw["indexer_budget"] // raw["indexer_compress_ratio"] in (512, 1024, 2048), raw["indexer_budget"]
+
+
 def test_vllm_keeps_the_ple_tables_in_host_ram_by_default(ckpt):
     """vLLM 0.33 creates an EngramConfig for every model with PLE layers, and its default keeps the tables in pinned
     host memory (`--engram-config '{"cpu_offload": false}'` moves them to VRAM): nothing for lvllm to move."""
