@@ -12,6 +12,9 @@ Modes (each its own vLLM process, as a user would run it):
   hybrid-excl      the same with LVLLM_EXCLUSIVE_ENGINE_CPUS=1 (no other thread on the engine workers' CPUs, the poller on a spare one alone)
   hybrid-bsync     the same with LVLLM_CUDA_BLOCKING_SYNC=1 (the GPU-driving thread sleeps on the GPU)
   hybrid-t12       the same with LK_THREADS=12 (any count); variants combine: hybrid-excl-bsync-t12
+  hybrid-ng3       the same with vLLM's n-gram speculative decoding, 3 draft tokens a step (any count); its
+                   acceptance from vLLM's own spec-decode counters, its step time against plain decode's
+                   (with --prompt-period: prompts that repeat, so the drafts find matches)
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
@@ -27,6 +30,7 @@ machine used the CPUs during the first measured decode (benchmarks/cpu_census.py
 preemptions per thread; the engine's workers are lk_moe-w<N>).
 
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
+    python benchmarks/e2e_decode.py --modes hybrid,hybrid-ng1,hybrid-ng2,hybrid-ng3,hybrid-ng4 --prompt-period 16
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
 """
 from __future__ import annotations
@@ -87,6 +91,9 @@ def _worker(a) -> None:
                   enable_prefix_caching=False)
     if a.mode == "offload":
         kwargs["cpu_offload_gb"] = a.offload_gb
+    spec = mode_speculation(a.mode)
+    if spec is not None:
+        kwargs.update(speculative_config=spec, disable_log_stats=False)  # the spec-decode counters need stats on
     if "eager" in a.mode.split("-"):
         kwargs["enforce_eager"] = True
     if a.no_jit_warmup:
@@ -99,7 +106,8 @@ def _worker(a) -> None:
     rng = random.Random(0)
 
     def prompt(n):
-        return TokensPrompt(prompt_token_ids=[rng.randrange(10, min(30000, a.vocab)) for _ in range(n)])
+        ids = [rng.randrange(10, min(30000, a.vocab)) for _ in range(a.prompt_period or n)]
+        return TokensPrompt(prompt_token_ids=(ids * (n // len(ids) + 1))[:n])
 
     def gen(prompts, max_tokens):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -118,6 +126,7 @@ def _worker(a) -> None:
         gen([prompt(n)], 1)
     res = {"mode": a.mode, "startup_s": round(startup, 1)}
     for conc in (1, 4):
+        spec0 = spec_counters(llm) if spec is not None else None
         rates, engine_ms, queue_ms = [], [], []
         for rep in range(a.reps):
             # decode time = a run of 1 + N tokens less a run of 1 token (same prompt sizes): the prompts'
@@ -144,6 +153,10 @@ def _worker(a) -> None:
                     engine_ms.append(((e2[0] - e1[0]) - (e1[0] - e0[0])) / 1e6 / steps)
                     queue_ms.append(((e2[1] - e1[1]) - (e1[1] - e0[1])) / 1e6 / steps)
         res[f"decode_tok_s_{conc}"] = statistics.median(rates) if rates else None
+        if spec0 is not None:  # what vLLM counted over this concurrency's runs: drafts, draft tokens, accepted
+            drafts, drafted, accepted = (x - y for x, y in zip(spec_counters(llm), spec0))
+            res[f"spec_accept_rate_{conc}"] = round(accepted / drafted, 3) if drafted else None
+            res[f"spec_tokens_per_step_{conc}"] = round(1 + accepted / drafts, 3) if drafts else None
         res[f"decode_tok_s_{conc}_all"] = [round(r, 2) for r in rates]
         if engine_ms:  # where a decode step's time goes: the engine's share of it tells CPU from GPU/sync time
             res[f"engine_ms_per_step_{conc}"] = round(statistics.median(engine_ms), 3)
@@ -156,6 +169,49 @@ def _worker(a) -> None:
         if direct is not None:
             res["engine_direct_ms_1"], res["engine_direct_layers"] = direct
     print("RESULT " + json.dumps(res), flush=True)
+
+
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+
+
+def spec_counters(llm) -> tuple:
+    """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens), summed over engines."""
+    totals = dict.fromkeys(SPEC_COUNTERS, 0)
+    for m in llm.get_metrics():
+        if m.name in totals:
+            totals[m.name] += m.value
+    return tuple(totals[n] for n in SPEC_COUNTERS)
+
+
+def mode_speculation(mode: str):
+    """vLLM's speculative_config of a mode's ng<k> variant (n-gram drafts, k tokens a step), or None."""
+    for v in mode.split("-")[1:]:
+        if re.fullmatch(r"ng[1-9][0-9]*", v):
+            return {"method": "ngram", "num_speculative_tokens": int(v[2:]), "prompt_lookup_min": 2,
+                    "prompt_lookup_max": 4}
+    return None
+
+
+def speculation_lines(results: dict) -> list:
+    """Each speculative mode against plain "hybrid" of the same run: decode speed-up, vLLM's acceptance, and the
+    step's cost (a step makes tokens_per_step tokens: its time is tokens_per_step / tok/s, plain decode's 1 / tok/s)."""
+    plain, lines = results.get("hybrid"), []
+    for m, r in results.items():
+        if "spec_tokens_per_step_1" not in r:
+            continue
+        for conc in (1, 4):
+            tok_s, per_step = r.get(f"decode_tok_s_{conc}"), r.get(f"spec_tokens_per_step_{conc}")
+            base = plain.get(f"decode_tok_s_{conc}") if plain else None
+            if not (tok_s and per_step):
+                lines.append(f"{m} @{conc}: no figure (decode {tok_s}, tokens a step {per_step})")
+                continue
+            step_ms = 1e3 * per_step / tok_s
+            vs = (f"; {tok_s / base:.2f}x plain decode's {base:.2f} tok/s, step {step_ms:.2f} ms = "
+                  f"{step_ms / (1e3 / base):.2f}x a plain step's {1e3 / base:.2f} ms") if base else ""
+            lines.append(f"{m} @{conc}: {tok_s:.2f} tok/s, acceptance {r[f'spec_accept_rate_{conc}']:.2f}, "
+                         f"{per_step:.2f} tokens a step{vs}")
+    return lines
 
 
 def _log_figures(log_path: str) -> dict:
@@ -178,18 +234,20 @@ VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_R
 
 
 def mode_env(mode: str) -> dict:
-    """The environment a mode adds: hybrid[-variant...] (VARIANTS, or t<N> for LK_THREADS=N), offload, stock."""
+    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k>: no environment,
+    see mode_speculation), offload, stock."""
     base, *variants = mode.split("-")
     if base not in ("hybrid", "offload", "stock") or (variants and base != "hybrid"):
-        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>], offload or stock")
+        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>], offload or stock")
     env = {}
     for v in variants:
         if v in VARIANTS:
             env.update(VARIANTS[v])
         elif re.fullmatch(r"t[1-9][0-9]*", v):
             env["LK_THREADS"] = v[1:]
-        else:
-            raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)} or t<threads>")
+        elif not re.fullmatch(r"ng[1-9][0-9]*", v):  # ng<k>: mode_speculation
+            raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)}, t<threads> or "
+                             f"ng<draft tokens>")
     return env
 
 
@@ -220,6 +278,9 @@ def main() -> int:
     ap.add_argument("--offload-gb", type=float, default=58)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--prompt-period", type=int, default=0,
+                    help="every mode's prompts repeat a random run of this many tokens (n-gram drafts then find "
+                         "matches); 0: random prompts")
     ap.add_argument("--max-model-len", type=int, default=9216)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--gpu-util", type=float, default=0.85)
@@ -271,7 +332,8 @@ def main() -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-               "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000)] + \
+               "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000),
+               "--prompt-period", str(a.prompt_period)] + \
             (["--no-jit-warmup"] if a.no_jit_warmup else [])
         bw_before = read_bandwidth()
         t = time.time()
@@ -324,6 +386,8 @@ def main() -> int:
             for t in r["census_1"][:8]:
                 print(f"    {t['name']:>16} pid {t['pid']:>7} tid {t['tid']:>7}  {t['core_share']:.2f} of a core, "
                       f"{t['preempted']} preemptions, last on CPU {t['cpu']}")
+    for line in speculation_lines(results):
+        print(line)
     if "hybrid" in results:
         h = results["hybrid"]
         if "offload" in results:

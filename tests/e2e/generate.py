@@ -31,12 +31,30 @@ def special_token_ids(model_dir: str) -> set:
         return {t["id"] for t in json.load(f).get("added_tokens", [])} | {0, 1, 2}
 
 
-def prompts(vocab: int, lengths, seed: int = 0, avoid=frozenset({0, 1, 2})):
-    """Seeded random token ids of the text vocabulary (none of `avoid`)."""
+def prompts(vocab: int, lengths, seed: int = 0, avoid=frozenset({0, 1, 2}), period: int = 0):
+    """Seeded random token ids of the text vocabulary (none of `avoid`); period > 0: each prompt repeats a random run
+    of that many tokens (n-gram drafts then find matches)."""
     import random
     rng = random.Random(seed)
     ids = [i for i in range(vocab) if i not in avoid]
-    return [[rng.choice(ids) for _ in range(n)] for n in lengths]
+    out = []
+    for n in lengths:
+        run = [rng.choice(ids) for _ in range(period or n)]
+        out.append((run * (n // len(run) + 1))[:n])
+    return out
+
+
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's own speculative-decoding counters so far."""
+    out = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    for m in llm.get_metrics():
+        if m.name in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[m.name]] += m.value
+    return out
 
 
 def gpu_memory_used_mib():
@@ -91,6 +109,8 @@ def main() -> int:
     ap.add_argument("--speculative-config", default="",
                     help="JSON for LLM(speculative_config=...), "
                          "e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
+    ap.add_argument("--prompt-period", type=int, default=0,
+                    help="the generated prompts repeat a random run of this many tokens (n-gram drafts find matches)")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -112,7 +132,7 @@ def main() -> int:
         # pass only: the all-reduce stays NCCL/custom all-reduce, the math the same.
         extra["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     if a.speculative_config:
-        extra["speculative_config"] = json.loads(a.speculative_config)
+        extra.update(speculative_config=json.loads(a.speculative_config), disable_log_stats=False)  # its counters
     llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,
               max_num_seqs=4, max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=True,
               seed=0, **mem_args, **extra)
@@ -120,7 +140,8 @@ def main() -> int:
     mem = gpu_memory_used_mib()
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=5, ignore_eos=True)
     avoid = special_token_ids(a.model)
-    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(vocab, [int(x) for x in a.lengths.split(",")], avoid=avoid)]
+    ps = [TokensPrompt(prompt_token_ids=p)
+          for p in prompts(vocab, [int(x) for x in a.lengths.split(",")], avoid=avoid, period=a.prompt_period)]
     runs = []
     for _ in range(2):  # the second pass hits the prefix cache
         outs = llm.generate(ps, sp, use_tqdm=False)
@@ -150,6 +171,7 @@ def main() -> int:
         "block_size": getattr(cache, "block_size", None),
         "runs": runs,
         "scored": scored,
+        "spec_counters": spec_counters(llm) if a.speculative_config else None,
     }
     with open(a.out, "w") as f:
         json.dump(result, f)

@@ -25,7 +25,8 @@ four hyper-connection residual streams, per-layer n-gram embedding (PLE) tables 
 gated shared expert in every layer; transformers' own model is the fp32 oracle.
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
-the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs).
+the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs). n-gram drafts (Qwen3-MoE, 3 tokens a step,
+prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
 vLLM's own experts with the plugin around them against the switch-off run, which puts a switch-on difference inside
 or outside the engine's layers.
@@ -58,6 +59,11 @@ ALL_RESIDENT = {"minimax_m3": "1-3"}
 
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+# ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
+# (both runs: the same prompts) so the drafts find matches and vLLM verifies them
+NGRAM_PROMPTS = ["--prompt-period", "16"]
+NGRAM = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                                             "prompt_lookup_max": 4})]
 
 
 def _selected() -> set:
@@ -65,11 +71,11 @@ def _selected() -> set:
     runs); default all."""
     names = {a for a in os.environ.get("LVLLM_E2E_ARCHS", "").split(",") if a}
     diagnostics = {f"{a}_resident" for a in ALL_RESIDENT}
-    unknown = names - set(NEW_ARCHS) - {"mtp"} - diagnostics
+    unknown = names - set(NEW_ARCHS) - {"mtp", "ngram"} - diagnostics
     if unknown:
-        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, mtp, "
+        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, mtp, ngram, "
                          f"{', '.join(sorted(diagnostics))}")
-    return names or set(NEW_ARCHS) | {"mtp"}  # the diagnostic runs only when named
+    return names or set(NEW_ARCHS) | {"mtp", "ngram"}  # the diagnostic runs only when named
 
 
 def _only_selected(arch: str) -> None:
@@ -91,6 +97,9 @@ def arch_runs(tmp_path_factory):
     if "mtp" in chosen:
         specs += [("deepseek_v3", "cpu", CPU, KV, "mtp"), ("deepseek_v3", "cpu-drafts", CPU, KV + MTP, "mtp"),
                   ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
+    if "ngram" in chosen:
+        specs += [("qwen3_moe", "cpu-repeat", CPU, KV + NGRAM_PROMPTS),
+                  ("qwen3_moe", "cpu-repeat-ngram", CPU, KV + NGRAM_PROMPTS + NGRAM)]
     return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
 
 
@@ -137,3 +146,17 @@ def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
     assert f"speculative draft MoE layers model.layers.4.mlp.experts: {where}" in drafts["log"]
     assert "lk_moe: speculative decoding (" in drafts["log"] and "with k=2 draft tokens: a verify step" in drafts["log"]
     _check(plain, drafts, f"deepseek_v3 MTP drafts ({draft_moe}) vs none")
+
+
+def test_ngram_drafts_leave_greedy_outputs_unchanged(arch_runs):
+    """vLLM's n-gram speculative decoding, switch on: the same greedy outputs as without drafts under the suite's
+    criterion, with drafts proposed and verified (vLLM's own counters; a verify step runs the engine on up to 4 tokens
+    a request)."""
+    _only_selected("ngram")
+    plain, drafts = _get(arch_runs, "qwen3_moe-cpu-repeat"), _get(arch_runs, "qwen3_moe-cpu-repeat-ngram")
+    assert "lk_moe: speculative decoding (" in drafts["log"] and "with k=3 draft tokens" in drafts["log"]
+    n = drafts["spec_counters"]
+    print(f"[e2e] n-gram drafts: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} "
+          f"accepted ({n['accepted_tokens'] / max(1, n['draft_tokens']):.0%})")
+    assert n["draft_tokens"] > 0, n
+    _check(plain, drafts, "qwen3_moe n-gram drafts vs none")

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cpu_census  # noqa: E402
-from e2e_decode import mode_env  # noqa: E402
+from e2e_decode import mode_env, mode_speculation, speculation_lines  # noqa: E402
 
 
 def test_hybrid_variants_combine_into_their_settings():
@@ -21,7 +21,25 @@ def test_hybrid_variants_combine_into_their_settings():
     assert mode_env("hybrid-v1") == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
-@pytest.mark.parametrize("mode", ["hybrid-fast", "hybrid-t0", "stock-excl", "turbo"])
+def test_ngram_variant_is_vllms_speculative_config_and_no_environment():
+    assert mode_env("hybrid-ng3-t12") == {"LK_THREADS": "12"}
+    assert mode_speculation("hybrid-ng3-t12") == {"method": "ngram", "num_speculative_tokens": 3,
+                                                  "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert mode_speculation("hybrid") is None and mode_speculation("hybrid-t12") is None
+
+
+def test_speculation_lines_put_each_step_against_a_plain_one():
+    """2 tokens a step at 30 tok/s: a step of 66.7 ms against plain decode's 25 ms at 40 tok/s (2.67x its cost)."""
+    results = {"hybrid": {"decode_tok_s_1": 40.0, "decode_tok_s_4": 80.0},
+               "hybrid-ng2": {"decode_tok_s_1": 30.0, "spec_accept_rate_1": 0.5, "spec_tokens_per_step_1": 2.0,
+                              "decode_tok_s_4": None, "spec_accept_rate_4": None, "spec_tokens_per_step_4": None}}
+    lines = speculation_lines(results)
+    assert lines[0] == ("hybrid-ng2 @1: 30.00 tok/s, acceptance 0.50, 2.00 tokens a step; 0.75x plain decode's 40.00 "
+                        "tok/s, step 66.67 ms = 2.67x a plain step's 25.00 ms")
+    assert lines[1].startswith("hybrid-ng2 @4: no figure") and len(lines) == 2
+
+
+@pytest.mark.parametrize("mode", ["hybrid-fast", "hybrid-t0", "stock-excl", "turbo", "hybrid-ng0", "stock-ng3"])
 def test_an_unknown_mode_stops_before_any_run(mode):
     with pytest.raises(SystemExit, match="unknown"):
         mode_env(mode)
