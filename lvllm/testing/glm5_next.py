@@ -6,7 +6,10 @@ swiglu_limit (the engine's silu_clamp), gate_proj/up_proj/down_proj names. The k
 512-wide latent, 256-wide NoPE heads, 128-wide indexer heads); the config class wants as many KV heads as heads.
 
 big: transformers' Glm5NextTextConfig defaults (45 layers, 288 experts, top-8, hidden 4096, expert size 2048): the
-released shape. Config only: no weights are written for GLM-5.3 yet, serve it with --load-format dummy.
+released shape, config only (serve it with --load-format dummy). tiny: with bf16 weights (`weights`) under the names and
+shapes transformers' own Glm5NextTextModel saves (the Hub layout: one tensor per expert; its KDA projections q/k/v/b,
+f_a/f_b, g_a/g_b with their short convolutions, MLA's q_a/q_b/kv_a/kv_b without RoPE rows, the indexer's wq_b / wk /
+weights_proj and its pooled-key compression, the mHC mixers hc_attn_* / hc_ffn_*) under model., and an lm_head.
 """
 from __future__ import annotations
 
@@ -36,4 +39,21 @@ def config(s: dict, vocab: int) -> dict:
                 linear_head_dim=128, linear_num_heads=s["lin_heads"], linear_conv_kernel_dim=4,
                 linear_lower_bound=-5.0, mhc=True, hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20,
                 num_nextn_predict_layers=1, max_position_embeddings=s["ctx"], rms_norm_eps=1e-5,
-                tie_word_embeddings=False)
+                # pad: the tokenizer's <|endoftext|> (transformers' default is the release vocabulary's: past a tiny one)
+                tie_word_embeddings=False, pad_token_id=0)
+
+
+def weights(s: dict, vocab: int, w) -> None:
+    """The tiny model's tensors into `w` (tiny_checkpoint's _Weights): transformers' own text model's names and shapes
+    (lvllm.testing.hub_layout) under model., an lm_head, the tiny checkpoints' values; the mHC mixers (hc_*) and the
+    indexer's pooled-key compression as transformers initialises them."""
+    import torch
+
+    from .hub_layout import saved_tensors, tiny_values
+    from .tiny_checkpoint import SPECIAL
+    eos = SPECIAL.index("<|im_end|>")
+    text = saved_tensors("Glm5NextTextModel", "Glm5NextTextConfig", config(s, vocab), bos_token_id=eos,
+                         eos_token_id=eos)
+    tensors = {f"model.{k}": t for k, t in text.items()}
+    tensors["lm_head.weight"] = torch.empty(vocab, s["H"])
+    tiny_values(tensors, w, keep=lambda name: ".hc_" in name or "index_kpool_compress" in name)

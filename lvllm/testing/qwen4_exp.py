@@ -60,48 +60,17 @@ def config(s: dict, vocab: int) -> dict:
     return cfg
 
 
-def _hub_tensors(s: dict, vocab: int) -> dict:
-    """{name: tensor} of transformers' Qwen4ExpForCausalLM built from this config, as its save_pretrained writes them:
-    the names and shapes of the Hub layout, the n-gram tables' index buffers it derives from the config, and its
-    initial values (zero-centred norms 0, the GDN's A_log / dt_bias, hyper-connection mixers of std 0.02)."""
-    import tempfile
-
-    import torch
-    from safetensors.torch import load_file
-    from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
-
-    from .tiny_checkpoint import SPECIAL
-    raw = config(s, vocab)
-    eos = SPECIAL.index("<|im_end|>")
-    cfg = Qwen4ExpTextConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures", "dtype")},
-                             bos_token_id=eos, eos_token_id=eos)
-    with tempfile.TemporaryDirectory() as d, torch.random.fork_rng():
-        torch.manual_seed(0)  # transformers' initial values (kept for the mixers): the same files every time
-        Qwen4ExpForCausalLM(cfg).save_pretrained(d)
-        return load_file(f"{d}/model.safetensors")
-
-
 def weights(s: dict, vocab: int, w) -> None:
-    """The tiny model's tensors into `w` (tiny_checkpoint's _Weights): transformers' own names, shapes and index
-    buffers (`_hub_tensors`), with the values every tiny checkpoint has: projections, experts and routers N(0,
-    1/fan_in), embeddings and n-gram tables N(0, 1), the output head gain 3, convolutions N(0, 1/width); norms, the
-    GDN's decay parameters and the hyper-connection mixers as transformers initialises them (a random mixer of unit
-    gain would grow the four residual streams layer after layer)."""
+    """The tiny model's tensors into `w` (tiny_checkpoint's _Weights): transformers' own names, shapes and n-gram index
+    buffers (lvllm.testing.hub_layout), the tiny checkpoints' values; the hyper-connection mixers as transformers
+    initialises them, their norms (zero-centred) at a gain of 2, which takes the mixed streams (std ~0.46) to ~0.9."""
     import torch
-    for name, t in sorted(_hub_tensors(s, vocab).items()):
-        if not t.is_floating_point():
-            w.t[name] = t  # the n-gram tables' index buffers
-            continue
-        if name.endswith("hc_norm.weight"):
-            v = torch.ones_like(t)  # zero-centred: a gain of 2, which takes the mixed streams (std ~0.46) to ~0.9
-        elif "hyper_connection" in name or t.dim() == 1:
-            v = t
-        elif name.endswith("embed_tokens.weight") or ".ngram_embedding." in name:
-            v = torch.randn(t.shape, generator=w.g)
-        elif name.endswith("conv1d.weight"):
-            v = torch.randn(t.shape, generator=w.g) / t.shape[-1] ** 0.5
-        elif t.dim() == 2:
-            v = torch.randn(t.shape, generator=w.g) * ((3.0 if name == "lm_head.weight" else 1.0) / t.shape[1] ** 0.5)
-        else:
-            raise ValueError(f"qwen4_exp tiny: no rule for {name} {tuple(t.shape)}")
-        w.t[name] = v.to(torch.bfloat16)
+
+    from .hub_layout import saved_tensors, tiny_values
+    from .tiny_checkpoint import SPECIAL
+    eos = SPECIAL.index("<|im_end|>")
+    tensors = saved_tensors("Qwen4ExpForCausalLM", "Qwen4ExpTextConfig", config(s, vocab), bos_token_id=eos,
+                            eos_token_id=eos)
+    tiny_values(tensors, w, keep=lambda name: "hyper_connection" in name)
+    for name in [n for n in w.t if n.endswith("hc_norm.weight")]:
+        w.t[name] = torch.ones_like(w.t[name])

@@ -46,9 +46,11 @@ import functools
 import json
 import math
 import operator
+import os
 import re
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Dict, List, Sequence
 
 import torch
@@ -116,10 +118,34 @@ def _partial_rope_from_rotary_dim(config) -> None:
         rope["partial_rotary_factor"] = rotary_dim / head_dim
 
 
+class TextModelWithHead(torch.nn.Module):
+    """A text model transformers implements without a causal-LM class (GLM-5.3's Glm5NextTextModel: only its
+    vision-language model has a head there), under the checkpoint's own lm_head."""
+
+    def __init__(self, model, lm_head: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.lm_head = torch.nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False, dtype=lm_head.dtype)
+        self.lm_head.weight.data.copy_(lm_head)
+
+    @classmethod
+    def from_checkpoint(cls, model_dir: str, config, dtype: torch.dtype) -> "TextModelWithHead":
+        from safetensors import safe_open
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained(model_dir, config=config, dtype=dtype)  # the text model, "model." stripped
+        with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+            return cls(model, f.get_tensor("lm_head.weight").to(dtype))
+
+    def forward(self, input_ids, use_cache=False):
+        hidden = self.model(input_ids=input_ids, use_cache=use_cache).last_hidden_state
+        return SimpleNamespace(logits=self.lm_head(hidden))
+
+
 def _load(model_dir: str, dtype: torch.dtype, device: str):
     """The checkpoint in HF transformers at `dtype`. MXFP4 experts (gpt-oss) are dequantized on load
     (transformers would otherwise want its own MXFP4 GPU kernels)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     extra = {}
     config = AutoConfig.from_pretrained(model_dir)
     quant = getattr(config, "quantization_config", None) or {}
@@ -128,8 +154,12 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
         extra["quantization_config"] = Mxfp4Config(dequantize=True)
     _partial_rope_from_rotary_dim(config)
     # vision-language releases (a vision tower beside the text model): the whole model, text prompts
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-    model = auto.from_pretrained(model_dir, config=config, dtype=dtype, **extra)
+    if getattr(config, "vision_config", None) is not None:
+        model = AutoModelForImageTextToText.from_pretrained(model_dir, config=config, dtype=dtype, **extra)
+    elif config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        model = TextModelWithHead.from_checkpoint(model_dir, config, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, **extra)
     # transformers 5.17 (the GPU machine's) leaves dequantized MXFP4 experts in bf16 when fp32 is asked
     # for, and its grouped_mm then runs those experts in bf16: a "fp32" gpt-oss truth 0.03 nats off,
     # shape-dependent. bf16 -> fp32 is exact (and so is MXFP4 -> bf16), so cast what was left behind.

@@ -23,6 +23,9 @@ vision-language model only).
 Qwen3.8-Flash-Next (Qwen4Exp, bf16): Gated-DeltaNet layers and a gated attention layer with a sparse indexer (QSA),
 four hyper-connection residual streams, per-layer n-gram embedding (PLE) tables in pinned host memory, a MoE with a
 gated shared expert in every layer; transformers' own model is the fp32 oracle.
+GLM-5.3 (Glm5NextForCausalLM, bf16): Kimi Delta Attention layers and an indexed NoPE sparse MLA layer, mHC residual
+streams, a dense first layer, grouped sigmoid routing with a shared expert, silu experts clamped at swiglu_limit (the
+engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under the checkpoint's lm_head.
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs). n-gram drafts (Qwen3-MoE, 3 tokens a step,
@@ -43,7 +46,7 @@ from .test_switch import (CPU, KV, OFF, _check, _get, _run_all, check_cpu_run, c
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
-             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0}
+             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "glm5_next": 1}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;

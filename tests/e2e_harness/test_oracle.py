@@ -298,3 +298,25 @@ def test_prompts_leave_out_the_tokenizers_special_tokens(tmp_path):
     qwen = make_checkpoint("qwen3_moe", str(tmp_path / "qwen"))
     rng = random.Random(1)
     assert prompts(2048, [50], seed=1, avoid=special_token_ids(qwen)) == [[rng.randrange(3, 2048) for _ in range(50)]]
+
+
+@pytest.mark.parametrize("arch", ["glm5_next", "qwen4_exp"])
+def test_the_newest_text_models_have_an_fp32_truth(arch, tmp_path):
+    """GLM-5.3 (transformers implements its text model without a causal-LM head: the checkpoint's lm_head over
+    Glm5NextTextModel) and Qwen3.8-Flash-Next (Qwen4ExpForCausalLM): every weight loaded, in fp32, and the
+    teacher-forced rows causal (a shorter prompt's rows are the longer one's first rows)."""
+    from safetensors.torch import load_file
+
+    from tests.e2e.oracle import _load, teacher_forced_logprobs
+    d = make_checkpoint(arch, str(tmp_path / arch))
+    model = _load(d, torch.float32, "cpu")
+    assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.float32}
+    held = {k: v for k, v in load_file(f"{d}/model.safetensors").items() if v.is_floating_point()}
+    mine = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}  # parameters and buffers
+    assert sum(v.numel() for v in mine.values()) >= sum(v.numel() for v in held.values())
+    if arch == "glm5_next":
+        assert torch.equal(model.lm_head.weight, held["lm_head.weight"].float())
+    ids = _ids()[:24]
+    lp = teacher_forced_logprobs(d, [ids, ids[:10]])
+    assert [t.shape[0] for t in lp] == [23, 9] and torch.isfinite(lp[0]).all()
+    assert (lp[1] - lp[0][:9]).abs().max().item() <= 1e-4

@@ -1,0 +1,47 @@
+"""Tiny checkpoints in the Hub layout transformers' own model writes, for architectures whose layers are too many and
+too new to spell out by hand (Qwen3.8-Flash-Next's hyper-connections and n-gram tables, GLM-5.3's KDA, mHC and sparse
+MLA): transformers builds the model from the tiny config and saves it, which gives every tensor's name and shape as a
+release holds them (one tensor per expert) and the index buffers it derives from the config; `tiny_values` then gives
+the tensors the values every tiny checkpoint has."""
+from __future__ import annotations
+
+import tempfile
+from typing import Callable, Dict
+
+import torch
+
+
+def saved_tensors(model_cls: str, config_cls: str, config: dict, **overrides) -> Dict[str, torch.Tensor]:
+    """{name: tensor} as transformers' `model_cls` (built from `config` read by `config_cls`) saves them, with
+    transformers' initial values; the same files every time (its initialisation runs under a fixed seed)."""
+    import transformers
+    from safetensors.torch import load_file
+    skip = ("model_type", "architectures", "dtype", "torch_dtype")
+    cfg = getattr(transformers, config_cls)(**{k: v for k, v in config.items() if k not in skip}, **overrides)
+    with tempfile.TemporaryDirectory() as d, torch.random.fork_rng():
+        torch.manual_seed(0)
+        getattr(transformers, model_cls)(cfg).save_pretrained(d)
+        return load_file(f"{d}/model.safetensors")
+
+
+def tiny_values(tensors: Dict[str, torch.Tensor], w, keep: Callable[[str], bool]) -> None:
+    """`tensors` into `w` (tiny_checkpoint's _Weights) as bf16 with the tiny checkpoints' values: projections,
+    experts and routers N(0, 1/fan_in), the output head at a gain of 3, embeddings (and n-gram tables) N(0, 1),
+    convolutions N(0, 1/width); integer buffers, vectors (norms, biases, decay parameters) and what `keep` names
+    (residual-stream mixers: a random mixer of unit gain would grow the streams layer after layer) as transformers
+    initialised them."""
+    for name, t in sorted(tensors.items()):
+        if not t.is_floating_point():
+            w.t[name] = t
+            continue
+        if t.dim() == 1 or keep(name):
+            v = t
+        elif name.endswith("embed_tokens.weight") or ".ngram_embedding." in name:
+            v = torch.randn(t.shape, generator=w.g)
+        elif name.endswith("conv1d.weight"):
+            v = torch.randn(t.shape, generator=w.g) / t.shape[-1] ** 0.5
+        elif t.dim() == 2:
+            v = torch.randn(t.shape, generator=w.g) * ((3.0 if name.endswith("lm_head.weight") else 1.0) / t.shape[1] ** 0.5)
+        else:
+            raise ValueError(f"tiny checkpoint: no rule for {name} {tuple(t.shape)}")
+        w.t[name] = v.to(torch.bfloat16)
