@@ -40,6 +40,8 @@
 #                                             # CPU-placement A/B: V4_MODES=hybrid,hybrid-excl,hybrid-bsync,hybrid-t12)
 #   bash dev/device_acceptance.sh archprobe # e2e_decode on a new architecture's config (dummy weights; PROBE_ARCH, default
 #                                             # deepseek_v41), hybrid then stock: does it start, decode, where are its tables
+#   bash dev/device_acceptance.sh spec1     # e2e_decode hybrid vs n-gram speculative decoding (SPEC_MODES, default
+#                                             # hybrid,hybrid-ng3; then hybrid-ng1,hybrid-ng2,hybrid-ng4 as a second part)
 #   bash dev/device_acceptance.sh base1     # e2e_decode offload + stock (carry hybrid1's bench.json as
 #                                             # benchmarks/results-carry.json: one table with the ratios)
 #   bash dev/device_acceptance.sh amx1      # every format's engine tests on every tier, AMX included (wheel)
@@ -208,6 +210,13 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
 --total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 60)) \
 > \$OUT/bench_probe.log 2>&1
 grep -v '^ *\$' \$OUT/bench_probe.log | tail -20; grep -h 'Engram\|engram\|Traceback\|Error' \$OUT/e2e_decode-*.log | cut -c1-300 | head -20" ;;
+  spec1)  # n-gram speculative decoding through vLLM on the Qwen3-30B-A3B shape (issue 27): plain hybrid against
+          # hybrid-ng<k> on prompts that repeat; SPEC_MODES (two or three modes fit one run), results adding up in
+          # /root/bench_spec.json on the machine
+    body="timeout $left python3 benchmarks/e2e_decode.py --modes \${SPEC_MODES:-hybrid,hybrid-ng3} --prompt-period 16 \
+--reps 2 --decode-tokens 64 --results /root/bench_spec.json --log-dir \$OUT \
+--total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) > \$OUT/bench_spec.log 2>&1
+cp /root/bench_spec.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_spec.log | tail -24" ;;
   base1)
     body="cp benchmarks/results-carry.json \$OUT/bench.json 2>/dev/null
 timeout $left python3 benchmarks/e2e_decode.py --modes offload,stock --reps 2 --decode-tokens 64 \
