@@ -12,8 +12,8 @@ qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
-MXFP4 experts as released), minimax_m3 and qwen4_exp (Qwen3.8-Flash-Next) (tiny with bf16 weights; big config
-only), glm5_next (GLM-5.3; config and tokenizer only, both sizes) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the
+MXFP4 experts as released), minimax_m3, qwen4_exp (Qwen3.8-Flash-Next) and glm5_next (GLM-5.3) (tiny with bf16
+weights; big config only) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the
 quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
 transformers' own MXFP4 dequantization).
 
