@@ -18,8 +18,8 @@ DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC
 CSA / HCA compressed attention, a hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts
 (the engine's silu_clamp).
 MiniMax-M3 (its text model, bf16): swigluoai experts on [gate; up] rows (vLLM's swigluoai_uninterleave), block-
-sparse attention with a lightning indexer, dense first layer; no fp32 oracle (transformers implements the
-vision-language model only).
+sparse attention with a lightning indexer, dense first layer; no fp32 oracle (transformers' MiniMax-M3 text model
+reads other tensor names and config fields: no converter yet).
 Qwen3.8-Flash-Next (Qwen4Exp, bf16): Gated-DeltaNet layers and a gated attention layer with a sparse indexer (QSA),
 four hyper-connection residual streams, per-layer n-gram embedding (PLE) tables in pinned host memory, a MoE with a
 gated shared expert in every layer; transformers' own model is the fp32 oracle.

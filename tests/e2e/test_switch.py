@@ -271,8 +271,9 @@ def _spike_notes(ref, c):
         return [f"oracle unavailable: {type(e).__name__}: {e}"]
 
 
-# Architectures the pinned transformers does not implement as the checkpoint is laid out (MiniMax-M3: its
-# vision-language model only, not vLLM's text-only MiniMaxM3SparseForCausalLM): no fp32 truth, the rest of the criterion.
+# Architectures the pinned transformers does not implement as the checkpoint is laid out (MiniMax-M3: its text model,
+# MiniMaxM3VLForCausalLM, has other tensor names and config fields than vLLM's MiniMaxM3SparseForCausalLM checkpoint,
+# and no converter exists here yet): no fp32 truth, the rest of the criterion.
 NO_FP32_ORACLE = ("minimax_m3",)
 
 

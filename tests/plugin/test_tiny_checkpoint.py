@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 
-# transformers implements MiniMax-M3's vision-language model only, not vLLM's text-only MiniMaxM3SparseForCausalLM
+# transformers' MiniMax-M3 text model (MiniMaxM3VLForCausalLM) reads other names and config fields than vLLM's
+# MiniMaxM3SparseForCausalLM checkpoint
 NOT_IN_TRANSFORMERS = ("gpt_oss", "minimax_m3")
 
 
