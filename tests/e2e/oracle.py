@@ -141,6 +141,54 @@ class TextModelWithHead(torch.nn.Module):
         return SimpleNamespace(logits=self.lm_head(hidden))
 
 
+# vLLM's MiniMax-M3 text checkpoint (MiniMaxM3SparseForCausalLM, the release's names) -> transformers'
+# MiniMaxM3VLForCausalLM: the indexer's projections under self_attn.indexer, the MoE under mlp. with its router as
+# mlp.gate, experts fused to [E, 2I, H] gate-then-up (and [E, H, I]), gate/up pairs fused gate-then-up.
+_MINIMAX_M3_RENAMES = ((".self_attn.index_q_", ".self_attn.indexer.q_"), (".self_attn.index_k_", ".self_attn.indexer.k_"),
+                       (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+                       (".block_sparse_moe.", ".mlp."))
+
+
+def minimax_m3_as_transformers(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    out, experts, pairs = {}, {}, {}
+    for name, t in tensors.items():
+        for old, new in _MINIMAX_M3_RENAMES:
+            name = name.replace(old, new)
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(w[123])\.weight", name)
+        if m:
+            experts.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = t
+            continue
+        m = re.fullmatch(r"(.*)\.(gate|up)_proj\.weight", name)
+        if m:
+            pairs.setdefault(m.group(1), {})[m.group(2)] = t
+            continue
+        out[name] = t
+    for prefix, w in experts.items():
+        n = len(w["w1"])
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([w["w1"][e], w["w3"][e]]) for e in range(n)])
+        out[f"{prefix}.down_proj"] = torch.stack([w["w2"][e] for e in range(n)])
+    for prefix, p in pairs.items():
+        out[f"{prefix}.gate_up_proj.weight"] = torch.cat([p["gate"], p["up"]])
+    return out
+
+
+def _minimax_m3_text(model_dir: str, dtype: torch.dtype):
+    """MiniMax-M3's text checkpoint in transformers' own MiniMax-M3 text model, every tensor placed (strict)."""
+    from safetensors.torch import load_file
+    from transformers import MiniMaxM3VLForCausalLM, MiniMaxM3VLTextConfig
+    with open(os.path.join(model_dir, "config.json")) as f:
+        top = json.load(f)
+    text = {k: v for k, v in top["text_config"].items() if k != "model_type"}
+    text.update(bos_token_id=top.get("bos_token_id"), eos_token_id=top.get("eos_token_id"))
+    model = MiniMaxM3VLForCausalLM(MiniMaxM3VLTextConfig(**text))
+    model.load_state_dict(minimax_m3_as_transformers(load_file(os.path.join(model_dir, "model.safetensors"))))
+    return model.to(dtype)
+
+
+# Checkpoints of vLLM's own layout that transformers implements under other names (by the config's architecture)
+CONVERTED = {"MiniMaxM3SparseForCausalLM": _minimax_m3_text}
+
+
 def _load(model_dir: str, dtype: torch.dtype, device: str):
     """The checkpoint in HF transformers at `dtype`. MXFP4 experts (gpt-oss) are dequantized on load
     (transformers would otherwise want its own MXFP4 GPU kernels)."""
@@ -154,7 +202,10 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
         extra["quantization_config"] = Mxfp4Config(dequantize=True)
     _partial_rope_from_rotary_dim(config)
     # vision-language releases (a vision tower beside the text model): the whole model, text prompts
-    if getattr(config, "vision_config", None) is not None:
+    arch = (getattr(config, "architectures", None) or [""])[0]
+    if arch in CONVERTED:
+        model = CONVERTED[arch](model_dir, dtype)
+    elif getattr(config, "vision_config", None) is not None:
         model = AutoModelForImageTextToText.from_pretrained(model_dir, config=config, dtype=dtype, **extra)
     elif config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         model = TextModelWithHead.from_checkpoint(model_dir, config, dtype)

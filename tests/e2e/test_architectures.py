@@ -18,8 +18,8 @@ DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC
 CSA / HCA compressed attention, a hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts
 (the engine's silu_clamp).
 MiniMax-M3 (its text model, bf16): swigluoai experts on [gate; up] rows (vLLM's swigluoai_uninterleave), block-
-sparse attention with a lightning indexer, dense first layer; no fp32 oracle (transformers' MiniMax-M3 text model
-reads other tensor names and config fields: no converter yet).
+sparse attention with a lightning indexer, dense first layer; the fp32 oracle is transformers' MiniMax-M3 text model
+(MiniMaxM3VLForCausalLM) with the checkpoint's tensors renamed and fused its way (tests/e2e/oracle.py).
 Qwen3.8-Flash-Next (Qwen4Exp, bf16): Gated-DeltaNet layers and a gated attention layer with a sparse indexer (QSA),
 four hyper-connection residual streams, per-layer n-gram embedding (PLE) tables in pinned host memory, a MoE with a
 gated shared expert in every layer; transformers' own model is the fp32 oracle.
@@ -134,7 +134,7 @@ def test_switch_on_with_every_moe_layer_resident_matches_switch_off(arch_runs, a
     _only_selected(f"{arch}_resident")
     off, on = _get(arch_runs, f"{arch}-off"), _get(arch_runs, f"{arch}-all-resident")
     assert f"GPU-resident MoE layers [{ALL_RESIDENT[arch]}]" in on["log"]
-    _check(off, on, f"{arch} switch on, MoE layers {ALL_RESIDENT[arch]} GPU-resident, vs off", oracle=False)
+    _check(off, on, f"{arch} switch on, MoE layers {ALL_RESIDENT[arch]} GPU-resident, vs off")
 
 
 @pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])

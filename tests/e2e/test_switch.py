@@ -271,18 +271,9 @@ def _spike_notes(ref, c):
         return [f"oracle unavailable: {type(e).__name__}: {e}"]
 
 
-# Architectures the pinned transformers does not implement as the checkpoint is laid out (MiniMax-M3: its text model,
-# MiniMaxM3VLForCausalLM, has other tensor names and config fields than vLLM's MiniMaxM3SparseForCausalLM checkpoint,
-# and no converter exists here yet): no fp32 truth, the rest of the criterion.
-NO_FP32_ORACLE = ("minimax_m3",)
-
-
-def _check(ref, test, label, oracle=True):
-    """The criterion of compare.py, the teacher-forced check included (oracle=False: without it): truth = the
-    reference's checkpoint in fp32."""
-    fp32 = _fp32_truth(ref["model"], ref) if oracle else None
-    if not oracle:
-        print(f"[e2e] {label}: no teacher-forced fp32 check (transformers does not implement this model)")
+def _check(ref, test, label):
+    """The criterion of compare.py, the teacher-forced check included: truth = the reference's checkpoint in fp32."""
+    fp32 = _fp32_truth(ref["model"], ref)
     c = compare_runs(ref, test, label, fp32=fp32)  # both passes (the second from the prefix cache)
     notes = _spike_notes(ref, c)
     print(f"[e2e] {label}: {c.summary()}" + "".join(f"\n[e2e]   oracle: {n}" for n in notes))
@@ -336,14 +327,14 @@ def check_cpu_run(runs, arch):
     """The "cpu" run of `arch` (CPU prefill) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
-    _check(off, on, f"{arch} cpu-prefill", oracle=arch not in NO_FP32_ORACLE)
+    _check(off, on, f"{arch} cpu-prefill")
 
 
 def check_gpu_run(runs, arch, resident_layer):
     """The "gpu" run of `arch` (GPU prefill, one resident layer) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
     assert f"GPU-resident [{resident_layer}]" in on["log"]
-    _check(off, on, f"{arch} gpu-prefill+resident", oracle=arch not in NO_FP32_ORACLE)
+    _check(off, on, f"{arch} gpu-prefill+resident")
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

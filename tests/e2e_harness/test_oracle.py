@@ -300,11 +300,12 @@ def test_prompts_leave_out_the_tokenizers_special_tokens(tmp_path):
     assert prompts(2048, [50], seed=1, avoid=special_token_ids(qwen)) == [[rng.randrange(3, 2048) for _ in range(50)]]
 
 
-@pytest.mark.parametrize("arch", ["glm5_next", "qwen4_exp"])
+@pytest.mark.parametrize("arch", ["glm5_next", "qwen4_exp", "minimax_m3"])
 def test_the_newest_text_models_have_an_fp32_truth(arch, tmp_path):
     """GLM-5.3 (transformers implements its text model without a causal-LM head: the checkpoint's lm_head over
-    Glm5NextTextModel) and Qwen3.8-Flash-Next (Qwen4ExpForCausalLM): every weight loaded, in fp32, and the
-    teacher-forced rows causal (a shorter prompt's rows are the longer one's first rows)."""
+    Glm5NextTextModel), Qwen3.8-Flash-Next (Qwen4ExpForCausalLM) and MiniMax-M3 (vLLM's checkpoint renamed and fused
+    into MiniMaxM3VLForCausalLM, loaded strictly): every weight loaded, in fp32, and the teacher-forced rows causal (a
+    shorter prompt's rows are the longer one's first rows)."""
     from safetensors.torch import load_file
 
     from tests.e2e.oracle import _load, teacher_forced_logprobs
@@ -320,3 +321,22 @@ def test_the_newest_text_models_have_an_fp32_truth(arch, tmp_path):
     lp = teacher_forced_logprobs(d, [ids, ids[:10]])
     assert [t.shape[0] for t in lp] == [23, 9] and torch.isfinite(lp[0]).all()
     assert (lp[1] - lp[0][:9]).abs().max().item() <= 1e-4
+
+
+def test_minimax_m3_renaming_fuses_gate_then_up():
+    """The MiniMax-M3 converter: expert e's w1 (gate) rows then w3 (up) rows in gate_up_proj[e], w2 as down_proj[e];
+    gate/up pairs fused gate first; the router and its bias under mlp.gate; the indexer under self_attn.indexer."""
+    from tests.e2e.oracle import minimax_m3_as_transformers
+    t = {f"model.layers.1.block_sparse_moe.experts.{e}.{w}.weight": torch.full((2, 3), 10.0 * e + int(w[1]))
+         for e in range(2) for w in ("w1", "w2", "w3")}
+    t.update({"model.layers.1.block_sparse_moe.gate.weight": torch.zeros(2, 3),
+              "model.layers.1.block_sparse_moe.e_score_correction_bias": torch.zeros(2),
+              "model.layers.0.mlp.gate_proj.weight": torch.ones(4, 3), "model.layers.0.mlp.up_proj.weight": torch.zeros(4, 3),
+              "model.layers.1.self_attn.index_q_proj.weight": torch.zeros(1), "model.layers.1.self_attn.index_k_norm.weight": torch.zeros(1)})
+    out = minimax_m3_as_transformers(t)
+    gate_up = out["model.layers.1.mlp.experts.gate_up_proj"]
+    assert gate_up.shape == (2, 4, 3) and gate_up[1, :2].eq(11).all() and gate_up[1, 2:].eq(13).all()
+    assert out["model.layers.1.mlp.experts.down_proj"][1].eq(12).all()
+    assert out["model.layers.0.mlp.gate_up_proj.weight"][:4].eq(1).all() and out["model.layers.0.mlp.gate_up_proj.weight"][4:].eq(0).all()
+    assert {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+            "model.layers.1.self_attn.indexer.q_proj.weight", "model.layers.1.self_attn.indexer.k_norm.weight"} <= set(out)
