@@ -51,18 +51,29 @@ def vllm_dequantize_nvfp4(codes, scales, global_scale):
                                    block_size=16, swizzle=False).cpu()
 
 
-def folded_weights_magnitude(x, w13, w2, ids, weights):
-    """Per output element, sum_k |w_k| |w2_e| @ (1.1 |up_e| (|gate rows| @ |x|) + |silu(gate_e)| (|up rows| @ |x|)):
-    what rounding every gate/up weight by at most u (relative) moves an output by, to first order (silu's
-    slope is at most 1.1; silu(gate) * up is differentiated in each factor). [gate; up] row order; silu, and
-    silu_clamp under the same figure (its clamps only lower both slopes and both factors' magnitudes)."""
+def folded_weights_magnitude(x, w13, w2, ids, weights, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0,
+                             w13_bias=None):
+    """Per output element, sum_k |w_k| |w2_e| @ (1.1 |a_up| (|gate rows| @ |x|) + |a_gate| (|up rows| @ |x|)): what
+    rounding every gate/up weight by at most u (relative) moves an output by, to first order ([gate; up] row order).
+    silu: a_up = up, a_gate = silu(gate) (silu's slope is at most 1.1; silu(gate) * up is differentiated in each
+    factor); silu_clamp under the same figure (its clamps only lower both slopes and both factors' magnitudes).
+    swigluoai, (up' + 1) * g' * sigmoid(alpha g') with g' = min(gate, limit), up' = clamp(up, +-limit): a_up = up' + 1,
+    a_gate = g' * sigmoid(alpha g') (d/dg of g sigmoid(alpha g) is silu's slope at alpha g, at most 1.1 for any alpha;
+    the clamps zero a slope, never raise one)."""
     xf = x.float()
     I = w2.shape[2]
     mag = torch.zeros(x.shape[0], w2.shape[1])
     for e, tok, k in routed_experts(ids):
         w = w13[e].float()
         h, ah = xf[tok] @ w.t(), xf[tok].abs() @ w.abs().t()
-        d = 1.1 * h[:, I:].abs() * ah[:, :I] + torch.nn.functional.silu(h[:, :I]).abs() * ah[:, I:]
+        if w13_bias is not None:
+            h = h + w13_bias[e].float()
+        if activation == "swigluoai":
+            g = h[:, :I].clamp(max=swiglu_limit)
+            a_up, a_gate = h[:, I:].clamp(-swiglu_limit, swiglu_limit) + 1, g * torch.sigmoid(swiglu_alpha * g)
+        else:
+            a_up, a_gate = h[:, I:], torch.nn.functional.silu(h[:, :I])
+        d = 1.1 * a_up.abs() * ah[:, :I] + a_gate.abs() * ah[:, I:]
         mag.index_add_(0, tok, (d @ w2[e].float().abs().t()) * weights[tok, k].abs().unsqueeze(1))
     return mag
 
@@ -109,8 +120,10 @@ def assert_matches_reference(out, x, w13, w2, ids, weights, weights_rounded=Fals
     err = (out - ref).abs()
     rounding = mag + ref.abs()
     if weights_rounded:
-        assert act.get("activation", "silu") in ("silu", "silu_clamp", "situ") and not act.get("interleaved"), act
-        rounding = rounding + mag + folded_weights_magnitude(x, w13, w2, ids, weights)
+        activation = act.get("activation", "silu")
+        assert activation in ("silu", "silu_clamp", "situ", "swigluoai") and not act.get("interleaved"), act
+        consts = {k: act[k] for k in ("swiglu_alpha", "swiglu_limit", "w13_bias") if act.get(k) is not None}
+        rounding = rounding + mag + folded_weights_magnitude(x, w13, w2, ids, weights, activation, **consts)
     bound = 1.01 * u * rounding + 1e-5 * mag
     worst = (err / bound.clamp_min(1e-30)).max().item()
     assert worst <= 1.0, f"error exceeds the rounding bound by {worst:.3g}x"
