@@ -146,7 +146,7 @@ def _worker(a) -> None:
                       f"the 1-token run ({t_first:.3f} s): left out", flush=True)
                 continue
             rates.append(conc * a.decode_tokens / (t_all - t_first))
-            if e0 is not None:
+            if e0 is not None and spec is None:  # (a verify step's rows vary with the drafts: no per-step figure)
                 rows = (e2[2] - e1[2]) - (e1[2] - e0[2])  # the decode steps' rows (conc each), first layer
                 if rows > 0:
                     steps = rows / conc
