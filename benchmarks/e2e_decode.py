@@ -46,6 +46,7 @@ import time
 
 import cpu_census
 from harness import read_bandwidth, run_child
+from lvllm.testing.spec_decode import repeated, spec_counters
 
 
 def _engine_decode_totals(worker):
@@ -107,7 +108,7 @@ def _worker(a) -> None:
 
     def prompt(n):
         ids = [rng.randrange(10, min(30000, a.vocab)) for _ in range(a.prompt_period or n)]
-        return TokensPrompt(prompt_token_ids=(ids * (n // len(ids) + 1))[:n])
+        return TokensPrompt(prompt_token_ids=repeated(ids, n))
 
     def gen(prompts, max_tokens):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -154,7 +155,8 @@ def _worker(a) -> None:
                     queue_ms.append(((e2[1] - e1[1]) - (e1[1] - e0[1])) / 1e6 / steps)
         res[f"decode_tok_s_{conc}"] = statistics.median(rates) if rates else None
         if spec0 is not None:  # what vLLM counted over this concurrency's runs: drafts, draft tokens, accepted
-            drafts, drafted, accepted = (x - y for x, y in zip(spec_counters(llm), spec0))
+            spec1 = spec_counters(llm)
+            drafts, drafted, accepted = (spec1[k] - spec0[k] for k in ("drafts", "draft_tokens", "accepted_tokens"))
             res[f"spec_accept_rate_{conc}"] = round(accepted / drafted, 3) if drafted else None
             res[f"spec_tokens_per_step_{conc}"] = round(1 + accepted / drafts, 3) if drafts else None
         res[f"decode_tok_s_{conc}_all"] = [round(r, 2) for r in rates]
@@ -169,19 +171,6 @@ def _worker(a) -> None:
         if direct is not None:
             res["engine_direct_ms_1"], res["engine_direct_layers"] = direct
     print("RESULT " + json.dumps(res), flush=True)
-
-
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
-
-
-def spec_counters(llm) -> tuple:
-    """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens), summed over engines."""
-    totals = dict.fromkeys(SPEC_COUNTERS, 0)
-    for m in llm.get_metrics():
-        if m.name in totals:
-            totals[m.name] += m.value
-    return tuple(totals[n] for n in SPEC_COUNTERS)
 
 
 def mode_speculation(mode: str):

@@ -19,6 +19,8 @@ import subprocess
 import threading
 import time
 
+from lvllm.testing.spec_decode import repeated, spec_counters
+
 
 def special_token_ids(model_dir: str) -> set:
     """The ids of the tokenizer's added tokens (end of text, chat and media markers): text never holds
@@ -40,20 +42,7 @@ def prompts(vocab: int, lengths, seed: int = 0, avoid=frozenset({0, 1, 2}), peri
     out = []
     for n in lengths:
         run = [rng.choice(ids) for _ in range(period or n)]
-        out.append((run * (n // len(run) + 1))[:n])
-    return out
-
-
-SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
-
-
-def spec_counters(llm) -> dict:
-    """vLLM's own speculative-decoding counters so far."""
-    out = dict.fromkeys(SPEC_COUNTERS.values(), 0)
-    for m in llm.get_metrics():
-        if m.name in SPEC_COUNTERS:
-            out[SPEC_COUNTERS[m.name]] += m.value
+        out.append(repeated(run, n))
     return out
 
 
