@@ -29,7 +29,8 @@ engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under t
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs). n-gram drafts (Qwen3-MoE, 3 tokens a step,
-prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified.
+prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified. EAGLE-3 drafts
+(Qwen3-MoE with a random-weight draft in the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
 vLLM's own experts with the plugin around them against the switch-off run, which puts a switch-on difference inside
 or outside the engine's layers.
@@ -69,16 +70,25 @@ NGRAM = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative
                                              "prompt_lookup_max": 4})]
 
 
+
+def eagle3(draft_dir: str) -> list:
+    """EAGLE-3 drafts from the draft at draft_dir, 3 tokens a step (the target's aux hidden states: vLLM's default)."""
+    return ["--speculative-config", json.dumps({"method": "eagle3", "model": draft_dir, "num_speculative_tokens": 3})]
+
+
+DRAFT_RUNS = {"mtp", "ngram", "eagle3"}
+
+
 def _selected() -> set:
     """LVLLM_E2E_ARCHS=a,b: run only these architectures' vLLM runs (a device run's time; "mtp": the drafts'
     runs); default all."""
     names = {a for a in os.environ.get("LVLLM_E2E_ARCHS", "").split(",") if a}
     diagnostics = {f"{a}_resident" for a in ALL_RESIDENT}
-    unknown = names - set(NEW_ARCHS) - {"mtp", "ngram"} - diagnostics
+    unknown = names - set(NEW_ARCHS) - DRAFT_RUNS - diagnostics
     if unknown:
-        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, mtp, ngram, "
-                         f"{', '.join(sorted(diagnostics))}")
-    return names or set(NEW_ARCHS) | {"mtp", "ngram"}  # the diagnostic runs only when named
+        raise ValueError(f"LVLLM_E2E_ARCHS: unknown {sorted(unknown)}; choose from {', '.join(NEW_ARCHS)}, "
+                         f"{', '.join(sorted(DRAFT_RUNS))}, {', '.join(sorted(diagnostics))}")
+    return names or set(NEW_ARCHS) | DRAFT_RUNS  # the diagnostic runs only when named
 
 
 def _only_selected(arch: str) -> None:
@@ -103,7 +113,13 @@ def arch_runs(tmp_path_factory):
     if "ngram" in chosen:
         specs += [("qwen3_moe", "cpu-repeat", CPU, KV + NGRAM_PROMPTS),
                   ("qwen3_moe", "cpu-repeat-ngram", CPU, KV + NGRAM_PROMPTS + NGRAM)]
-    return _run_all(tmp_path_factory.mktemp("e2e-archs"), specs)
+    workdir = tmp_path_factory.mktemp("e2e-archs")
+    if "eagle3" in chosen:
+        from lvllm.testing.eagle3_draft import make_eagle3_draft
+        from .test_switch import _checkpoint
+        draft = make_eagle3_draft(_checkpoint(workdir, "qwen3_moe"), str(workdir / "qwen3_moe-eagle3-draft"))
+        specs += [("qwen3_moe", "cpu-plain", CPU, KV), ("qwen3_moe", "cpu-eagle3", CPU, KV + eagle3(draft))]
+    return _run_all(workdir, specs)
 
 
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
@@ -163,3 +179,17 @@ def test_ngram_drafts_leave_greedy_outputs_unchanged(arch_runs):
           f"accepted ({n['accepted_tokens'] / max(1, n['draft_tokens']):.0%})")
     assert n["draft_tokens"] > 0, n
     _check(plain, drafts, "qwen3_moe n-gram drafts vs none")
+
+
+def test_eagle3_drafts_leave_greedy_outputs_unchanged(arch_runs):
+    """vLLM's EAGLE-3 speculative decoding (a dense draft on the GPU reading the target's aux hidden states), switch
+    on: the same greedy outputs as without drafts under the suite's criterion, with drafts proposed and verified
+    (random draft weights: acceptance is near zero; what is tested is the verify steps' outputs)."""
+    _only_selected("eagle3")
+    plain, drafts = _get(arch_runs, "qwen3_moe-cpu-plain"), _get(arch_runs, "qwen3_moe-cpu-eagle3")
+    assert "lk_moe: speculative decoding (eagle3)" in drafts["log"] and "with k=3 draft tokens" in drafts["log"]
+    n = drafts["spec_counters"]
+    print(f"[e2e] EAGLE-3 drafts: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} "
+          f"accepted")
+    assert n["draft_tokens"] > 0, n
+    _check(plain, drafts, "qwen3_moe EAGLE-3 drafts vs none")

@@ -205,3 +205,20 @@ def test_tensor_parallel_shards_sum_to_the_layer(tmp_path, i, arch, quant):
     alone = ((ranks[0] - ref).norm() / ref.norm()).item()
     print(f"{arch} {quant} TP=2: rel RMS of the sum {rel:.4f}, of rank 0 alone {alone:.3f}")
     assert rel <= 0.01 and alone > 0.1
+
+
+def test_eagle3_draft_loads_as_released_beside_the_hybrid_target(tmp_path):
+    """vLLM's own EAGLE-3 draft (`--speculative-config '{"method": "eagle3", "model": ...}'`) for the tiny Qwen3-MoE,
+    from a draft written in the release layout (lvllm.testing.eagle3_draft): vLLM's Eagle3LlamaForCausalLM holds what
+    its files say, its reduced vocabulary maps to the target's ids, and the plugin (switch on) plans no draft layer:
+    EAGLE-3 drafts are dense and stay on the GPU."""
+    from lvllm.testing.eagle3_draft import make_eagle3_draft
+    model = make_checkpoint("qwen3_moe", str(tmp_path / "qwen3_moe"))
+    draft = make_eagle3_draft(model, str(tmp_path / "qwen3_moe-eagle3"))
+    port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + 2
+    d = _last(_run_helper(model, "qwen3_moe", "bf16", 1, port, LK_THREADS="2", DRAFT_TEST="eagle3", DRAFT_MODEL=draft),
+              "DRAFT")
+    print(d)
+    assert d["model"] == "Eagle3LlamaForCausalLM", d
+    assert d["weights_checked"] == 8 and d["weights_differ"] == [] and d["draft_vocab_maps_to_target"], d
+    assert d["draft_layers"] == [] and d["hybrid"] == [], d

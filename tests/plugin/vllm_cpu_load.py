@@ -33,8 +33,10 @@ class EngineLayerHolder:
 lk_moe.hybrid.HybridMoE = EngineLayerHolder
 lvllm.runtime.WorkerRuntime.io = lambda self, *a, **k: None  # pinned buffers need CUDA
 # DRAFT_TEST=1: build the MTP draft model vLLM's deepseek_mtp speculative decoding builds from the checkpoint
-# (vLLM's own hf_config_override), not the target; its MoE layers follow LVLLM_DRAFT_MOE
-DRAFT = os.environ.get("DRAFT_TEST") == "1"
+# (vLLM's own hf_config_override), not the target; its MoE layers follow LVLLM_DRAFT_MOE. DRAFT_TEST=eagle3: the
+# EAGLE-3 draft at DRAFT_MODEL (vLLM's Eagle3LlamaForCausalLM), its weights compared with the draft's files.
+DRAFT_METHOD = {"1": "mtp", "eagle3": "eagle3"}.get(os.environ.get("DRAFT_TEST", ""))
+DRAFT = DRAFT_METHOD is not None
 if os.environ.get("AUTOFIT_TEST_MACHINE") or DRAFT:  # resident layers here (there is no GPU)
     if os.environ.get("AUTOFIT_TEST_MACHINE"):  # LVLLM_AUTO_FIT on a described machine
         import lvllm.autofit_inputs
@@ -255,6 +257,24 @@ ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_c
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
 
+def eagle3_weights_as_written(model, draft_dir) -> dict:
+    """Whether vLLM's EAGLE-3 draft holds what the draft's files say, each parameter against its release tensors
+    (q/k/v and gate/up fused vLLM's way); the draft vocabulary's target ids (vLLM keeps d2t's offsets)."""
+    t = load_file(os.path.join(draft_dir, "model.safetensors"))
+    p = dict(model.named_parameters())
+    m = "midlayer."
+    want = {"model.layers.0.self_attn.qkv_proj.weight": torch.cat([t[m + f"self_attn.{x}_proj.weight"] for x in "qkv"]),
+            "model.layers.0.self_attn.o_proj.weight": t[m + "self_attn.o_proj.weight"],
+            "model.layers.0.mlp.gate_up_proj.weight": torch.cat([t[m + "mlp.gate_proj.weight"], t[m + "mlp.up_proj.weight"]]),
+            "model.layers.0.mlp.down_proj.weight": t[m + "mlp.down_proj.weight"],
+            "model.layers.0.hidden_norm.weight": t[m + "hidden_norm.weight"],
+            "model.fc.weight": t["fc.weight"], "model.norm.weight": t["norm.weight"], "lm_head.weight": t["lm_head.weight"]}
+    differ = sorted(n for n, w in want.items() if n not in p or not torch.equal(p[n].data.cpu(), w))
+    ids = model.draft_id_to_target_id
+    vocab_ok = ids is not None and torch.equal(torch.arange(len(ids)) + ids.cpu(), t["t2d"].nonzero().flatten())
+    return {"weights_checked": len(want), "weights_differ": differ, "draft_vocab_maps_to_target": bool(vocab_ok)}
+
+
 def main():
     model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     if quant in LENDERS:
@@ -272,10 +292,12 @@ def main():
         engram = dict(engram_config=EngramConfig(cpu_offload=False))
     vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"),
                     **engram)
-    if DRAFT:  # as vLLM's engine sets it up for --speculative-config '{"method": "mtp", ...}'
+    if DRAFT:  # as vLLM's engine sets it up for --speculative-config '{"method": "mtp" / "eagle3", ...}'
         from vllm.config.speculative import SpeculativeConfig
-        vc.speculative_config = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=target,
-                                                  target_parallel_config=vc.parallel_config)
+        draft = dict(model=os.environ["DRAFT_MODEL"], num_speculative_tokens=3) if DRAFT_METHOD == "eagle3" else \
+            dict(num_speculative_tokens=1)
+        vc.speculative_config = SpeculativeConfig(method=DRAFT_METHOD, target_model_config=target,
+                                                  target_parallel_config=vc.parallel_config, **draft)
     # Optional: tensor parallelism, one process per rank (argv 6, 7 = world size, rank; argv 8 =
     # where to save this rank's partial output; rank 0 also saves the reference).
     world = int(sys.argv[6]) if len(sys.argv) > 6 else 1
@@ -296,8 +318,9 @@ def main():
               if hasattr(getattr(m, "quant_method", None), "_lk_hybrid")}
     if DRAFT:
         rt = lvllm.runtime.get_runtime()
+        loaded = eagle3_weights_as_written(model, os.environ["DRAFT_MODEL"]) if DRAFT_METHOD == "eagle3" else {}
         print("DRAFT " + json.dumps({"model": type(model).__name__, "draft_layers": rt.draft_layers,
-                                     "hybrid": sorted(hybrid), "draft_moe": rt.cfg.draft_moe}))
+                                     "hybrid": sorted(hybrid), "draft_moe": rt.cfg.draft_moe, **loaded}))
         if not hybrid:
             return
     method = next(qm for name, qm in hybrid.items() if f".layers.{layer_idx}." in name)
