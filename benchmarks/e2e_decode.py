@@ -15,6 +15,9 @@ Modes (each its own vLLM process, as a user would run it):
   hybrid-ng3       the same with vLLM's n-gram speculative decoding, 3 draft tokens a step (any count); its
                    acceptance from vLLM's own spec-decode counters, its step time against plain decode's
                    (with --prompt-period: prompts that repeat, so the drafts find matches)
+  hybrid-eg3       the same with EAGLE-3 drafts, 3 tokens a step (any count): the draft at --eagle3-draft, or a
+                   random-weight one written for the model (lvllm.testing.eagle3_draft: its acceptance is ~0, so the
+                   figure is what drafting and verifying cost a step)
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
@@ -31,6 +34,7 @@ preemptions per thread; the engine's workers are lk_moe-w<N>).
 
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
     python benchmarks/e2e_decode.py --modes hybrid,hybrid-ng1,hybrid-ng2,hybrid-ng3,hybrid-ng4 --prompt-period 16
+    python benchmarks/e2e_decode.py --modes hybrid,hybrid-eg1,hybrid-eg3
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
 """
 from __future__ import annotations
@@ -92,7 +96,7 @@ def _worker(a) -> None:
                   enable_prefix_caching=False)
     if a.mode == "offload":
         kwargs["cpu_offload_gb"] = a.offload_gb
-    spec = mode_speculation(a.mode)
+    spec = mode_speculation(a.mode, a.eagle3_draft)
     if spec is not None:
         kwargs.update(speculative_config=spec, disable_log_stats=False)  # the spec-decode counters need stats on
     if "eager" in a.mode.split("-"):
@@ -173,13 +177,25 @@ def _worker(a) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def mode_speculation(mode: str):
-    """vLLM's speculative_config of a mode's ng<k> variant (n-gram drafts, k tokens a step), or None."""
+SPEC_VARIANT = r"(ng|eg)[1-9][0-9]*"  # n-gram / EAGLE-3 drafts, k tokens a step
+
+
+def mode_speculation(mode: str, eagle3_draft: str = ""):
+    """vLLM's speculative_config of a mode's ng<k> variant (n-gram drafts, k tokens a step) or eg<k> variant (EAGLE-3
+    drafts from the draft model at eagle3_draft), or None."""
     for v in mode.split("-")[1:]:
-        if re.fullmatch(r"ng[1-9][0-9]*", v):
-            return {"method": "ngram", "num_speculative_tokens": int(v[2:]), "prompt_lookup_min": 2,
-                    "prompt_lookup_max": 4}
+        if re.fullmatch(SPEC_VARIANT, v):
+            if v.startswith("ng"):
+                return {"method": "ngram", "num_speculative_tokens": int(v[2:]), "prompt_lookup_min": 2,
+                        "prompt_lookup_max": 4}
+            if not eagle3_draft:
+                raise SystemExit(f"mode {mode!r}: EAGLE-3 drafts need a draft model (--eagle3-draft)")
+            return {"method": "eagle3", "model": eagle3_draft, "num_speculative_tokens": int(v[2:])}
     return None
+
+
+def uses_eagle3(modes) -> bool:
+    return any(v.startswith("eg") and re.fullmatch(SPEC_VARIANT, v) for m in modes for v in m.split("-")[1:])
 
 
 def speculation_lines(results: dict) -> list:
@@ -223,20 +239,21 @@ VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_R
 
 
 def mode_env(mode: str) -> dict:
-    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k>: no environment,
-    see mode_speculation), offload, stock."""
+    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k> / eg<k>: no
+    environment, see mode_speculation), offload, stock."""
     base, *variants = mode.split("-")
     if base not in ("hybrid", "offload", "stock") or (variants and base != "hybrid"):
-        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>], offload or stock")
+        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>|-eg<k>], offload "
+                         f"or stock")
     env = {}
     for v in variants:
         if v in VARIANTS:
             env.update(VARIANTS[v])
         elif re.fullmatch(r"t[1-9][0-9]*", v):
             env["LK_THREADS"] = v[1:]
-        elif not re.fullmatch(r"ng[1-9][0-9]*", v):  # ng<k>: mode_speculation
-            raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)}, t<threads> or "
-                             f"ng<draft tokens>")
+        elif not re.fullmatch(SPEC_VARIANT, v):  # ng<k>, eg<k>: mode_speculation
+            raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)}, t<threads>, "
+                             f"ng<draft tokens> or eg<draft tokens>")
     return env
 
 
@@ -270,6 +287,9 @@ def main() -> int:
     ap.add_argument("--prompt-period", type=int, default=0,
                     help="every mode's prompts repeat a random run of this many tokens (n-gram drafts then find "
                          "matches); 0: random prompts")
+    ap.add_argument("--eagle3-draft", default="",
+                    help="the EAGLE-3 draft model of the eg<k> modes (default: a random-weight one written next to "
+                         "the model)")
     ap.add_argument("--max-model-len", type=int, default=9216)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--gpu-util", type=float, default=0.85)
@@ -295,6 +315,11 @@ def main() -> int:
         a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(),
                                                        f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}"),
                                   a.size, layers=a.layers, quant=a.quant)
+    if uses_eagle3(modes) and not a.eagle3_draft:
+        from lvllm.testing.eagle3_draft import make_eagle3_draft
+        a.eagle3_draft = a.model.rstrip("/") + "-eagle3"
+        if not os.path.exists(os.path.join(a.eagle3_draft, "model.safetensors")):
+            make_eagle3_draft(a.model, a.eagle3_draft)
     from lvllm.cli.checkpoint_info import expert_shape, experts_per_token, read_checkpoint
     info = read_checkpoint(a.model)  # its weight files, or config.json's shapes for a config-only model
     K = experts_per_token(info.config)
@@ -322,7 +347,7 @@ def main() -> int:
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000),
-               "--prompt-period", str(a.prompt_period)] + \
+               "--prompt-period", str(a.prompt_period), "--eagle3-draft", a.eagle3_draft] + \
             (["--no-jit-warmup"] if a.no_jit_warmup else [])
         bw_before = read_bandwidth()
         t = time.time()

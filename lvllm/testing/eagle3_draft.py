@@ -18,6 +18,7 @@ import torch
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what EAGLE-3 releases name; vLLM maps it to Eagle3LlamaForCausalLM
 AUX_HIDDEN_STATES = 3  # target layers whose hidden states fc folds (vLLM's default count for EAGLE-3)
+RELEASED_DRAFT_VOCAB = 32000  # the draft vocabulary of the public EAGLE-3 drafts for Qwen3 / Llama targets
 
 
 def draft_config(target: dict, draft_vocab: int) -> dict:
@@ -67,12 +68,13 @@ def draft_tensors(cfg: dict, seed: int = 0) -> dict:
 
 def make_eagle3_draft(target_dir: str, out: str, seed: int = 0, draft_vocab: int = 0) -> str:
     """Write the draft for the checkpoint at target_dir into `out` (config.json, model.safetensors); draft_vocab:
-    the draft's vocabulary (default half the target's, so the d2t map is exercised). Returns `out`."""
+    the draft's vocabulary (default half the target's, at most the 32,000 the released drafts use; smaller than
+    the target's either way, so the d2t map is exercised). Returns `out`."""
     from safetensors.torch import save_file
     with open(os.path.join(target_dir, "config.json")) as f:
         target = json.load(f)
     target = target.get("text_config", target)
-    cfg = draft_config(target, draft_vocab or max(1, target.get("vocab_size", 0) // 2))
+    cfg = draft_config(target, draft_vocab or max(1, min(RELEASED_DRAFT_VOCAB, target.get("vocab_size", 0) // 2)))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cpu_census  # noqa: E402
-from e2e_decode import mode_env, mode_speculation, speculation_lines  # noqa: E402
+from e2e_decode import mode_env, mode_speculation, speculation_lines, uses_eagle3  # noqa: E402
 
 
 def test_hybrid_variants_combine_into_their_settings():
@@ -26,6 +26,16 @@ def test_ngram_variant_is_vllms_speculative_config_and_no_environment():
     assert mode_speculation("hybrid-ng3-t12") == {"method": "ngram", "num_speculative_tokens": 3,
                                                   "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     assert mode_speculation("hybrid") is None and mode_speculation("hybrid-t12") is None
+
+
+def test_eagle3_variant_takes_its_draft_model():
+    assert mode_env("hybrid-eg2") == {}
+    assert mode_speculation("hybrid-eg2", "/d") == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 2}
+    assert uses_eagle3(["hybrid", "hybrid-eg2"]) and not uses_eagle3(["hybrid-ng2", "stock"])
+    with pytest.raises(SystemExit, match="draft model"):
+        mode_speculation("hybrid-eg2")
+    with pytest.raises(SystemExit, match="eg<draft tokens>"):
+        mode_env("hybrid-eagle")
 
 
 def test_speculation_lines_put_each_step_against_a_plain_one():
