@@ -167,29 +167,28 @@ def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
     _check(plain, drafts, f"deepseek_v3 MTP drafts ({draft_moe}) vs none")
 
 
+def _check_drafts(arch_runs, plain_tag: str, drafts_tag: str, method: str, what: str) -> None:
+    """A run with vLLM's speculative decoding (k=3) against the same run without: the startup's speculation line,
+    drafts proposed and verified (vLLM's own counters), and the same greedy outputs under the suite's criterion."""
+    plain, drafts = _get(arch_runs, plain_tag), _get(arch_runs, drafts_tag)
+    assert f"lk_moe: speculative decoding ({method}) with k=3 draft tokens" in drafts["log"]
+    n = drafts["spec_counters"]
+    print(f"[e2e] {what}: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} accepted "
+          f"({n['accepted_tokens'] / max(1, n['draft_tokens']):.0%})")
+    assert n["draft_tokens"] > 0, n
+    _check(plain, drafts, f"qwen3_moe {what} vs none")
+
+
 def test_ngram_drafts_leave_greedy_outputs_unchanged(arch_runs):
     """vLLM's n-gram speculative decoding, switch on: the same greedy outputs as without drafts under the suite's
-    criterion, with drafts proposed and verified (vLLM's own counters; a verify step runs the engine on up to 4 tokens
-    a request)."""
+    criterion, with drafts proposed and verified (a verify step runs the engine on up to 4 tokens a request)."""
     _only_selected("ngram")
-    plain, drafts = _get(arch_runs, "qwen3_moe-cpu-repeat"), _get(arch_runs, "qwen3_moe-cpu-repeat-ngram")
-    assert "lk_moe: speculative decoding (" in drafts["log"] and "with k=3 draft tokens" in drafts["log"]
-    n = drafts["spec_counters"]
-    print(f"[e2e] n-gram drafts: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} "
-          f"accepted ({n['accepted_tokens'] / max(1, n['draft_tokens']):.0%})")
-    assert n["draft_tokens"] > 0, n
-    _check(plain, drafts, "qwen3_moe n-gram drafts vs none")
+    _check_drafts(arch_runs, "qwen3_moe-cpu-repeat", "qwen3_moe-cpu-repeat-ngram", "ngram", "n-gram drafts")
 
 
 def test_eagle3_drafts_leave_greedy_outputs_unchanged(arch_runs):
     """vLLM's EAGLE-3 speculative decoding (a dense draft on the GPU reading the target's aux hidden states), switch
-    on: the same greedy outputs as without drafts under the suite's criterion, with drafts proposed and verified
-    (random draft weights: acceptance is near zero; what is tested is the verify steps' outputs)."""
+    on: the same greedy outputs as without drafts, with drafts proposed and verified (random draft weights: acceptance
+    is near zero; what is tested is the verify steps' outputs)."""
     _only_selected("eagle3")
-    plain, drafts = _get(arch_runs, "qwen3_moe-cpu-plain"), _get(arch_runs, "qwen3_moe-cpu-eagle3")
-    assert "lk_moe: speculative decoding (eagle3)" in drafts["log"] and "with k=3 draft tokens" in drafts["log"]
-    n = drafts["spec_counters"]
-    print(f"[e2e] EAGLE-3 drafts: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} "
-          f"accepted")
-    assert n["draft_tokens"] > 0, n
-    _check(plain, drafts, "qwen3_moe EAGLE-3 drafts vs none")
+    _check_drafts(arch_runs, "qwen3_moe-cpu-plain", "qwen3_moe-cpu-eagle3", "eagle3", "EAGLE-3 drafts")
