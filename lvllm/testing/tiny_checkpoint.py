@@ -601,6 +601,31 @@ def _with_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, vocab
     return out
 
 
+# Where each family's config says how many MTP layers it has (the field vLLM's MTP model reads)
+MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "qwen3_next": "num_nextn_predict_layers",
+             "qwen3_5_moe": "mtp_num_hidden_layers"}
+
+
+def _with_qwen_next_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, seed: int,
+                               mtp: int) -> Dict[str, torch.Tensor]:
+    """Qwen3-Next's / Qwen3.5's MTP layers as released (vLLM's qwen3_next_mtp / qwen3_5_mtp read them): under mtp.,
+    each a full-attention MoE decoder layer (gated attention, gated shared expert, routed experts) at
+    mtp.layers.<i>, after fc over [embedding; hidden] and its two input norms pre_fc_norm_embedding / _hidden, and
+    a final mtp.norm; the embedding and lm_head are the target's. Zero-centred norms are 0, as in the model."""
+    out = dict(tensors)
+    every, H = s["every"], s["H"]
+    for i in range(mtp):  # the full-attention layer of a fresh draw of the first `every` layers
+        layer = _qwen3_next_weights(dict(s, L=every), _Weights(seed + 7 + i), split_in_proj=arch == "qwen3_5_moe")
+        src = f"model.layers.{every - 1}."
+        out.update((f"mtp.layers.{i}." + n[len(src):], t) for n, t in layer.items() if n.startswith(src))
+    w = _Weights(seed + 7 + mtp)
+    w.linear("mtp.fc", H, 2 * H)
+    for norm in ("mtp.norm", "mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden"):
+        w.t[f"{norm}.weight"] = torch.zeros(H, dtype=torch.bfloat16)
+    out.update(w.t)
+    return out
+
+
 def _qwen3_next_weights(s: dict, w: "_Weights", split_in_proj: bool = False) -> Dict[str, torch.Tensor]:
     """Hub names and shapes of Qwen3-Next (transformers' Qwen3NextForCausalLM holds the same, with its
     experts fused): zero-centred norms are 0, the gated DeltaNet's output norm 1. split_in_proj: the GDN
@@ -698,12 +723,12 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels).
-    mtp (deepseek_v3, tiny): that many MTP / NextN layers after the decoder layers, as DeepSeek-V3 releases
-    them (model.layers.<L + i>: a whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy
-    of the embedding), for vLLM's deepseek_mtp speculative decoding; the other weights are the same as
-    without them."""
-    if mtp and (arch != "deepseek_v3" or size != "tiny"):
-        raise ValueError("mtp layers are written for the tiny deepseek_v3 checkpoint only")
+    mtp (deepseek_v3, qwen3_next, qwen3_5_moe; tiny): that many MTP / NextN layers as each family releases them,
+    for vLLM's MTP speculative decoding: DeepSeek-V3's after the decoder layers (model.layers.<L + i>: a whole MoE
+    decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), Qwen3-Next's and Qwen3.5's
+    under mtp. (_with_qwen_next_mtp_layers); the other weights are the same as without them."""
+    if mtp and (arch not in MTP_FIELD or size != "tiny"):
+        raise ValueError(f"mtp layers are written for the tiny {', '.join(MTP_FIELD)} checkpoints only")
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
     release = (arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
@@ -748,8 +773,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
     if mtp:
-        tensors = _with_mtp_layers(tensors, arch, s, vocab, seed, mtp)
-        config["num_nextn_predict_layers"] = mtp
+        tensors = (_with_mtp_layers(tensors, arch, s, vocab, seed, mtp) if arch == "deepseek_v3" else
+                   _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp))
+        config[MTP_FIELD[arch]] = mtp
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
         config["quantization_config"] = ct_mxfp4_config()
@@ -796,7 +822,7 @@ def main(argv=None) -> int:
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")
     ap.add_argument("--mtp", type=int, default=0,
-                    help="deepseek_v3 (tiny): that many MTP layers after the decoder layers, as released")
+                    help="deepseek_v3, qwen3_next, qwen3_5_moe (tiny): that many MTP layers, as released")
     a = ap.parse_args(argv)
     make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"

@@ -28,7 +28,8 @@ streams, a dense first layer, grouped sigmoid routing with a shared expert, silu
 engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under the checkpoint's lm_head.
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
-the engine with LVLLM_DRAFT_MOE=cpu (LVLLM_E2E_ARCHS=mtp: only these runs). n-gram drafts (Qwen3-MoE, 3 tokens a step,
+the engine with LVLLM_DRAFT_MOE=cpu; Qwen3-Next's and Qwen3.5's MTP layers (mtp.layers.0) the same, by the default
+rule (LVLLM_E2E_ARCHS=mtp: only these runs). n-gram drafts (Qwen3-MoE, 3 tokens a step,
 prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified. EAGLE-3 drafts
 (Qwen3-MoE with a random-weight draft in the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
@@ -63,6 +64,8 @@ ALL_RESIDENT = {"minimax_m3": "1-3"}
 
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+# Qwen3-Next / Qwen3.5 with their MTP layer as released (mtp.layers.0): the draft's MoE layer by the default rule
+QWEN_MTP = ("qwen3_next", "qwen3_5_moe")
 # ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
 # (both runs: the same prompts) so the drafts find matches and vLLM verifies them
 NGRAM_PROMPTS = ["--prompt-period", "16"]
@@ -110,6 +113,8 @@ def arch_runs(tmp_path_factory):
     if "mtp" in chosen:
         specs += [("deepseek_v3", "cpu", CPU, KV, "mtp"), ("deepseek_v3", "cpu-drafts", CPU, KV + MTP, "mtp"),
                   ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
+        for arch in QWEN_MTP:
+            specs += [(arch, "cpu", CPU, KV, "mtp"), (arch, "cpu-drafts", CPU, KV + MTP, "mtp")]
     if "ngram" in chosen:
         specs += [("qwen3_moe", "cpu-repeat", CPU, KV + NGRAM_PROMPTS),
                   ("qwen3_moe", "cpu-repeat-ngram", CPU, KV + NGRAM_PROMPTS + NGRAM)]
@@ -165,6 +170,17 @@ def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
     assert f"speculative draft MoE layers model.layers.4.mlp.experts: {where}" in drafts["log"]
     assert "lk_moe: speculative decoding (" in drafts["log"] and "with k=2 draft tokens: a verify step" in drafts["log"]
     _check(plain, drafts, f"deepseek_v3 MTP drafts ({draft_moe}) vs none")
+
+
+@pytest.mark.parametrize("arch", QWEN_MTP)
+def test_qwen_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, arch):
+    """Qwen3-Next / Qwen3.5 MTP drafts (vLLM's qwen3_next_mtp / qwen3_5_mtp: a gated-attention MoE layer under mtp.),
+    switch on: the same greedy outputs as without drafts, the draft's MoE layer on the GPU by the default rule."""
+    _only_selected("mtp")
+    plain, drafts = _get(arch_runs, f"{arch}-mtp-cpu"), _get(arch_runs, f"{arch}-mtp-cpu-drafts")
+    assert "speculative draft MoE layers mtp.layers.0.mlp.experts: on the GPU (LVLLM_DRAFT_MOE=gpu)" in drafts["log"]
+    assert "lk_moe: speculative decoding (mtp) with k=2 draft tokens: a verify step" in drafts["log"]
+    _check(plain, drafts, f"{arch} MTP drafts vs none")
 
 
 def _check_drafts(arch_runs, plain_tag: str, drafts_tag: str, method: str, what: str) -> None:

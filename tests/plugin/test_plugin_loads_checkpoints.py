@@ -103,22 +103,34 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["rel_rms"] <= 0.01, r
 
 
+# arch -> vLLM's MTP draft model built from its checkpoint, and where that model's MoE layer lives (L: the
+# target's decoder-layer count)
+MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts"),
+              "qwen3_next": ("Qwen3NextMTP", "mtp.layers.0.mlp.experts"),
+              "qwen3_5_moe": ("Qwen3_5MoeMTP", "mtp.layers.0.mlp.experts")}
+
+
+@pytest.mark.parametrize("arch", list(MTP_DRAFTS))
 @pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
-def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe):
-    """vLLM's own DeepSeek-V3 MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a
-    checkpoint with an MTP layer as released: its MoE layer is the draft's, GPU-resident with vLLM's kernels by
-    default (LVLLM_DRAFT_MOE=gpu) and on the engine with LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's
-    model.layers.<L> experts say; never planned as one of the target's layers."""
-    model = make_checkpoint("deepseek_v3", str(tmp_path / "dsv3-mtp"), mtp=1)
-    layers = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
-    port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + (draft_moe == "cpu")
-    p = _run_helper(model, "deepseek_v3", "bf16", layers, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
+def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
+    """vLLM's own MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a checkpoint with an
+    MTP layer as the family releases it (DeepSeek-V3: model.layers.<L>; Qwen3-Next, Qwen3.5: mtp.layers.0): its MoE
+    layer is the draft's, GPU-resident with vLLM's kernels by default (LVLLM_DRAFT_MOE=gpu) and on the engine with
+    LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts say; never planned as one of the target's
+    layers."""
+    model = make_checkpoint(arch, str(tmp_path / f"{arch}-mtp"), mtp=1)
+    L = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
+    name, draft_layer = MTP_DRAFTS[arch]
+    draft_layer = draft_layer.format(L=L)
+    layer = L if arch == "deepseek_v3" else 0
+    port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + 3 + 2 * list(MTP_DRAFTS).index(arch) + (draft_moe == "cpu")
+    p = _run_helper(model, arch, "bf16", layer, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
     d = _last(p, "DRAFT")
-    assert d["model"] == "DeepSeekMTP" and d["draft_layers"] == [f"model.layers.{layers}.mlp.experts"], d
+    assert d["model"] == name and d["draft_layers"] == [draft_layer], d
     if draft_moe == "gpu":
         assert d["hybrid"] == [], d
         return
-    assert len(d["hybrid"]) == 1 and f"layers.{layers}." in d["hybrid"][0], d
+    assert len(d["hybrid"]) == 1 and f"layers.{layer}." in d["hybrid"][0], d  # (module names: vLLM's attributes)
     r = _last(p, "RESULT")
     assert r["format"] == "bf16" and r["rel_rms"] <= 0.01, r
 

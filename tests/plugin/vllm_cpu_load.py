@@ -96,12 +96,18 @@ def text_config(model_dir):
     return cfg.get("text_config", cfg)
 
 
+# Families whose MTP layers live under mtp. (mtp.layers.<i>), not after the decoder layers
+MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
+
+
 def reference_layer(model_dir, arch, quant, layer_idx):
     if quant == "dummy":
         return dummy_reference(model_dir, arch)
     t = load_file(os.path.join(model_dir, "model.safetensors"))
     cfg = text_config(model_dir)
     base = TEXT_PREFIX[arch][0] if arch in TEXT_PREFIX else "model"
+    if DRAFT and arch in MTP_UNDER_MTP:
+        base = "mtp"
     prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
     act = {}
     if arch == "deepseek_v4":  # the inference release's names; clamped SwiGLU experts
