@@ -21,9 +21,20 @@ AUX_HIDDEN_STATES = 3  # target layers whose hidden states fc folds (vLLM's defa
 RELEASED_DRAFT_VOCAB = 32000  # the draft vocabulary of the public EAGLE-3 drafts for Qwen3 / Llama targets
 
 
+def aux_layer_ids(layers: int) -> list:
+    """The target layers whose outputs fc folds (vLLM counts 0 as the embedding, i as layer i - 1's output): vLLM's
+    default for a model of `layers` layers, (2, L // 2, L - 3), where those are three distinct layers; a tiny target
+    (4 layers: 2, 2, 1) would hand fc two states for three, so it gets 1, L // 2, L - 1."""
+    if layers < 4:
+        raise ValueError(f"an EAGLE-3 draft reads three distinct target layers: the target has {layers}")
+    ids = sorted({2, layers // 2, layers - 3})
+    return ids if len(ids) == AUX_HIDDEN_STATES else sorted({1, layers // 2, layers - 1})
+
+
 def draft_config(target: dict, draft_vocab: int) -> dict:
-    """The draft's config.json from the target's: its attention shape, vocabulary and norms."""
-    needed = ("hidden_size", "num_attention_heads", "vocab_size")
+    """The draft's config.json from the target's: its attention shape, vocabulary, norms and the target layers it
+    reads (eagle_aux_hidden_state_layer_ids, where vLLM's model runners look first)."""
+    needed = ("hidden_size", "num_attention_heads", "vocab_size", "num_hidden_layers")
     missing = [k for k in needed if k not in target]
     if missing:
         raise ValueError(f"the target's config lacks {', '.join(missing)}: not a decoder-only text model")
@@ -37,7 +48,8 @@ def draft_config(target: dict, draft_vocab: int) -> dict:
                 rms_norm_eps=target.get("rms_norm_eps", 1e-6), rope_theta=target.get("rope_theta", 10000.0),
                 max_position_embeddings=target.get("max_position_embeddings", 4096), attention_bias=False,
                 tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=target.get("bos_token_id", 0),
-                eos_token_id=target.get("eos_token_id", 0))
+                eos_token_id=target.get("eos_token_id", 0),
+                eagle_aux_hidden_state_layer_ids=aux_layer_ids(target["num_hidden_layers"]))
 
 
 def draft_tensors(cfg: dict, seed: int = 0) -> dict:

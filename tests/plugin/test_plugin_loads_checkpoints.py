@@ -233,4 +233,5 @@ def test_eagle3_draft_loads_as_released_beside_the_hybrid_target(tmp_path):
     print(d)
     assert d["model"] == "Eagle3LlamaForCausalLM", d
     assert d["weights_checked"] == 8 and d["weights_differ"] == [] and d["draft_vocab_maps_to_target"], d
+    assert d["aux_layers"] == [1, 2, 3], d  # three distinct target layers for fc's three inputs (4-layer target)
     assert d["draft_layers"] == [] and d["hybrid"] == [], d

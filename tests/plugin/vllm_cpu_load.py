@@ -263,7 +263,7 @@ ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_c
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
 
-def eagle3_weights_as_written(model, draft_dir) -> dict:
+def eagle3_weights_as_written(model, draft_dir, spec_config) -> dict:
     """Whether vLLM's EAGLE-3 draft holds what the draft's files say, each parameter against its release tensors
     (q/k/v and gate/up fused vLLM's way); the draft vocabulary's target ids (vLLM keeps d2t's offsets)."""
     t = load_file(os.path.join(draft_dir, "model.safetensors"))
@@ -278,7 +278,11 @@ def eagle3_weights_as_written(model, draft_dir) -> dict:
     differ = sorted(n for n, w in want.items() if n not in p or not torch.equal(p[n].data.cpu(), w))
     ids = model.draft_id_to_target_id
     vocab_ok = ids is not None and torch.equal(torch.arange(len(ids)) + ids.cpu(), t["t2d"].nonzero().flatten())
-    return {"weights_checked": len(want), "weights_differ": differ, "draft_vocab_maps_to_target": bool(vocab_ok)}
+    # the target layers vLLM's model runner (V2, 0.33's default) hands the draft, read from the draft's config
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    aux = get_eagle3_aux_layers_from_config(spec_config)
+    return {"weights_checked": len(want), "weights_differ": differ, "draft_vocab_maps_to_target": bool(vocab_ok),
+            "aux_layers": list(aux or ())}
 
 
 def main():
@@ -324,7 +328,8 @@ def main():
               if hasattr(getattr(m, "quant_method", None), "_lk_hybrid")}
     if DRAFT:
         rt = lvllm.runtime.get_runtime()
-        loaded = eagle3_weights_as_written(model, os.environ["DRAFT_MODEL"]) if DRAFT_METHOD == "eagle3" else {}
+        loaded = (eagle3_weights_as_written(model, os.environ["DRAFT_MODEL"], vc.speculative_config)
+                  if DRAFT_METHOD == "eagle3" else {})
         print("DRAFT " + json.dumps({"model": type(model).__name__, "draft_layers": rt.draft_layers,
                                      "hybrid": sorted(hybrid), "draft_moe": rt.cfg.draft_moe, **loaded}))
         if not hybrid:
