@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Qwen3.8-Flash-Next (vLLM 0.33's Qwen4ExpForCausalLM: Gated-DeltaNet + sparse-indexer attention, hyper-connections,
+# per-layer n-gram embedding (PLE) tables) on one GPU, routed experts in host RAM.
+# Assumes: 1 GPU with >= 24 GB, >= 16 cores, and host RAM for the experts and the PLE tables, which vLLM keeps in
+# pinned host RAM by default: from `lvllm doctor` on the release's shape (40 MoE layers, a config with dummy
+# weights) 150 GiB of bf16 experts, 47.7 GiB of tables and ~4.3 GiB of GPU weights (estimated), so >= 256 GB RAM
+# for bf16 experts and >= 160 GB for FP8 ones (8-bit: half the expert bytes; NVFP4: a quarter).
+# Shown so far: its tiny checkpoint through vLLM 0.33's construction and loader with the switch on, on the CPU;
+# not yet run on a GPU with the switch on (README: supported models). Prefill from 1024 tokens streams the experts
+# to the GPU.
+#
+# Usage: bash commands/qwen3_8_flash_next_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
+# Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/serve.sh"
+lvllm_serve --tp 1 --name qwen3.8-flash-next --max-num-seqs 4 --gpu-memory-utilization 0.90 --prefill-default 1024 -- "$@"
