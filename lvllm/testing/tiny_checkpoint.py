@@ -604,6 +604,8 @@ def _with_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, vocab
 # Where each family's config says how many MTP layers it has (the field vLLM's MTP model reads)
 MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "qwen3_next": "num_nextn_predict_layers",
              "qwen3_5_moe": "mtp_num_hidden_layers"}
+# The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V3's follow its decoder layers
+MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
 
 
 def _with_qwen_next_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, seed: int,
@@ -613,10 +615,10 @@ def _with_qwen_next_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: d
     mtp.layers.<i>, after fc over [embedding; hidden] and its two input norms pre_fc_norm_embedding / _hidden, and
     a final mtp.norm; the embedding and lm_head are the target's. Zero-centred norms are 0, as in the model."""
     out = dict(tensors)
-    every, H = s["every"], s["H"]
-    for i in range(mtp):  # the full-attention layer of a fresh draw of the first `every` layers
-        layer = _qwen3_next_weights(dict(s, L=every), _Weights(seed + 7 + i), split_in_proj=arch == "qwen3_5_moe")
-        src = f"model.layers.{every - 1}."
+    H = s["H"]
+    for i in range(mtp):  # a one-layer model whose only layer is full attention (every=1), renamed
+        layer = _qwen3_next_weights(dict(s, L=1, every=1), _Weights(seed + 7 + i), split_in_proj=arch == "qwen3_5_moe")
+        src = "model.layers.0."
         out.update((f"mtp.layers.{i}." + n[len(src):], t) for n, t in layer.items() if n.startswith(src))
     w = _Weights(seed + 7 + mtp)
     w.linear("mtp.fc", H, 2 * H)
@@ -773,8 +775,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
     if mtp:
-        tensors = (_with_mtp_layers(tensors, arch, s, vocab, seed, mtp) if arch == "deepseek_v3" else
-                   _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp))
+        tensors = (_with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp) if arch in MTP_UNDER_MTP else
+                   _with_mtp_layers(tensors, arch, s, vocab, seed, mtp))
         config[MTP_FIELD[arch]] = mtp
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4

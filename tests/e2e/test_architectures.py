@@ -43,8 +43,10 @@ import os
 
 import pytest
 
-from .test_switch import (CPU, KV, OFF, _check, _get, _run_all, check_cpu_run, check_gpu_run, gpu_env,  # noqa: F401
-                          pytestmark)
+from lvllm.testing.tiny_checkpoint import MTP_UNDER_MTP
+
+from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, check_cpu_run, check_gpu_run,  # noqa: F401
+                          gpu_env, pytestmark)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
@@ -65,7 +67,7 @@ ALL_RESIDENT = {"minimax_m3": "1-3"}
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
 # Qwen3-Next / Qwen3.5 with their MTP layer as released (mtp.layers.0): the draft's MoE layer by the default rule
-QWEN_MTP = ("qwen3_next", "qwen3_5_moe")
+QWEN_MTP = MTP_UNDER_MTP
 # ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
 # (both runs: the same prompts) so the drafts find matches and vLLM verifies them
 NGRAM_PROMPTS = ["--prompt-period", "16"]
@@ -73,9 +75,8 @@ NGRAM = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative
                                              "prompt_lookup_max": 4})]
 
 
-
 def eagle3(draft_dir: str) -> list:
-    """EAGLE-3 drafts from the draft at draft_dir, 3 tokens a step (the target's aux hidden states: vLLM's default)."""
+    """EAGLE-3 drafts from the draft at draft_dir, 3 tokens a step (the target layers it reads: its config's)."""
     return ["--speculative-config", json.dumps({"method": "eagle3", "model": draft_dir, "num_speculative_tokens": 3})]
 
 
@@ -121,7 +122,6 @@ def arch_runs(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("e2e-archs")
     if "eagle3" in chosen:
         from lvllm.testing.eagle3_draft import make_eagle3_draft
-        from .test_switch import _checkpoint
         draft = make_eagle3_draft(_checkpoint(workdir, "qwen3_moe"), str(workdir / "qwen3_moe-eagle3-draft"))
         specs += [("qwen3_moe", "cpu-plain", CPU, KV), ("qwen3_moe", "cpu-eagle3", CPU, KV + eagle3(draft))]
     return _run_all(workdir, specs)
@@ -192,14 +192,14 @@ def _check_drafts(arch_runs, plain_tag: str, drafts_tag: str, method: str, what:
     print(f"[e2e] {what}: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} accepted "
           f"({n['accepted_tokens'] / max(1, n['draft_tokens']):.0%})")
     assert n["draft_tokens"] > 0, n
-    _check(plain, drafts, f"qwen3_moe {what} vs none")
+    _check(plain, drafts, f"{what} vs none")
 
 
 def test_ngram_drafts_leave_greedy_outputs_unchanged(arch_runs):
     """vLLM's n-gram speculative decoding, switch on: the same greedy outputs as without drafts under the suite's
     criterion, with drafts proposed and verified (a verify step runs the engine on up to 4 tokens a request)."""
     _only_selected("ngram")
-    _check_drafts(arch_runs, "qwen3_moe-cpu-repeat", "qwen3_moe-cpu-repeat-ngram", "ngram", "n-gram drafts")
+    _check_drafts(arch_runs, "qwen3_moe-cpu-repeat", "qwen3_moe-cpu-repeat-ngram", "ngram", "qwen3_moe n-gram drafts")
 
 
 def test_eagle3_drafts_leave_greedy_outputs_unchanged(arch_runs):
@@ -207,4 +207,4 @@ def test_eagle3_drafts_leave_greedy_outputs_unchanged(arch_runs):
     on: the same greedy outputs as without drafts, with drafts proposed and verified (random draft weights: acceptance
     is near zero; what is tested is the verify steps' outputs)."""
     _only_selected("eagle3")
-    _check_drafts(arch_runs, "qwen3_moe-cpu-plain", "qwen3_moe-cpu-eagle3", "eagle3", "EAGLE-3 drafts")
+    _check_drafts(arch_runs, "qwen3_moe-cpu-plain", "qwen3_moe-cpu-eagle3", "eagle3", "qwen3_moe EAGLE-3 drafts")

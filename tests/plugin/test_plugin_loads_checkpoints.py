@@ -29,7 +29,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
-from lvllm.testing.tiny_checkpoint import make_checkpoint  # noqa: E402
+from lvllm.testing.tiny_checkpoint import MTP_UNDER_MTP, make_checkpoint  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_load.py")
 # FP8 / NVFP4 / W8A8 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
@@ -122,7 +122,7 @@ def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     L = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
     name, draft_layer = MTP_DRAFTS[arch]
     draft_layer = draft_layer.format(L=L)
-    layer = L if arch == "deepseek_v3" else 0
+    layer = 0 if arch in MTP_UNDER_MTP else L
     port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + 3 + 2 * list(MTP_DRAFTS).index(arch) + (draft_moe == "cpu")
     p = _run_helper(model, arch, "bf16", layer, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
     d = _last(p, "DRAFT")

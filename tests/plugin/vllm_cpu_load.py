@@ -58,7 +58,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
 from lvllm.cli.checkpoint_info import expert_shape, experts_per_token  # noqa: E402
-from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, TEXT_PREFIX  # noqa: E402
+from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, MTP_UNDER_MTP, TEXT_PREFIX  # noqa: E402
 
 
 def expert_weight(t, base, quant):
@@ -94,10 +94,6 @@ def text_config(model_dir):
     """config.json, or its text model's part (vision-language releases)."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     return cfg.get("text_config", cfg)
-
-
-# Families whose MTP layers live under mtp. (mtp.layers.<i>), not after the decoder layers
-MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
 
 
 def reference_layer(model_dir, arch, quant, layer_idx):
