@@ -581,9 +581,9 @@ def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tenso
 
 def _with_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, vocab: int, seed: int,
                      mtp: int) -> Dict[str, torch.Tensor]:
-    """DeepSeek-V3's MTP layers appended: the decoder layers L .. L + mtp - 1 drawn after the model's own
-    (so those stay as they are) plus each MTP layer's input norms, eh_proj over [embedding; hidden],
-    shared_head (its norm and a copy of lm_head) and its copy of the embedding, as released."""
+    """DeepSeek-V3's MTP layers appended (GLM-4.5's and GLM-5's alike): the decoder layers L .. L + mtp - 1 drawn
+    after the model's own (so those stay as they are) plus each MTP layer's input norms, eh_proj over [embedding;
+    hidden], shared_head (its norm and a copy of lm_head) and its copy of the embedding, as released."""
     L, H = s["L"], s["H"]
     longer = _weights(arch, dict(s, L=L + mtp), vocab, seed)
     out = dict(tensors)
@@ -601,10 +601,37 @@ def _with_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, vocab
     return out
 
 
+def _with_deepseek_v4_mtp_layers(tensors: Dict[str, torch.Tensor], s: dict, vocab: int, seed: int,
+                                 mtp: int) -> Dict[str, torch.Tensor]:
+    """DeepSeek-V4's MTP layers as released (vLLM's DeepSeekV4MTP reads them): mtp.<i>.*, each a decoder block
+    (mHC mixing weights, attention, a sqrtsoftplus-routed MoE with a shared expert and clamped experts) whose
+    attention is sliding-window only (vLLM gives a layer past the target's no compressor), its input norms enorm /
+    hnorm, separate e_proj / h_proj, the final norm and its own fp32 hc_head; the embedding and head are the
+    target's."""
+    out = dict(tensors)
+    H, hc = s["H"], s["hc"]
+    for i in range(mtp):
+        one = dict(s, L=1, hash_layers=0, layer_types=["sliding_attention"])
+        block = _deepseek_v4_weights(one, vocab, seed + 7 + i)
+        out.update((f"mtp.{i}." + n[len("layers.0."):], t) for n, t in block.items() if n.startswith("layers.0."))
+        p, w = f"mtp.{i}", _Weights(seed + 17 + i)
+        for norm in ("enorm", "hnorm", "norm"):
+            w.norm(f"{p}.{norm}", H)
+        w.linear(f"{p}.e_proj", H, H)
+        w.linear(f"{p}.h_proj", H, H)
+        w.t[f"{p}.hc_head_fn"] = 0.02 * torch.randn(hc, hc * H, generator=w.g)
+        w.t[f"{p}.hc_head_base"] = 0.02 * torch.randn(hc, generator=w.g)
+        w.t[f"{p}.hc_head_scale"] = torch.ones(1)
+        out.update(w.t)
+    return out
+
+
 # Where each family's config says how many MTP layers it has (the field vLLM's MTP model reads)
-MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "qwen3_next": "num_nextn_predict_layers",
-             "qwen3_5_moe": "mtp_num_hidden_layers"}
-# The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V3's follow its decoder layers
+MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "glm4_moe": "num_nextn_predict_layers",
+             "glm_moe_dsa": "num_nextn_predict_layers", "deepseek_v4": "num_nextn_predict_layers",
+             "qwen3_next": "num_nextn_predict_layers", "qwen3_5_moe": "mtp_num_hidden_layers"}
+# The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; DeepSeek-V3's,
+# GLM-4.5's and GLM-5's follow their decoder layers (model.layers.<L + i>)
 MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
 
 
@@ -725,12 +752,16 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels).
-    mtp (deepseek_v3, qwen3_next, qwen3_5_moe; tiny): that many MTP / NextN layers as each family releases them,
-    for vLLM's MTP speculative decoding: DeepSeek-V3's after the decoder layers (model.layers.<L + i>: a whole MoE
-    decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), Qwen3-Next's and Qwen3.5's
-    under mtp. (_with_qwen_next_mtp_layers); the other weights are the same as without them."""
+    mtp (the MTP_FIELD families; tiny): that many MTP / NextN layers as each family releases them, for vLLM's MTP
+    speculative decoding: DeepSeek-V3's, GLM-4.5's and GLM-5's after the decoder layers (model.layers.<L + i>: a
+    whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), DeepSeek-V4's
+    under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
+    (_with_qwen_next_mtp_layers); the other weights are the same as without them."""
     if mtp and (arch not in MTP_FIELD or size != "tiny"):
         raise ValueError(f"mtp layers are written for the tiny {', '.join(MTP_FIELD)} checkpoints only")
+    if mtp and arch == "deepseek_v4" and quant != "bf16":
+        raise ValueError("deepseek_v4: mtp layers with bf16 weights only (the release's FP8 config names the "
+                         "target's layers)")
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
     release = (arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
@@ -775,8 +806,12 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
     if mtp:
-        tensors = (_with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp) if arch in MTP_UNDER_MTP else
-                   _with_mtp_layers(tensors, arch, s, vocab, seed, mtp))
+        if arch in MTP_UNDER_MTP:
+            tensors = _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp)
+        elif arch == "deepseek_v4":
+            tensors = _with_deepseek_v4_mtp_layers(tensors, s, vocab, seed, mtp)
+        else:
+            tensors = _with_mtp_layers(tensors, arch, s, vocab, seed, mtp)
         config[MTP_FIELD[arch]] = mtp
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
@@ -824,7 +859,7 @@ def main(argv=None) -> int:
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")
     ap.add_argument("--mtp", type=int, default=0,
-                    help="deepseek_v3, qwen3_next, qwen3_5_moe (tiny): that many MTP layers, as released")
+                    help=f"{', '.join(MTP_FIELD)} (tiny): that many MTP layers, as released")
     a = ap.parse_args(argv)
     make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"

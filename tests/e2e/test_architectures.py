@@ -28,9 +28,9 @@ streams, a dense first layer, grouped sigmoid routing with a shared expert, silu
 engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under the checkpoint's lm_head.
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
-the engine with LVLLM_DRAFT_MOE=cpu; Qwen3-Next's and Qwen3.5's MTP layers (mtp.layers.0) the same, by the default
-rule (LVLLM_E2E_ARCHS=mtp: only these runs). n-gram drafts (Qwen3-MoE, 3 tokens a step,
-prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified. EAGLE-3 drafts
+the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
+(mtp.layers.0) MTP layers the same, by the default rule (LVLLM_E2E_ARCHS=mtp: only these runs; mtp_<family>: one
+family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified. EAGLE-3 drafts
 (Qwen3-MoE with a random-weight draft in the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
 vLLM's own experts with the plugin around them against the switch-off run, which puts a switch-on difference inside
@@ -42,8 +42,6 @@ import json
 import os
 
 import pytest
-
-from lvllm.testing.tiny_checkpoint import MTP_UNDER_MTP
 
 from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, check_cpu_run, check_gpu_run,  # noqa: F401
                           gpu_env, pytestmark)
@@ -66,8 +64,11 @@ ALL_RESIDENT = {"minimax_m3": "1-3"}
 
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
-# Qwen3-Next / Qwen3.5 with their MTP layer as released (mtp.layers.0): the draft's MoE layer by the default rule
-QWEN_MTP = MTP_UNDER_MTP
+# The other families with their MTP layer as released, the draft's MoE layer by the default rule (on the GPU), and
+# where vLLM's MTP model puts it (every tiny checkpoint has 4 decoder layers)
+MTP_FAMILIES = {"glm4_moe": "model.layers.4.mlp.experts", "glm_moe_dsa": "model.layers.4.mlp.experts",
+                "deepseek_v4": "model.layers.4.ffn.experts", "qwen3_next": "mtp.layers.0.mlp.experts",
+                "qwen3_5_moe": "mtp.layers.0.mlp.experts"}
 # ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
 # (both runs: the same prompts) so the drafts find matches and vLLM verifies them
 NGRAM_PROMPTS = ["--prompt-period", "16"]
@@ -80,7 +81,8 @@ def eagle3(draft_dir: str) -> list:
     return ["--speculative-config", json.dumps({"method": "eagle3", "model": draft_dir, "num_speculative_tokens": 3})]
 
 
-DRAFT_RUNS = {"mtp", "ngram", "eagle3"}
+# "mtp": every family's MTP runs; mtp_<family>: one family's (deepseek_v3: its three runs)
+DRAFT_RUNS = {"mtp", "ngram", "eagle3"} | {f"mtp_{a}" for a in ("deepseek_v3", *MTP_FAMILIES)}
 
 
 def _selected() -> set:
@@ -95,9 +97,18 @@ def _selected() -> set:
     return names or set(NEW_ARCHS) | DRAFT_RUNS  # the diagnostic runs only when named
 
 
+def _mtp_selected(arch: str, chosen: set) -> bool:
+    return "mtp" in chosen or f"mtp_{arch}" in chosen
+
+
 def _only_selected(arch: str) -> None:
     if arch not in _selected():
         pytest.skip(f"{arch} not in LVLLM_E2E_ARCHS")
+
+
+def _only_mtp_selected(arch: str) -> None:
+    if not _mtp_selected(arch, _selected()):
+        pytest.skip(f"neither mtp nor mtp_{arch} in LVLLM_E2E_ARCHS")
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +122,11 @@ def arch_runs(tmp_path_factory):
         if arch not in chosen:
             specs.append((arch, "off", OFF, KV))
         specs.append((arch, "all-resident", {**CPU, "LVLLM_GPU_RESIDENT_MOE_LAYERS": ALL_RESIDENT[arch]}, KV))
-    if "mtp" in chosen:
+    if _mtp_selected("deepseek_v3", chosen):
         specs += [("deepseek_v3", "cpu", CPU, KV, "mtp"), ("deepseek_v3", "cpu-drafts", CPU, KV + MTP, "mtp"),
                   ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
-        for arch in QWEN_MTP:
-            specs += [(arch, "cpu", CPU, KV, "mtp"), (arch, "cpu-drafts", CPU, KV + MTP, "mtp")]
+    for arch in [a for a in MTP_FAMILIES if _mtp_selected(a, chosen)]:
+        specs += [(arch, "cpu", CPU, KV, "mtp"), (arch, "cpu-drafts", CPU, KV + MTP, "mtp")]
     if "ngram" in chosen:
         specs += [("qwen3_moe", "cpu-repeat", CPU, KV + NGRAM_PROMPTS),
                   ("qwen3_moe", "cpu-repeat-ngram", CPU, KV + NGRAM_PROMPTS + NGRAM)]
@@ -163,7 +174,7 @@ def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
     """Speculative decoding with the checkpoint's MTP layer, switch on: the same greedy outputs as without
     drafts, under the suite's criterion (a verify step runs the engine on 3 tokens a request where the plain
     run ran it on 1); the draft's MoE layer where LVLLM_DRAFT_MOE puts it."""
-    _only_selected("mtp")
+    _only_mtp_selected("deepseek_v3")
     plain = _get(arch_runs, "deepseek_v3-mtp-cpu")
     drafts = _get(arch_runs, "deepseek_v3-mtp-cpu-drafts" + ("-cpu" if draft_moe == "cpu" else ""))
     where = "on the GPU (LVLLM_DRAFT_MOE=gpu)" if draft_moe == "gpu" else "hybrid (LVLLM_DRAFT_MOE=cpu)"
@@ -172,13 +183,15 @@ def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
     _check(plain, drafts, f"deepseek_v3 MTP drafts ({draft_moe}) vs none")
 
 
-@pytest.mark.parametrize("arch", QWEN_MTP)
-def test_qwen_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, arch):
-    """Qwen3-Next / Qwen3.5 MTP drafts (vLLM's qwen3_next_mtp / qwen3_5_mtp: a gated-attention MoE layer under mtp.),
-    switch on: the same greedy outputs as without drafts, the draft's MoE layer on the GPU by the default rule."""
-    _only_selected("mtp")
+@pytest.mark.parametrize("arch", list(MTP_FAMILIES))
+def test_family_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, arch):
+    """GLM-4.5 (Glm4MoeMTP), GLM-5 (DeepseekV32MTP: a DSA layer), DeepSeek-V4 (DeepSeekV4MTP: mtp.0, an mHC block
+    with sliding-window attention), Qwen3-Next / Qwen3.5 (a gated-attention MoE layer under mtp.) MTP drafts, switch
+    on: the same greedy outputs as without drafts, the draft's MoE layer on the GPU by the default rule."""
+    _only_mtp_selected(arch)
     plain, drafts = _get(arch_runs, f"{arch}-mtp-cpu"), _get(arch_runs, f"{arch}-mtp-cpu-drafts")
-    assert "speculative draft MoE layers mtp.layers.0.mlp.experts: on the GPU (LVLLM_DRAFT_MOE=gpu)" in drafts["log"]
+    where = f"speculative draft MoE layers {MTP_FAMILIES[arch]}: on the GPU (LVLLM_DRAFT_MOE=gpu)"
+    assert where in drafts["log"], drafts["log"][-3000:]
     assert "lk_moe: speculative decoding (mtp) with k=2 draft tokens: a verify step" in drafts["log"]
     _check(plain, drafts, f"{arch} MTP drafts vs none")
 

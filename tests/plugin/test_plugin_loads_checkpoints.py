@@ -106,6 +106,7 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
 # arch -> vLLM's MTP draft model built from its checkpoint, and where that model's MoE layer lives (L: the
 # target's decoder-layer count)
 MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts"),
+              "glm4_moe": ("Glm4MoeMTP", "model.layers.{L}.mlp.experts"),
               "qwen3_next": ("Qwen3NextMTP", "mtp.layers.0.mlp.experts"),
               "qwen3_5_moe": ("Qwen3_5MoeMTP", "mtp.layers.0.mlp.experts")}
 
@@ -114,7 +115,8 @@ MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts"),
 @pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
 def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     """vLLM's own MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a checkpoint with an
-    MTP layer as the family releases it (DeepSeek-V3: model.layers.<L>; Qwen3-Next, Qwen3.5: mtp.layers.0): its MoE
+    MTP layer as the family releases it (DeepSeek-V3, GLM-4.5: model.layers.<L>; Qwen3-Next, Qwen3.5: mtp.layers.0;
+    GLM-5's DSA and DeepSeek-V4's attention have no CPU backend: tests/e2e on the GPU machine covers them): its MoE
     layer is the draft's, GPU-resident with vLLM's kernels by default (LVLLM_DRAFT_MOE=gpu) and on the engine with
     LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts say; never planned as one of the target's
     layers."""

@@ -247,3 +247,45 @@ def test_deepseek_v4_mxfp4_experts_decode_and_twin(tmp_path):
     assert "quantization_config" not in twin_cfg and "expert_dtype" not in twin_cfg
     model, info = transformers.AutoModelForCausalLM.from_pretrained(twin, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+# family -> (where its MTP layer's decoder block lives, a decoder layer of the target's its block is shaped like,
+# where the tensors only an MTP layer has live, and those); every tiny checkpoint has 4 decoder layers, the last MoE
+_DEEPSEEK_MTP = ("eh_proj", "enorm", "hnorm", "shared_head.norm", "shared_head.head", "embed_tokens")
+_QWEN_MTP = ("fc", "norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden")
+MTP_LAYOUTS = {
+    "deepseek_v3": ("model.layers.4.", "model.layers.3.", "model.layers.4.", _DEEPSEEK_MTP),
+    "glm4_moe": ("model.layers.4.", "model.layers.3.", "model.layers.4.", _DEEPSEEK_MTP),
+    "glm_moe_dsa": ("model.layers.4.", "model.layers.3.", "model.layers.4.", _DEEPSEEK_MTP),
+    # V4's block: layer 0's names (sliding-window attention: no compressor)
+    "deepseek_v4": ("mtp.0.", "layers.0.", "mtp.0.", ("e_proj", "h_proj", "enorm", "hnorm", "norm", "hc_head_fn",
+                                                      "hc_head_base", "hc_head_scale")),
+    # Qwen's block: a full-attention layer, as the target's layer 3 (every 4th)
+    "qwen3_next": ("mtp.layers.0.", "model.layers.3.", "mtp.", _QWEN_MTP),
+    "qwen3_5_moe": ("mtp.layers.0.", "model.layers.3.", "mtp.", _QWEN_MTP),
+}
+
+
+@pytest.mark.parametrize("arch", list(MTP_LAYOUTS))
+def test_mtp_layer_is_one_more_decoder_layer_of_the_family(tmp_path, arch):
+    """mtp=1 as each family releases its MTP layer: the target's tensors unchanged, the MTP layer's block holding
+    what one of the target's MoE decoder layers holds (names and shapes), the MTP-only tensors beside it, and the
+    config's MTP layer count that vLLM's MTP model reads."""
+    from safetensors.torch import load_file
+    from lvllm.testing.tiny_checkpoint import MTP_FIELD
+    plain = load_file(f"{make_checkpoint(arch, str(tmp_path / 'plain'))}/model.safetensors")
+    path = make_checkpoint(arch, str(tmp_path / "mtp"), mtp=1)
+    t = load_file(f"{path}/model.safetensors")
+    assert json.load(open(f"{path}/config.json"))[MTP_FIELD[arch]] == 1
+    assert all(torch.equal(t[n], plain[n]) for n in plain)
+    block, like, at, own = MTP_LAYOUTS[arch]
+    own = {at + o for o in own}
+    added = {n: v.shape for n, v in t.items() if n not in plain}
+    mtp_only = {n for n in added if n in own or n.rsplit(".", 1)[0] in own}
+    assert {n if n in own else n.rsplit(".", 1)[0] for n in mtp_only} == own
+    shaped = {n[len(like):]: v.shape for n, v in plain.items() if n.startswith(like)}
+    if arch == "deepseek_v4":  # layer 0 is hash-routed (a token -> experts table), the MTP layer by a gate bias
+        shaped.pop("ffn.gate.tid2eid")
+        shaped["ffn.gate.bias"] = torch.Size([t["layers.1.ffn.gate.bias"].shape[0]])
+    assert all(n.startswith(block) for n in set(added) - mtp_only)
+    assert {n[len(block):]: s for n, s in added.items() if n not in mtp_only} == shaped
