@@ -18,6 +18,8 @@ Modes (each its own vLLM process, as a user would run it):
   hybrid-eg3       the same with EAGLE-3 drafts, 3 tokens a step (any count): the draft at --eagle3-draft, or a
                    random-weight one written for the model (lvllm.testing.eagle3_draft: its acceptance is ~0, so the
                    figure is what drafting and verifying cost a step)
+  hybrid-mt1       the same with MTP drafts from the checkpoint's own MTP layer, 1 token a step (any count; a
+                   generated model gets the family's MTP layer, dummy weights: the cost side)
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
@@ -36,6 +38,7 @@ preemptions per thread; the engine's workers are lk_moe-w<N>).
     python benchmarks/e2e_decode.py --modes hybrid,hybrid-ng1,hybrid-ng2,hybrid-ng3,hybrid-ng4 --prompt-period 16
     python benchmarks/e2e_decode.py --modes hybrid,hybrid-eg1,hybrid-eg3
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
+    python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,hybrid-mt1,hybrid-mt2
 """
 from __future__ import annotations
 
@@ -177,25 +180,45 @@ def _worker(a) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-SPEC_VARIANT = r"(ng|eg)[1-9][0-9]*"  # n-gram / EAGLE-3 drafts, k tokens a step
+SPEC_VARIANT = r"(ng|eg|mt)[1-9][0-9]*"  # n-gram / EAGLE-3 / MTP drafts, k tokens a step
 
 
 def mode_speculation(mode: str, eagle3_draft: str = ""):
-    """vLLM's speculative_config of a mode's ng<k> variant (n-gram drafts, k tokens a step) or eg<k> variant (EAGLE-3
-    drafts from the draft model at eagle3_draft), or None."""
+    """vLLM's speculative_config of a mode's ng<k> variant (n-gram drafts, k tokens a step), eg<k> variant (EAGLE-3
+    drafts from the draft model at eagle3_draft) or mt<k> variant (the checkpoint's MTP layer), or None."""
     for v in mode.split("-")[1:]:
         if re.fullmatch(SPEC_VARIANT, v):
             if v.startswith("ng"):
                 return {"method": "ngram", "num_speculative_tokens": int(v[2:]), "prompt_lookup_min": 2,
                         "prompt_lookup_max": 4}
+            if v.startswith("mt"):
+                return {"method": "mtp", "num_speculative_tokens": int(v[2:])}
             if not eagle3_draft:
                 raise SystemExit(f"mode {mode!r}: EAGLE-3 drafts need a draft model (--eagle3-draft)")
             return {"method": "eagle3", "model": eagle3_draft, "num_speculative_tokens": int(v[2:])}
     return None
 
 
+def _uses(kind: str, modes) -> bool:
+    return any(v.startswith(kind) and re.fullmatch(SPEC_VARIANT, v) for m in modes for v in m.split("-")[1:])
+
+
 def uses_eagle3(modes) -> bool:
-    return any(v.startswith("eg") and re.fullmatch(SPEC_VARIANT, v) for m in modes for v in m.split("-")[1:])
+    return _uses("eg", modes)
+
+
+def uses_mtp(modes) -> bool:
+    return _uses("mt", modes)
+
+
+# Where a config says how many MTP layers its model has (DeepSeek, GLM, Qwen3-Next, Kimi: nextn; Qwen3.5: mtp_num_...)
+MTP_COUNT_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+
+
+def mtp_layers(config: dict) -> int:
+    """The MTP layers a checkpoint's config declares (its own fields or its text_config's), 0 if none."""
+    text = config.get("text_config") or {}
+    return max([int(c.get(f) or 0) for c in (config, text) for f in MTP_COUNT_FIELDS] + [0])
 
 
 def speculation_lines(results: dict) -> list:
@@ -239,21 +262,21 @@ VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_R
 
 
 def mode_env(mode: str) -> dict:
-    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k> / eg<k>: no
+    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k> / eg<k> / mt<k>: no
     environment, see mode_speculation), offload, stock."""
     base, *variants = mode.split("-")
     if base not in ("hybrid", "offload", "stock") or (variants and base != "hybrid"):
-        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>|-eg<k>], offload "
-                         f"or stock")
+        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>|-eg<k>|-mt<k>], "
+                         f"offload or stock")
     env = {}
     for v in variants:
         if v in VARIANTS:
             env.update(VARIANTS[v])
         elif re.fullmatch(r"t[1-9][0-9]*", v):
             env["LK_THREADS"] = v[1:]
-        elif not re.fullmatch(SPEC_VARIANT, v):  # ng<k>, eg<k>: mode_speculation
+        elif not re.fullmatch(SPEC_VARIANT, v):  # ng<k>, eg<k>, mt<k>: mode_speculation
             raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)}, t<threads>, "
-                             f"ng<draft tokens> or eg<draft tokens>")
+                             f"ng<draft tokens>, eg<draft tokens> or mt<draft tokens>")
     return env
 
 
@@ -312,9 +335,12 @@ def main() -> int:
         mode_env(mode)  # a typo stops here, before the checkpoint and any mode's minutes-long start
     if not a.model:
         from lvllm.testing.tiny_checkpoint import make_checkpoint
-        a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(),
-                                                       f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}"),
-                                  a.size, layers=a.layers, quant=a.quant)
+        mtp = 1 if uses_mtp(modes) else 0
+        name = f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}" + (f"-mtp{mtp}" if mtp else "")
+        a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(), name), a.size, layers=a.layers,
+                                  quant=a.quant, mtp=mtp)
+    elif uses_mtp(modes) and not mtp_layers(json.load(open(os.path.join(a.model, "config.json")))):
+        raise SystemExit(f"the mt<k> modes draft with the model's MTP layers: {a.model}'s config declares none")
     if uses_eagle3(modes) and not a.eagle3_draft:
         from lvllm.testing.eagle3_draft import make_eagle3_draft
         a.eagle3_draft = a.model.rstrip("/") + "-eagle3"

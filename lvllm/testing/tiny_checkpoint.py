@@ -629,7 +629,8 @@ def _with_deepseek_v4_mtp_layers(tensors: Dict[str, torch.Tensor], s: dict, voca
 # Where each family's config says how many MTP layers it has (the field vLLM's MTP model reads)
 MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "glm4_moe": "num_nextn_predict_layers",
              "glm_moe_dsa": "num_nextn_predict_layers", "deepseek_v4": "num_nextn_predict_layers",
-             "qwen3_next": "num_nextn_predict_layers", "qwen3_5_moe": "mtp_num_hidden_layers"}
+             "qwen3_next": "num_nextn_predict_layers", "qwen3_5_moe": "mtp_num_hidden_layers",
+             "kimi_k3": "num_nextn_predict_layers"}
 # The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; DeepSeek-V3's,
 # GLM-4.5's and GLM-5's follow their decoder layers (model.layers.<L + i>)
 MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
@@ -752,16 +753,17 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels).
-    mtp (the MTP_FIELD families; tiny): that many MTP / NextN layers as each family releases them, for vLLM's MTP
-    speculative decoding: DeepSeek-V3's, GLM-4.5's and GLM-5's after the decoder layers (model.layers.<L + i>: a
+    mtp (the MTP_FIELD families): that many MTP / NextN layers as each family releases them, for vLLM's MTP
+    speculative decoding (a config-only model, "big" included: the config's count, vLLM's dummy weights fill them);
+    tiny ones written: DeepSeek-V3's, GLM-4.5's and GLM-5's after the decoder layers (model.layers.<L + i>: a
     whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), DeepSeek-V4's
     under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
     (_with_qwen_next_mtp_layers); the other weights are the same as without them."""
-    if mtp and (arch not in MTP_FIELD or size != "tiny"):
-        raise ValueError(f"mtp layers are written for the tiny {', '.join(MTP_FIELD)} checkpoints only")
-    if mtp and arch == "deepseek_v4" and quant != "bf16":
-        raise ValueError("deepseek_v4: mtp layers with bf16 weights only (the release's FP8 config names the "
-                         "target's layers)")
+    if mtp and arch not in MTP_FIELD:
+        raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
+    if mtp and arch == "deepseek_v4" and quant != "bf16" and size == "tiny":
+        raise ValueError("deepseek_v4 tiny: mtp layers with bf16 weights only (the FP8 config written beside MXFP4 "
+                         "experts names the target's layers; big: the release's config, dummy weights)")
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
     release = (arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
@@ -805,14 +807,15 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     else:
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
-    if mtp:
+    if mtp:  # a config-only model (Kimi-K3) gets vLLM's dummy weights in its MTP layer too
+        config.get("text_config", config)[MTP_FIELD[arch]] = mtp
+    if mtp and tensors is not None:
         if arch in MTP_UNDER_MTP:
             tensors = _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp)
         elif arch == "deepseek_v4":
             tensors = _with_deepseek_v4_mtp_layers(tensors, s, vocab, seed, mtp)
         else:
             tensors = _with_mtp_layers(tensors, arch, s, vocab, seed, mtp)
-        config[MTP_FIELD[arch]] = mtp
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
         config["quantization_config"] = ct_mxfp4_config()
@@ -859,7 +862,7 @@ def main(argv=None) -> int:
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")
     ap.add_argument("--mtp", type=int, default=0,
-                    help=f"{', '.join(MTP_FIELD)} (tiny): that many MTP layers, as released")
+                    help=f"{', '.join(MTP_FIELD)}: that many MTP layers, as released (big: in the config)")
     a = ap.parse_args(argv)
     make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"

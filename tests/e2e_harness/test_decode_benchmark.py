@@ -1,4 +1,5 @@
 """benchmarks/e2e_decode.py's modes and the CPU census it prints (the runs themselves need the GPU machine)."""
+import json
 import os
 import sys
 import threading
@@ -138,3 +139,25 @@ def test_modes_share_the_total_timeout():
     assert mode_share(280, 1, 1500) == 280  # the first of two failed after 20 s: the second gets the rest
     assert mode_share(900, 1, 600) == 600  # --timeout caps a mode
     assert mode_share(-5, 2, 600) == 1  # past the deadline: a start that times out at once, never a negative timeout
+
+
+def test_mtp_variant_drafts_with_the_checkpoints_own_layers():
+    from e2e_decode import mtp_layers, uses_mtp
+    assert mode_env("hybrid-mt2") == {} and mode_speculation("hybrid-mt2") == {"method": "mtp", "num_speculative_tokens": 2}
+    assert uses_mtp(["hybrid", "hybrid-mt1"]) and not uses_mtp(["hybrid-ng1", "hybrid-eg1"])
+    assert mtp_layers({"num_nextn_predict_layers": 1}) == 1 and mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
+    assert mtp_layers({"num_nextn_predict_layers": 0}) == 0 and mtp_layers({}) == 0
+    with pytest.raises(SystemExit, match="mt<draft tokens>"):
+        mode_env("hybrid-mtp")
+
+
+def test_generated_model_declares_the_mtp_layer_the_mt_modes_draft_with(tmp_path):
+    """DeepSeek-V4-Flash's release config (dummy weights) with mtp=1: the field vLLM's MTP model reads, the release's
+    FP8 projections (its MTP layer's e_proj / h_proj among them); a family without an MTP layer is refused."""
+    from e2e_decode import mtp_layers
+    from lvllm.testing.tiny_checkpoint import make_checkpoint
+    path = make_checkpoint("deepseek_v4", str(tmp_path / "v4"), "big", quant="mxfp4", mtp=1)
+    config = json.load(open(f"{path}/config.json"))
+    assert mtp_layers(config) == 1 and config["quantization_config"]["quant_method"] == "fp8"
+    with pytest.raises(ValueError, match="mtp layers are written for deepseek_v3"):
+        make_checkpoint("qwen3_moe", str(tmp_path / "q"), "big", mtp=1)

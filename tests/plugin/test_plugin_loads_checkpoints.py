@@ -29,7 +29,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
-from lvllm.testing.tiny_checkpoint import MTP_UNDER_MTP, make_checkpoint  # noqa: E402
+from lvllm.testing.tiny_checkpoint import CONFIG_ONLY, MTP_UNDER_MTP, make_checkpoint  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_load.py")
 # FP8 / NVFP4 / W8A8 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
@@ -107,26 +107,33 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
 # target's decoder-layer count)
 MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts"),
               "glm4_moe": ("Glm4MoeMTP", "model.layers.{L}.mlp.experts"),
+              "kimi_k3": ("KimiK3MTP", "model.layers.{L}.block_sparse_moe.experts"),  # config only: dummy weights
               "qwen3_next": ("Qwen3NextMTP", "mtp.layers.0.mlp.experts"),
               "qwen3_5_moe": ("Qwen3_5MoeMTP", "mtp.layers.0.mlp.experts")}
 
 
-@pytest.mark.parametrize("arch", list(MTP_DRAFTS))
-@pytest.mark.parametrize("draft_moe", ["gpu", "cpu"])
+# Kimi-K3's draft layer on the GPU would be vLLM's own SituGLU experts, which no CPU MoE backend computes
+MTP_DRAFT_CASES = [(m, a) for a in MTP_DRAFTS for m in ("gpu", "cpu") if (m, a) != ("gpu", "kimi_k3")]
+
+
+@pytest.mark.parametrize("draft_moe,arch", MTP_DRAFT_CASES, ids=[f"{m}-{a}" for m, a in MTP_DRAFT_CASES])
 def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     """vLLM's own MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a checkpoint with an
     MTP layer as the family releases it (DeepSeek-V3, GLM-4.5: model.layers.<L>; Qwen3-Next, Qwen3.5: mtp.layers.0;
+    Kimi-K3, config only: vLLM's dummy weights, the engine's host experts filled by the plugin;
     GLM-5's DSA and DeepSeek-V4's attention have no CPU backend: tests/e2e on the GPU machine covers them): its MoE
     layer is the draft's, GPU-resident with vLLM's kernels by default (LVLLM_DRAFT_MOE=gpu) and on the engine with
     LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts say; never planned as one of the target's
     layers."""
     model = make_checkpoint(arch, str(tmp_path / f"{arch}-mtp"), mtp=1)
-    L = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
+    config = json.load(open(os.path.join(model, "config.json")))
+    L = config.get("text_config", config)["num_hidden_layers"]
     name, draft_layer = MTP_DRAFTS[arch]
     draft_layer = draft_layer.format(L=L)
     layer = 0 if arch in MTP_UNDER_MTP else L
     port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + 3 + 2 * list(MTP_DRAFTS).index(arch) + (draft_moe == "cpu")
-    p = _run_helper(model, arch, "bf16", layer, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
+    quant = "dummy" if arch in CONFIG_ONLY else "bf16"
+    p = _run_helper(model, arch, quant, layer, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
     d = _last(p, "DRAFT")
     assert d["model"] == name and d["draft_layers"] == [draft_layer], d
     if draft_moe == "gpu":
