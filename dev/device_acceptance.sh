@@ -191,7 +191,8 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
             # its 43 layers (all 43 hold 147 GB of experts: more than the host's RAM); one mode a run (V4_MODES),
             # results adding up in /root/bench_v4.json on the machine; vLLM's JIT kernel warmup and DeepGEMM warmup off in
             # every mode (with them, the hybrid start did not finish in 536 s on 2026-12-04: 208 TileLang compile keys after
-            # 285 s of start; in session 23: 858 of 2541 DeepGEMM shapes after 348 s)
+            # 285 s of start; in session 23: 858 of 2541 DeepGEMM shapes after 348 s); V4_MODES=hybrid,hybrid-mt1: MTP
+            # drafts from the release's MTP layer (dummy weights: the cost side of issue 27 on V4's shape)
     body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers \${V4_LAYERS:-20} --no-jit-warmup \
 --modes \${V4_MODES:-hybrid} \${V4_ARGS:-} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
 > \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
