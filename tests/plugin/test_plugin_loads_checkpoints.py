@@ -108,20 +108,24 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
 MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts"),
               "glm4_moe": ("Glm4MoeMTP", "model.layers.{L}.mlp.experts"),
               "kimi_k3": ("KimiK3MTP", "model.layers.{L}.block_sparse_moe.experts"),  # config only: dummy weights
+              "deepseek_v4": ("DeepSeekV4MTP", "model.layers.{L}.ffn.experts"),  # mtp.0 in the checkpoint
               "qwen3_next": ("Qwen3NextMTP", "mtp.layers.0.mlp.experts"),
               "qwen3_5_moe": ("Qwen3_5MoeMTP", "mtp.layers.0.mlp.experts")}
 
 
-# Kimi-K3's draft layer on the GPU would be vLLM's own SituGLU experts, which no CPU MoE backend computes
-MTP_DRAFT_CASES = [(m, a) for a in MTP_DRAFTS for m in ("gpu", "cpu") if (m, a) != ("gpu", "kimi_k3")]
+# Kimi-K3's and DeepSeek-V4's draft layers on the GPU would be vLLM's own SituGLU / clamped-SwiGLU experts, which no
+# CPU MoE backend computes (their GPU-resident default is in tests/e2e)
+MTP_DRAFT_CASES = [(m, a) for a in MTP_DRAFTS for m in ("gpu", "cpu") if (m, a) not in (("gpu", "kimi_k3"),
+                                                                                     ("gpu", "deepseek_v4"))]
 
 
 @pytest.mark.parametrize("draft_moe,arch", MTP_DRAFT_CASES, ids=[f"{m}-{a}" for m, a in MTP_DRAFT_CASES])
 def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     """vLLM's own MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a checkpoint with an
     MTP layer as the family releases it (DeepSeek-V3, GLM-4.5: model.layers.<L>; Qwen3-Next, Qwen3.5: mtp.layers.0;
-    Kimi-K3, config only: vLLM's dummy weights, the engine's host experts filled by the plugin;
-    GLM-5's DSA and DeepSeek-V4's attention have no CPU backend: tests/e2e on the GPU machine covers them): its MoE
+    Kimi-K3, config only: vLLM's dummy weights, the engine's host experts filled by the plugin; DeepSeek-V4:
+    mtp.0, vLLM's GPU draft model (see vllm_cpu_load.lend_deepseek_v4_mtp_parts); GLM-5's DSA has no CPU backend:
+    tests/e2e on the GPU machine covers it): its MoE
     layer is the draft's, GPU-resident with vLLM's kernels by default (LVLLM_DRAFT_MOE=gpu) and on the engine with
     LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts say; never planned as one of the target's
     layers."""
@@ -141,7 +145,7 @@ def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
         return
     assert len(d["hybrid"]) == 1 and f"layers.{layer}." in d["hybrid"][0], d  # (module names: vLLM's attributes)
     r = _last(p, "RESULT")
-    assert r["format"] == "bf16" and r["rel_rms"] <= 0.01, r
+    assert r["format"] == "bf16" and r["activation"] == ACTIVATIONS.get(arch, "silu") and r["rel_rms"] <= 0.01, r
 
 
 def _autofit_run(tmp_path, machine: dict, port: int, settings=None):

@@ -4,7 +4,6 @@ import logging
 import types
 
 import pytest
-import torch
 
 import lk_moe
 from lvllm import speculation

@@ -106,8 +106,9 @@ def reference_layer(model_dir, arch, quant, layer_idx):
         base = "mtp"
     prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
     act = {}
-    if arch == "deepseek_v4":  # the inference release's names; clamped SwiGLU experts
-        prefix = f"layers.{layer_idx}.ffn.experts"
+    if arch == "deepseek_v4":  # the inference release's names (its MTP layers: mtp.<i>); clamped SwiGLU experts
+        L = cfg["num_hidden_layers"]
+        prefix = f"mtp.{layer_idx - L}.ffn.experts" if DRAFT and layer_idx >= L else f"layers.{layer_idx}.ffn.experts"
         act = dict(activation="silu_clamp", swiglu_limit=cfg["swiglu_limit"])
     if arch == "minimax_m3":
         act = minimax_m3_activation(cfg)
@@ -252,6 +253,25 @@ def lend_kimi_k3_cpu_parts():
     lend_unquantized_moe_backend()
 
 
+def lend_deepseek_v4_mtp_parts():
+    """DeepSeek-V4's MTP draft (DRAFT_TEST=1): vLLM's CPU package has only a stub that refuses MTP, so build its GPU
+    one (vllm.models.deepseek_v4.nvidia.mtp: the same weights and layers), whose constructor makes CUDA streams
+    (used only in forward), asks the GPU for its FP8 einsum recipe (the o-projection's kernel choice; a Hopper's
+    answer) and meets the backend question of its MoE layers' experts (lend_unquantized_moe_backend). The MoE
+    layers are the plugin's; the loader and the draft model are vLLM's."""
+    import vllm.models.deepseek_v4 as v4
+    from vllm.models.deepseek_v4.nvidia import flashmla, mtp
+
+    class NoStream:
+        def __new__(cls, *a, **k):
+            return None
+
+    torch.cuda.Stream = NoStream
+    v4.DeepSeekV4MTP = mtp.DeepSeekV4MTP
+    flashmla.compute_fp8_einsum_recipe = lambda block_size=128: ((1, 128, 128), False)
+    lend_unquantized_moe_backend()
+
+
 LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
                 "minimax_m3": lend_unquantized_moe_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts,
@@ -289,6 +309,8 @@ def main():
         ARCH_LENDERS[arch]()
     if (arch, quant) in QUANT_LENDERS:
         QUANT_LENDERS[(arch, quant)]()
+    if DRAFT_METHOD == "mtp" and arch == "deepseek_v4":
+        lend_deepseek_v4_mtp_parts()
     lend_plain_cpu_gemm()
     load_general_plugins()
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512)
