@@ -260,7 +260,8 @@ class WorkerRuntime:
         k, method = self.speculation
         hybrid = self.monitor.first
         ratio = speculation.measure_cost_ratio(speculation.engine_step_time(hybrid.layer, hybrid.top_k), k)
-        level, text = speculation.advice(ratio, k, method)
+        union = speculation.expected_distinct_experts(hybrid.layer.num_experts, hybrid.top_k, k + 1) / hybrid.top_k
+        level, text = speculation.advice(ratio, k, method, union)
         (logger.warning if level == "warning" else logger.info)("%s", text)
 
 

@@ -79,12 +79,16 @@ def engine_step_time(layer, top_k: int, reps: int = 7, seed: int = 0) -> Callabl
     return timed
 
 
-def advice(ratio: float, k: int, method: str = "") -> tuple:
-    """(level, text) for the startup log: "info" when k can pay, "warning" when it cannot."""
+def advice(ratio: float, k: int, method: str = "", union: Optional[float] = None) -> tuple:
+    """(level, text) for the startup log: "info" when k can pay, "warning" when it cannot. union: the bytes of
+    the verify step's expert union against one token's (expected_distinct_experts / top_k), the floor of
+    `ratio` for a bandwidth-bound engine: how close the multi-token call comes to reading each expert once."""
     what = f"speculative decoding{f' ({method})' if method else ''} with k={k} draft tokens"
     a = break_even_acceptance(ratio, k)
+    floor = (f"; its tokens route to {union:.2f}x one token's expert bytes, so the engine runs it at "
+             f"{union / ratio:.2f} of that floor" if union else "")
     base = (f"lk_moe: {what}: a verify step ({k + 1} tokens per request) costs {ratio:.2f}x a plain decode "
-            f"step's CPU expert time (measured on this machine, uniform routing)")
+            f"step's CPU expert time (measured on this machine, uniform routing{floor})")
     if a is None:
         return "warning", (base + f"; it cannot pay for itself here: even with every draft accepted a step yields "
                            f"{k + 1} tokens. Use fewer draft tokens, or put more layers on the GPU "

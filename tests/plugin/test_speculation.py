@@ -53,6 +53,10 @@ def test_advice_levels():
     level, text = speculation.advice(2.0, 3)
     a = speculation.break_even_acceptance(2.0, 3)
     assert level == "info" and "exceeds 2.00 tokens per step" in text and f"{a:.0%}" in text
+    union = speculation.expected_distinct_experts(128, 8, 4) / 8  # 3.64x: 4 tokens' union of top-8 of 128
+    level, text = speculation.advice(3.75, 3, "ngram", union)
+    assert "(measured on this machine, uniform routing; its tokens route to 3.64x one token's expert bytes, so the " \
+           "engine runs it at 0.97 of that floor)" in text
 
 
 def test_startup_line(caplog):
@@ -64,4 +68,6 @@ def test_startup_line(caplog):
     rt.speculation = (2, "ngram")
     with caplog.at_level(logging.INFO, logger="vllm.lvllm"):
         rt._log_speculation()
-    assert any("speculative decoding (ngram) with k=2 draft tokens" in r.getMessage() for r in caplog.records)
+    line = next(r.getMessage() for r in caplog.records if "speculative decoding (ngram) with k=2" in r.getMessage())
+    union = speculation.expected_distinct_experts(16, 4, 3) / 4  # 3 tokens, top-4 of 16 experts: 2.58x
+    assert f"its tokens route to {union:.2f}x one token's expert bytes" in line, line
