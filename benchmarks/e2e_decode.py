@@ -20,6 +20,8 @@ Modes (each its own vLLM process, as a user would run it):
                    figure is what drafting and verifying cost a step)
   hybrid-mt1       the same with MTP drafts from the checkpoint's own MTP layer, 1 token a step (any count; a
                    generated model gets the family's MTP layer, dummy weights: the cost side)
+  hybrid-ds4       the same with DSpark drafts (DeepSeek-V4.1: a block of 4 from its DSpark stages; a generated
+                   model gets 3 stages, lvllm.testing.deepseek_v41.dspark_fields)
   stock    stock vLLM, everything on the GPU (the upper reference)
   offload  stock vLLM with --cpu-offload-gb sized to the experts (the baseline to beat)
 
@@ -180,19 +182,20 @@ def _worker(a) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-SPEC_VARIANT = r"(ng|eg|mt)[1-9][0-9]*"  # n-gram / EAGLE-3 / MTP drafts, k tokens a step
+SPEC_VARIANT = r"(ng|eg|mt|ds)[1-9][0-9]*"  # n-gram / EAGLE-3 / MTP / DSpark drafts, k tokens a step
 
 
 def mode_speculation(mode: str, eagle3_draft: str = ""):
     """vLLM's speculative_config of a mode's ng<k> variant (n-gram drafts, k tokens a step), eg<k> variant (EAGLE-3
-    drafts from the draft model at eagle3_draft) or mt<k> variant (the checkpoint's MTP layer), or None."""
+    drafts from the draft model at eagle3_draft), mt<k> variant (the checkpoint's MTP layer) or ds<k> variant (its
+    DSpark stages, a block of k), or None."""
     for v in mode.split("-")[1:]:
         if re.fullmatch(SPEC_VARIANT, v):
             if v.startswith("ng"):
                 return {"method": "ngram", "num_speculative_tokens": int(v[2:]), "prompt_lookup_min": 2,
                         "prompt_lookup_max": 4}
-            if v.startswith("mt"):
-                return {"method": "mtp", "num_speculative_tokens": int(v[2:])}
+            if v.startswith(("mt", "ds")):
+                return {"method": "mtp" if v.startswith("mt") else "dspark", "num_speculative_tokens": int(v[2:])}
             if not eagle3_draft:
                 raise SystemExit(f"mode {mode!r}: EAGLE-3 drafts need a draft model (--eagle3-draft)")
             return {"method": "eagle3", "model": eagle3_draft, "num_speculative_tokens": int(v[2:])}
@@ -209,6 +212,10 @@ def uses_eagle3(modes) -> bool:
 
 def uses_mtp(modes) -> bool:
     return _uses("mt", modes)
+
+
+def uses_dspark(modes) -> bool:
+    return _uses("ds", modes)
 
 
 # Where a config says how many MTP layers its model has (DeepSeek, GLM, Qwen3-Next, Kimi: nextn; Qwen3.5: mtp_num_...)
@@ -262,21 +269,21 @@ VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_R
 
 
 def mode_env(mode: str) -> dict:
-    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k> / eg<k> / mt<k>: no
-    environment, see mode_speculation), offload, stock."""
+    """The environment a mode adds: hybrid[-variant...] (VARIANTS, t<N> for LK_THREADS=N, ng<k> / eg<k> / mt<k> /
+    ds<k>: no environment, see mode_speculation), offload, stock."""
     base, *variants = mode.split("-")
     if base not in ("hybrid", "offload", "stock") or (variants and base != "hybrid"):
-        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>|-eg<k>|-mt<k>], "
-                         f"offload or stock")
+        raise SystemExit(f"unknown mode {mode!r}: hybrid[-{'|-'.join(VARIANTS)}|-t<threads>|-ng<k>|-eg<k>|-mt<k>|"
+                         f"-ds<k>], offload or stock")
     env = {}
     for v in variants:
         if v in VARIANTS:
             env.update(VARIANTS[v])
         elif re.fullmatch(r"t[1-9][0-9]*", v):
             env["LK_THREADS"] = v[1:]
-        elif not re.fullmatch(SPEC_VARIANT, v):  # ng<k>, eg<k>, mt<k>: mode_speculation
+        elif not re.fullmatch(SPEC_VARIANT, v):  # ng<k>, eg<k>, mt<k>, ds<k>: mode_speculation
             raise SystemExit(f"unknown variant {v!r} of mode {mode!r}: {', '.join(VARIANTS)}, t<threads>, "
-                             f"ng<draft tokens>, eg<draft tokens> or mt<draft tokens>")
+                             f"ng<draft tokens>, eg<draft tokens>, mt<draft tokens> or ds<draft tokens>")
     return env
 
 
@@ -335,12 +342,14 @@ def main() -> int:
         mode_env(mode)  # a typo stops here, before the checkpoint and any mode's minutes-long start
     if not a.model:
         from lvllm.testing.tiny_checkpoint import make_checkpoint
-        mtp = 1 if uses_mtp(modes) else 0
+        mtp = 3 if uses_dspark(modes) else 1 if uses_mtp(modes) else 0  # DSpark: vLLM's default of 3 stages
         name = f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}" + (f"-mtp{mtp}" if mtp else "")
         a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(), name), a.size, layers=a.layers,
                                   quant=a.quant, mtp=mtp)
-    elif uses_mtp(modes) and not mtp_layers(json.load(open(os.path.join(a.model, "config.json")))):
-        raise SystemExit(f"the mt<k> modes draft with the model's MTP layers: {a.model}'s config declares none")
+    elif (uses_mtp(modes) or uses_dspark(modes)) and not mtp_layers(
+            json.load(open(os.path.join(a.model, "config.json")))):
+        raise SystemExit(f"the mt<k> / ds<k> modes draft with the model's MTP layers or DSpark stages: {a.model}'s "
+                         "config declares none")
     if uses_eagle3(modes) and not a.eagle3_draft:
         from lvllm.testing.eagle3_draft import make_eagle3_draft
         a.eagle3_draft = a.model.rstrip("/") + "-eagle3"

@@ -204,7 +204,8 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
               # shape in its compressed-tensors MXFP4: PROBE_ARCH=kimi_k3 PROBE_SIZE=big PROBE_LAYERS=6
               # PROBE_QUANT=mxfp4_ct (5 MoE layers: 73 GiB of experts in host RAM); Qwen3.8-Flash-Next:
               # PROBE_ARCH=qwen4_exp PROBE_SIZE=tiny PROBE_LAYERS=0 PROBE_QUANT=bf16 (big: its FP8 PLE table's dummy
-              # fill takes a full-size fp16 temporary, ~95 GiB: too much for the machine's RAM)
+              # fill takes a full-size fp16 temporary, ~95 GiB: too much for the machine's RAM); V4.1's DSpark drafts
+              # (3 stages, a block of 4): PROBE_MODES=hybrid,hybrid-ds4
     body="timeout $left python3 benchmarks/e2e_decode.py --arch \${PROBE_ARCH:-deepseek_v41} --quant \${PROBE_QUANT:-mxfp4} \
 --size \${PROBE_SIZE:-big} --layers \${PROBE_LAYERS:-10} --no-jit-warmup --modes \${PROBE_MODES:-hybrid,stock} --reps 1 \
 --decode-tokens 32 --results \$OUT/bench_probe.json --log-dir \$OUT \

@@ -77,6 +77,22 @@ def engram_fields(s: dict, n_layers: int, tokenizer_dir: str) -> dict:
     return fields
 
 
+# DSpark, V4.1's speculative decoding (vLLM's DSparkV41DraftModel, `--speculative-config '{"method": "dspark",
+# "num_speculative_tokens": 4}'`): its stages ship in the checkpoint under mtp.*, decoder layers numbered past the
+# target's, fed the target's hidden states of dspark_target_layer_ids, drafting a block of tokens at once (the
+# slots after the anchor hold the noise token). The release's values are not public here: vLLM's default of 3 stages,
+# a block of 4, a Markov rank of 64 (tiny) / 256 (big), the first, middle and last layer's hidden states.
+DSPARK_BLOCK = 4
+
+
+def dspark_fields(s: dict, n_layers: int, vocab: int, stages: int) -> dict:
+    """The DSpark fields of the text config (read by vLLM's SpeculativeConfig and DSpark draft model)."""
+    targets = sorted({min(1, n_layers - 1), n_layers // 2, n_layers - 1})
+    return dict(num_nextn_predict_layers=stages, dspark_target_layer_ids=targets, dspark_block_size=DSPARK_BLOCK,
+                dspark_markov_rank=64 if s["H"] <= 1024 else 256, dspark_noise_token_id=vocab - 1,
+                enable_confidence_head=True)
+
+
 def config(v4_text: dict, s: dict, tokenizer_dir: str) -> dict:
     """v4_text: DeepSeek-V4's config of the same shape (tiny_checkpoint's, no hash-routed layers): V4.1's text
     model keeps its fields and adds what vLLM's DeepseekV41Config has no default for, its attention topology, its

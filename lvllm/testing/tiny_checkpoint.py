@@ -630,7 +630,7 @@ def _with_deepseek_v4_mtp_layers(tensors: Dict[str, torch.Tensor], s: dict, voca
 MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "glm4_moe": "num_nextn_predict_layers",
              "glm_moe_dsa": "num_nextn_predict_layers", "deepseek_v4": "num_nextn_predict_layers",
              "qwen3_next": "num_nextn_predict_layers", "qwen3_5_moe": "mtp_num_hidden_layers",
-             "kimi_k3": "num_nextn_predict_layers"}
+             "kimi_k3": "num_nextn_predict_layers", "deepseek_v41": "num_nextn_predict_layers"}
 # The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; DeepSeek-V3's,
 # GLM-4.5's and GLM-5's follow their decoder layers (model.layers.<L + i>)
 MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
@@ -758,7 +758,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     tiny ones written: DeepSeek-V3's, GLM-4.5's and GLM-5's after the decoder layers (model.layers.<L + i>: a
     whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), DeepSeek-V4's
     under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
-    (_with_qwen_next_mtp_layers); the other weights are the same as without them."""
+    (_with_qwen_next_mtp_layers); the other weights are the same as without them. DeepSeek-V4.1's are DSpark stages
+    (config only: deepseek_v41.dspark_fields)."""
     if mtp and arch not in MTP_FIELD:
         raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
     if mtp and arch == "deepseek_v4" and quant != "bf16" and size == "tiny":
@@ -807,8 +808,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     else:
         config = _config(arch, s, vocab)
     tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
-    if mtp:  # a config-only model (Kimi-K3) gets vLLM's dummy weights in its MTP layer too
+    if mtp:  # a config-only model (Kimi-K3, DeepSeek-V4.1) gets vLLM's dummy weights in its MTP layer too
         config.get("text_config", config)[MTP_FIELD[arch]] = mtp
+    if mtp and arch == "deepseek_v41":  # V4.1's MTP layers are DSpark stages
+        config["text_config"].update(deepseek_v41.dspark_fields(s, s["L"], vocab, mtp))
     if mtp and tensors is not None:
         if arch in MTP_UNDER_MTP:
             tensors = _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp)

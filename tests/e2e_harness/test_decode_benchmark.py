@@ -161,3 +161,9 @@ def test_generated_model_declares_the_mtp_layer_the_mt_modes_draft_with(tmp_path
     assert mtp_layers(config) == 1 and config["quantization_config"]["quant_method"] == "fp8"
     with pytest.raises(ValueError, match="mtp layers are written for deepseek_v3"):
         make_checkpoint("qwen3_moe", str(tmp_path / "q"), "big", mtp=1)
+
+
+def test_dspark_variant_drafts_a_block_from_the_stages():
+    from e2e_decode import uses_dspark
+    assert mode_speculation("hybrid-ds4") == {"method": "dspark", "num_speculative_tokens": 4}
+    assert uses_dspark(["hybrid", "hybrid-ds4"]) and not uses_dspark(["hybrid-mt1"])

@@ -69,3 +69,24 @@ def test_checkpoint_info_reads_the_nested_config(v41):
     E, H, I = 16, 256, 128
     assert info.expert_bytes == int(4 * E * 3 * H * I * 17 / 32)  # MXFP4: 17 bytes per 32 weights
     assert info.host_table_bytes == engram_table_bytes(info.config) > 0
+
+
+def test_dspark_stages_as_vllm_resolves_them(tmp_path):
+    """mtp=3 on V4.1 writes DSpark stages (its speculative decoding): vLLM's own SpeculativeConfig resolves
+    `{"method": "dspark", "num_speculative_tokens": 4}` to its V4.1 DSpark draft over the target's config (the stage
+    count, the target layers it reads, the block and the noise token as written)."""
+    from vllm.config import ModelConfig, ParallelConfig
+    from vllm.config.speculative import SpeculativeConfig
+
+    from lvllm.testing.deepseek_v41 import DSPARK_BLOCK
+
+    path = make_checkpoint("deepseek_v41", str(tmp_path / "ds"), mtp=3)
+    target = ModelConfig(model=path, dtype="bfloat16", max_model_len=512)
+    spec = SpeculativeConfig(method="dspark", num_speculative_tokens=DSPARK_BLOCK, target_model_config=target,
+                             target_parallel_config=ParallelConfig())
+    draft = spec.draft_model_config.hf_config
+    assert spec.use_dspark() and spec.num_speculative_tokens == DSPARK_BLOCK
+    assert spec.draft_model_config.architectures == ["DSparkV41DraftModel"]
+    layers = target.hf_config.num_hidden_layers
+    assert draft.num_nextn_predict_layers == 3 and draft.dspark_target_layer_ids == [1, layers // 2, layers - 1]
+    assert draft.dspark_block_size == DSPARK_BLOCK and draft.dspark_noise_token_id == target.hf_config.vocab_size - 1
