@@ -30,8 +30,9 @@ MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative 
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
 (mtp.layers.0) MTP layers the same, by the default rule (LVLLM_E2E_ARCHS=mtp: only these runs; mtp_<family>: one
-family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified. EAGLE-3 drafts
-(Qwen3-MoE with a random-weight draft in the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
+family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy
+outputs as without, with drafts verified. EAGLE-3 drafts (Qwen3-MoE with a random-weight draft in the release
+layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
 vLLM's own experts with the plugin around them against the switch-off run, which puts a switch-on difference inside
 or outside the engine's layers.

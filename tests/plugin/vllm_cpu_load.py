@@ -240,33 +240,33 @@ def lend_prefix_caching():
     CpuPlatform.check_and_update_config = classmethod(keep_prefix_caching)
 
 
-def lend_kimi_k3_cpu_parts():
-    """Kimi-K3: prefix caching (lend_prefix_caching), the auxiliary CUDA stream its constructor makes (used only in
-    forward, to overlap a GEMM), and its SituGLU experts' backend question (lend_unquantized_moe_backend)."""
-    lend_prefix_caching()
-
+def lend_no_cuda_streams():
+    """Constructors that make auxiliary CUDA streams (used only in forward, to overlap work) get None."""
     class NoStream:
         def __new__(cls, *a, **k):
             return None
 
     torch.cuda.Stream = NoStream
+
+
+def lend_kimi_k3_cpu_parts():
+    """Kimi-K3: prefix caching (lend_prefix_caching), the auxiliary CUDA stream its constructor makes
+    (lend_no_cuda_streams), and its SituGLU experts' backend question (lend_unquantized_moe_backend)."""
+    lend_prefix_caching()
+    lend_no_cuda_streams()
     lend_unquantized_moe_backend()
 
 
 def lend_deepseek_v4_mtp_parts():
     """DeepSeek-V4's MTP draft (DRAFT_TEST=1): vLLM's CPU package has only a stub that refuses MTP, so build its GPU
     one (vllm.models.deepseek_v4.nvidia.mtp: the same weights and layers), whose constructor makes CUDA streams
-    (used only in forward), asks the GPU for its FP8 einsum recipe (the o-projection's kernel choice; a Hopper's
+    (lend_no_cuda_streams), asks the GPU for its FP8 einsum recipe (the o-projection's kernel choice; a Hopper's
     answer) and meets the backend question of its MoE layers' experts (lend_unquantized_moe_backend). The MoE
     layers are the plugin's; the loader and the draft model are vLLM's."""
     import vllm.models.deepseek_v4 as v4
     from vllm.models.deepseek_v4.nvidia import flashmla, mtp
 
-    class NoStream:
-        def __new__(cls, *a, **k):
-            return None
-
-    torch.cuda.Stream = NoStream
+    lend_no_cuda_streams()
     v4.DeepSeekV4MTP = mtp.DeepSeekV4MTP
     flashmla.compute_fp8_einsum_recipe = lambda block_size=128: ((1, 128, 128), False)
     lend_unquantized_moe_backend()
