@@ -11,7 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cpu_census  # noqa: E402
-from e2e_decode import mode_env, mode_speculation, speculation_lines, uses_eagle3  # noqa: E402
+from e2e_decode import (mode_env, mode_speculation, mtp_layers, speculation_lines, uses_dspark,  # noqa: E402
+                        uses_eagle3, uses_mtp)
 
 
 def test_hybrid_variants_combine_into_their_settings():
@@ -142,10 +143,11 @@ def test_modes_share_the_total_timeout():
 
 
 def test_mtp_variant_drafts_with_the_checkpoints_own_layers():
-    from e2e_decode import mtp_layers, uses_mtp
-    assert mode_env("hybrid-mt2") == {} and mode_speculation("hybrid-mt2") == {"method": "mtp", "num_speculative_tokens": 2}
+    assert mode_env("hybrid-mt2") == {}
+    assert mode_speculation("hybrid-mt2") == {"method": "mtp", "num_speculative_tokens": 2}
     assert uses_mtp(["hybrid", "hybrid-mt1"]) and not uses_mtp(["hybrid-ng1", "hybrid-eg1"])
-    assert mtp_layers({"num_nextn_predict_layers": 1}) == 1 and mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
+    assert mtp_layers({"num_nextn_predict_layers": 1}) == 1
+    assert mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
     assert mtp_layers({"num_nextn_predict_layers": 0}) == 0 and mtp_layers({}) == 0
     with pytest.raises(SystemExit, match="mt<draft tokens>"):
         mode_env("hybrid-mtp")
@@ -154,7 +156,6 @@ def test_mtp_variant_drafts_with_the_checkpoints_own_layers():
 def test_generated_model_declares_the_mtp_layer_the_mt_modes_draft_with(tmp_path):
     """DeepSeek-V4-Flash's release config (dummy weights) with mtp=1: the field vLLM's MTP model reads, the release's
     FP8 projections (its MTP layer's e_proj / h_proj among them); a family without an MTP layer is refused."""
-    from e2e_decode import mtp_layers
     from lvllm.testing.tiny_checkpoint import make_checkpoint
     path = make_checkpoint("deepseek_v4", str(tmp_path / "v4"), "big", quant="mxfp4", mtp=1)
     config = json.load(open(f"{path}/config.json"))
@@ -164,6 +165,5 @@ def test_generated_model_declares_the_mtp_layer_the_mt_modes_draft_with(tmp_path
 
 
 def test_dspark_variant_drafts_a_block_from_the_stages():
-    from e2e_decode import uses_dspark
     assert mode_speculation("hybrid-ds4") == {"method": "dspark", "num_speculative_tokens": 4}
     assert uses_dspark(["hybrid", "hybrid-ds4"]) and not uses_dspark(["hybrid-mt1"])
