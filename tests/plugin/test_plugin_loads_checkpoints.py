@@ -29,7 +29,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
-from lvllm.testing.tiny_checkpoint import CONFIG_ONLY, MTP_UNDER_MTP, make_checkpoint  # noqa: E402
+from lvllm.testing.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_load.py")
 # FP8 / NVFP4 / W8A8 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
@@ -103,41 +103,45 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["rel_rms"] <= 0.01, r
 
 
-# arch -> vLLM's MTP draft model built from its checkpoint, and where that model's MoE layer lives (L: the
-# target's decoder-layer count)
-MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts"),
-              "glm4_moe": ("Glm4MoeMTP", "model.layers.{L}.mlp.experts"),
-              "kimi_k3": ("KimiK3MTP", "model.layers.{L}.block_sparse_moe.experts"),  # config only: dummy weights
-              "deepseek_v4": ("DeepSeekV4MTP", "model.layers.{L}.ffn.experts"),  # mtp.0 in the checkpoint
-              "qwen3_next": ("Qwen3NextMTP", "mtp.layers.0.mlp.experts"),
-              "qwen3_5_moe": ("Qwen3_5MoeMTP", "mtp.layers.0.mlp.experts")}
+# arch -> vLLM's MTP draft model built from its checkpoint, where that model's MoE layer lives (L: the target's
+# decoder-layer count) and the index of the draft module's own layer list that holds it
+MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts", "{L}"),
+              "glm4_moe": ("Glm4MoeMTP", "model.layers.{L}.mlp.experts", "{L}"),
+              "kimi_k3": ("KimiK3MTP", "model.layers.{L}.block_sparse_moe.experts", "{L}"),
+              "deepseek_v4": ("DeepSeekV4MTP", "model.layers.{L}.ffn.experts", "{L}"),  # mtp.0 in the checkpoint
+              "qwen3_next": ("Qwen3NextMTP", "mtp.layers.0.mlp.experts", "0"),
+              "qwen3_5_moe": ("Qwen3_5MoeMTP", "mtp.layers.0.mlp.experts", "0"),
+              "qwen4_exp": ("Qwen4ExpMTP", "mtp.layers.{L}.mlp.experts", "0"),
+              # numbered from 0 like the target's first layer: a draft by vLLM's model tag alone
+              "minimax_m3": ("MiniMaxM3MTP", "model.layers.0.block_sparse_moe.experts", "0")}
+# MTP layers filled by vLLM's dummy loader: the families whose tiny configs declare one MTP layer already but whose
+# checkpoints hold only the target's tensors (Qwen3.8-Flash-Next, MiniMax-M3), and Kimi-K3 (config only: mtp=1)
+MTP_DECLARED = ("qwen4_exp", "minimax_m3")
+MTP_DUMMY = ("kimi_k3",) + MTP_DECLARED
 
 
-# Kimi-K3's and DeepSeek-V4's draft layers on the GPU would be vLLM's own SituGLU / clamped-SwiGLU experts, which no
-# CPU MoE backend computes (their GPU-resident default is in tests/e2e)
-MTP_DRAFT_CASES = [(m, a) for a in MTP_DRAFTS for m in ("gpu", "cpu") if (m, a) not in (("gpu", "kimi_k3"),
-                                                                                     ("gpu", "deepseek_v4"))]
+# Kimi-K3's, DeepSeek-V4's and MiniMax-M3's draft layers on the GPU would be vLLM's own SituGLU / clamped-SwiGLU /
+# swigluoai experts, which no CPU MoE backend computes (their GPU-resident default is in tests/e2e)
+MTP_DRAFT_CASES = [(m, a) for a in MTP_DRAFTS for m in ("gpu", "cpu")
+                   if m == "cpu" or a not in ("kimi_k3", "deepseek_v4", "minimax_m3")]
 
 
 @pytest.mark.parametrize("draft_moe,arch", MTP_DRAFT_CASES, ids=[f"{m}-{a}" for m, a in MTP_DRAFT_CASES])
 def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     """vLLM's own MTP draft model (what `--speculative-config '{"method": "mtp"}'` builds) from a checkpoint with an
     MTP layer as the family releases it (DeepSeek-V3, GLM-4.5: model.layers.<L>; Qwen3-Next, Qwen3.5: mtp.layers.0;
-    Kimi-K3, config only: vLLM's dummy weights, the engine's host experts filled by the plugin; DeepSeek-V4:
-    mtp.0, vLLM's GPU draft model (see vllm_cpu_load.lend_deepseek_v4_mtp_parts); GLM-5's DSA has no CPU backend:
-    tests/e2e on the GPU machine covers it): its MoE
-    layer is the draft's, GPU-resident with vLLM's kernels by default (LVLLM_DRAFT_MOE=gpu) and on the engine with
-    LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts say; never planned as one of the target's
-    layers."""
-    model = make_checkpoint(arch, str(tmp_path / f"{arch}-mtp"), mtp=1)
+    DeepSeek-V4: mtp.0, vLLM's GPU draft model, see vllm_cpu_load.lend_deepseek_v4_mtp_parts; MTP_DUMMY: vLLM's
+    dummy weights, the engine's host experts filled by the plugin; GLM-5's DSA has no CPU backend: tests/e2e on the
+    GPU machine covers it): its MoE layer is the draft's, GPU-resident with vLLM's kernels by default
+    (LVLLM_DRAFT_MOE=gpu) and on the engine with LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts
+    say; never planned as one of the target's layers."""
+    model = make_checkpoint(arch, str(tmp_path / f"{arch}-mtp"), mtp=0 if arch in MTP_DECLARED else 1)
     config = json.load(open(os.path.join(model, "config.json")))
     L = config.get("text_config", config)["num_hidden_layers"]
-    name, draft_layer = MTP_DRAFTS[arch]
-    draft_layer = draft_layer.format(L=L)
-    layer = 0 if arch in MTP_UNDER_MTP else L
+    name, draft_layer, layer = (t.format(L=L) for t in MTP_DRAFTS[arch])
     port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + 3 + 2 * list(MTP_DRAFTS).index(arch) + (draft_moe == "cpu")
-    quant = "dummy" if arch in CONFIG_ONLY else "bf16"
-    p = _run_helper(model, arch, quant, layer, port, LK_THREADS="2", DRAFT_TEST="1", LVLLM_DRAFT_MOE=draft_moe)
+    p = _run_helper(model, arch, "dummy" if arch in MTP_DUMMY else "bf16", layer, port, LK_THREADS="2", DRAFT_TEST="1",
+                    LVLLM_DRAFT_MOE=draft_moe)
     d = _last(p, "DRAFT")
     assert d["model"] == name and d["draft_layers"] == [draft_layer], d
     if draft_moe == "gpu":
