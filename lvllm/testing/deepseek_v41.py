@@ -85,10 +85,11 @@ def engram_fields(s: dict, n_layers: int, tokenizer_dir: str) -> dict:
 DSPARK_BLOCK = 4
 
 
-def dspark_fields(s: dict, n_layers: int, vocab: int, stages: int) -> dict:
-    """The DSpark fields of the text config (read by vLLM's SpeculativeConfig and DSpark draft model)."""
+def dspark_fields(s: dict, n_layers: int, vocab: int) -> dict:
+    """The DSpark fields of the text config beside its stage count (num_nextn_predict_layers), read by vLLM's
+    SpeculativeConfig and DSpark draft model."""
     targets = sorted({min(1, n_layers - 1), n_layers // 2, n_layers - 1})
-    return dict(num_nextn_predict_layers=stages, dspark_target_layer_ids=targets, dspark_block_size=DSPARK_BLOCK,
+    return dict(dspark_target_layer_ids=targets, dspark_block_size=DSPARK_BLOCK,
                 dspark_markov_rank=64 if s["H"] <= 1024 else 256, dspark_noise_token_id=vocab - 1,
                 enable_confidence_head=True)
 

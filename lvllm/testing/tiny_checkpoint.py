@@ -811,7 +811,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     if mtp:  # a config-only model (Kimi-K3, DeepSeek-V4.1) gets vLLM's dummy weights in its MTP layer too
         config.get("text_config", config)[MTP_FIELD[arch]] = mtp
     if mtp and arch == "deepseek_v41":  # V4.1's MTP layers are DSpark stages
-        config["text_config"].update(deepseek_v41.dspark_fields(s, s["L"], vocab, mtp))
+        config["text_config"].update(deepseek_v41.dspark_fields(s, s["L"], vocab))
     if mtp and tensors is not None:
         if arch in MTP_UNDER_MTP:
             tensors = _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp)

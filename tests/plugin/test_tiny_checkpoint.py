@@ -286,6 +286,6 @@ def test_mtp_layer_is_one_more_decoder_layer_of_the_family(tmp_path, arch):
     shaped = {n[len(like):]: v.shape for n, v in plain.items() if n.startswith(like)}
     if arch == "deepseek_v4":  # layer 0 is hash-routed (a token -> experts table), the MTP layer by a gate bias
         shaped.pop("ffn.gate.tid2eid")
-        shaped["ffn.gate.bias"] = torch.Size([t["layers.1.ffn.gate.bias"].shape[0]])
+        shaped["ffn.gate.bias"] = t["layers.1.ffn.gate.bias"].shape
     assert all(n.startswith(block) for n in set(added) - mtp_only)
     assert {n[len(block):]: s for n, s in added.items() if n not in mtp_only} == shaped
