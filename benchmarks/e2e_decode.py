@@ -172,9 +172,11 @@ def _worker(a) -> None:
         if engine_ms:  # where a decode step's time goes: the engine's share of it tells CPU from GPU/sync time
             res[f"engine_ms_per_step_{conc}"] = round(statistics.median(engine_ms), 3)
             res[f"engine_queue_ms_per_step_{conc}"] = round(statistics.median(queue_ms), 3)
+        print("RESULT " + json.dumps(dict(res, partial=True)), flush=True)  # what a stopped mode still reports
     for n in (1024, 8192):
         ts = [gen([prompt(n)], 1) for _ in range(a.reps)]
         res[f"ttft_{n}_s"] = statistics.median(ts)
+    print("RESULT " + json.dumps(dict(res, partial=True)), flush=True)
     if a.mode.startswith("hybrid"):
         direct = llm.collective_rpc(_engine_direct_step)[0]
         if direct is not None:
@@ -249,6 +251,19 @@ def speculation_lines(results: dict) -> list:
     return lines
 
 
+def mode_result(rc, lines: list):
+    """A mode's result from its child's RESULT lines: the last one (the final, or the last partial of a mode stopped
+    while it measured; an exit code other than 0 recorded with it), None when it printed none."""
+    if not lines:
+        return None
+    return lines[-1] if rc == 0 else dict(lines[-1], rc=rc)
+
+
+def measured(r: dict) -> list:
+    """The figures a (partial) result holds: decode rates and TTFTs."""
+    return [k for k in r if k.startswith(("decode_tok_s", "ttft")) and not k.endswith("_all")]
+
+
 def _log_figures(log_path: str) -> dict:
     """What vLLM itself reports at startup: GPU memory of the weights, KV-cache tokens."""
     out = {}
@@ -291,9 +306,12 @@ def _num(v, width: int, digits: int) -> str:
     return f"{v:{width}.{digits}f}" if isinstance(v, (int, float)) else f"{'n/a':>{width}}"
 
 
-def mode_share(left_s: float, modes_left: int, cap: int) -> int:
-    """A mode's seconds under --total-timeout: an even share of what is left, at most `cap`, at least 1."""
-    return max(1, min(cap, int(left_s // max(1, modes_left))))
+def mode_share(left_s: float, modes_left: int, cap: int, floor: int) -> int:
+    """A mode's seconds under --total-timeout: what is left less `floor` seconds for each later mode, never less than
+    an even share of it, at most `cap`, at least 1. The first mode on a fresh machine compiles cold and needs more than
+    the later ones (an even split stopped all three modes of a run there while they measured)."""
+    later = max(0, modes_left - 1)
+    return max(1, min(cap, int(max(left_s - floor * later, left_s / max(1, modes_left)))))
 
 
 def main() -> int:
@@ -325,8 +343,12 @@ def main() -> int:
     ap.add_argument("--gpu-util", type=float, default=0.85)
     ap.add_argument("--timeout", type=int, default=1500, help="seconds per mode")
     ap.add_argument("--total-timeout", type=int, default=0,
-                    help="seconds for all modes: each gets an even share of what is left when it starts (a mode that "
-                         "fails fast leaves its time to the next), capped by --timeout")
+                    help="seconds for all modes: each gets what is left when it starts less --mode-floor for each later "
+                         "mode, at least an even share (a mode that fails fast leaves its time to the next), capped by "
+                         "--timeout; a mode stopped by it reports what it had measured")
+    ap.add_argument("--mode-floor", type=int, default=150,
+                    help="--total-timeout: seconds kept for each later mode (a warm start of the Qwen3-30B-A3B shape "
+                         "and its measurement: ~110-130 s on the H200; a cold one ~230 s)")
     ap.add_argument("--no-jit-warmup", action="store_true",
                     help="every mode: vLLM's --kernel-config '{\"enable_jit_warmup\": false}' (DeepSeek-V4: its ~200 "
                          "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine) "
@@ -369,7 +391,7 @@ def main() -> int:
             results = json.load(f)
     deadline = time.time() + a.total_timeout if a.total_timeout > 0 else None
     for i, mode in enumerate(modes):
-        timeout = a.timeout if deadline is None else mode_share(deadline - time.time(), len(modes) - i, a.timeout)
+        timeout = a.timeout if deadline is None else mode_share(deadline - time.time(), len(modes) - i, a.timeout, a.mode_floor)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         # collective_rpc sends the engine-counter reader (a function) to the engine process pickled: vLLM asks for this
@@ -393,12 +415,14 @@ def main() -> int:
         milestones = ("Loading weights took", "Model loading took", "lk_moe:", "torch.compile took",
                       "KV cache size", "init engine", "Graph capturing finished", "lk_moe stats", "RESULT", "Error", "error")
         rc, lines = run_child(cmd, env, log_path, mode, milestones, timeout)
-        if rc != 0 or not lines:
+        r = mode_result(rc, lines)
+        if r is None or r.get("partial") or "rc" in r:
             print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
-            continue
+            if r is None:
+                continue
+            print(f"[{mode}] keeping what it measured before it stopped: {', '.join(measured(r))}")
         bw_after = read_bandwidth()
         bw = (bw_before + bw_after) / 2
-        r = lines[-1]
         r.update(_log_figures(log_path), read_bw_gbs=round(bw, 1), read_bw_before_after=[round(bw_before, 1), round(bw_after, 1)],
                  bound_tok_s=round(bw * 1e9 / bytes_per_token, 2))
         results[mode] = r
@@ -411,9 +435,10 @@ def main() -> int:
     for m, r in results.items():
         w = f"{r['weights_gib']:.2f}G" if "weights_gib" in r else "?"
         kv = f"{r['kv_tokens']:,}" if "kv_tokens" in r else "?"
-        print(f"{m:>12} {_num(r['decode_tok_s_1'], 8, 2)} {_num(r['decode_tok_s_4'], 8, 2)} {r['ttft_1024_s']:8.3f} {r['ttft_8192_s']:8.3f} "
-              f"{w:>8} {kv:>10} {r['startup_s']:7.1f}s {r['read_bw_gbs']:6.1f}GB/s")
-    for m in [m for m in results if m.startswith("hybrid") and results[m]["decode_tok_s_1"]]:
+        print(f"{m:>12} {_num(r.get('decode_tok_s_1'), 8, 2)} {_num(r.get('decode_tok_s_4'), 8, 2)} "
+              f"{_num(r.get('ttft_1024_s'), 8, 3)} {_num(r.get('ttft_8192_s'), 8, 3)} "
+              f"{w:>8} {kv:>10} {r['startup_s']:7.1f}s {r['read_bw_gbs']:6.1f}GB/s" + ("  (stopped early)" if r.get("partial") else ""))
+    for m in [m for m in results if m.startswith("hybrid") and results[m].get("decode_tok_s_1")]:
         r = results[m]
         print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
               f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})")
@@ -439,7 +464,7 @@ def main() -> int:
         print(line)
     if "hybrid" in results:
         h = results["hybrid"]
-        if "offload" in results:
+        if "offload" in results and not (h.get("partial") or results["offload"].get("partial")):
             o = results["offload"]
             print(f"hybrid vs offload: decode @1 {h['decode_tok_s_1'] / o['decode_tok_s_1']:.1f}x, "
                   f"TTFT 8K {o['ttft_8192_s'] / h['ttft_8192_s']:.1f}x better")

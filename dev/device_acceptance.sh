@@ -214,7 +214,9 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
 grep -v '^ *\$' \$OUT/bench_probe.log | tail -20; grep -h 'Engram\|engram\|Traceback\|Error' \$OUT/e2e_decode-*.log | cut -c1-300 | head -20" ;;
   spec1)  # speculative decoding through vLLM on the Qwen3-30B-A3B shape (issue 27): plain hybrid against
           # hybrid-ng<k> (n-gram) and hybrid-eg<k> (EAGLE-3, a random-weight draft: the cost side) on prompts that
-          # repeat; SPEC_MODES (two or three modes fit one run), results adding up in /root/bench_spec.json
+          # repeat; SPEC_MODES, results adding up in /root/bench_spec.json: on a fresh machine each mode compiles
+          # cold (the speculative config is in vLLM's compile key) and takes ~230 s with its measurement, ~120 s warm
+          # (H200, 2026-12-05): two cold modes or four warm ones fit a run
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${SPEC_MODES:-hybrid,hybrid-ng3} --prompt-period 16 \
 --reps 2 --decode-tokens 64 --results /root/bench_spec.json --log-dir \$OUT \
 --total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) > \$OUT/bench_spec.log 2>&1

@@ -133,13 +133,37 @@ def test_engine_direct_step_times_every_hybrid_layer_in_the_worker(monkeypatch):
 
 
 def test_modes_share_the_total_timeout():
-    """--total-timeout: each mode an even share of what is left when it starts, so a mode that fails fast leaves its
-    time to the next (the even split given up front cut two new-architecture starts short on the GPU machine)."""
+    """--total-timeout: each mode gets what is left when it starts less a floor for each later mode, never less than an
+    even share, so a cold first mode gets more and a mode that fails fast leaves its time to the next (an even split of
+    530 s stopped all three modes of a run on a fresh H200 while they measured: each compiled cold and started in
+    145-166 s of its 172)."""
     from e2e_decode import mode_share
-    assert mode_share(300, 2, 1500) == 150
-    assert mode_share(280, 1, 1500) == 280  # the first of two failed after 20 s: the second gets the rest
-    assert mode_share(900, 1, 600) == 600  # --timeout caps a mode
-    assert mode_share(-5, 2, 600) == 1  # past the deadline: a start that times out at once, never a negative timeout
+    assert mode_share(530, 3, 1500, 150) == 230  # the first mode: all but two floors
+    assert mode_share(400, 3, 1500, 150) == 133  # floors that would leave it less than an even share: the even share
+    assert mode_share(300, 2, 1500, 150) == 150
+    assert mode_share(280, 1, 1500, 150) == 280  # the first of two failed after 20 s: the second gets the rest
+    assert mode_share(900, 1, 600, 150) == 600  # --timeout caps a mode
+    assert mode_share(-5, 2, 600, 150) == 1  # past the deadline: a start that times out at once, never a negative timeout
+
+
+def test_a_mode_stopped_while_measuring_keeps_what_it_measured(tmp_path):
+    """A child that printed its decode figures and then outran its timeout (the harness stops it): its last partial
+    result is kept, marked with the stop; one stopped before any figure gives none."""
+    from e2e_decode import measured, mode_result
+    from harness import run_child
+    child = tmp_path / "child.py"
+    child.write_text("import json, time\n"
+                     "print('RESULT ' + json.dumps({'mode': 'hybrid-eg1', 'startup_s': 60.0, 'decode_tok_s_1': 20.5, "
+                     "'decode_tok_s_1_all': [20.5], 'partial': True}), flush=True)\n"
+                     "time.sleep(60)\n")
+    rc, lines = run_child([sys.executable, str(child)], dict(os.environ), str(tmp_path / "log"), "hybrid-eg1",
+                          ("RESULT",), timeout=3)
+    r = mode_result(rc, lines)
+    assert rc == "timeout" and r["partial"] and r["rc"] == "timeout" and r["decode_tok_s_1"] == 20.5
+    assert measured(r) == ["decode_tok_s_1"]
+    assert mode_result("timeout", []) is None
+    assert mode_result(0, [{"mode": "hybrid", "partial": True}, {"mode": "hybrid", "ttft_1024_s": 1.0}]) == \
+        {"mode": "hybrid", "ttft_1024_s": 1.0}
 
 
 def test_mtp_variant_drafts_with_the_checkpoints_own_layers():
