@@ -20,6 +20,9 @@ Modes (each its own vLLM process, as a user would run it):
                    figure is what drafting and verifying cost a step)
   hybrid-mt1       the same with MTP drafts from the checkpoint's own MTP layer, 1 token a step (any count; a
                    generated model gets the family's MTP layer, dummy weights: the cost side)
+  hybrid-ru        the same with every row of every step routed uniformly by the benchmark-only routing replay
+                   (LVLLM_BENCH_ROUTING_REPLAY, lk_moe.routing_trace): dummy weights route a request's tokens nearly
+                   alike, so a verify step's cost needs it (hybrid-eg3-ru against hybrid-ru); outputs are meaningless
   hybrid-ds4       the same with DSpark drafts (DeepSeek-V4.1: a block of 4 from its DSpark stages; a generated
                    model gets 3 stages, lvllm.testing.deepseek_v41.dspark_fields)
   stock    stock vLLM, everything on the GPU (the upper reference)
@@ -39,6 +42,7 @@ preemptions per thread; the engine's workers are lk_moe-w<N>).
     python benchmarks/e2e_decode.py --modes hybrid,stock,offload
     python benchmarks/e2e_decode.py --modes hybrid,hybrid-ng1,hybrid-ng2,hybrid-ng3,hybrid-ng4 --prompt-period 16
     python benchmarks/e2e_decode.py --modes hybrid,hybrid-eg1,hybrid-eg3
+    python benchmarks/e2e_decode.py --modes hybrid-ru,hybrid-eg1-ru,hybrid-eg2-ru,hybrid-eg3-ru,hybrid-eg4-ru
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,hybrid-mt1,hybrid-mt2
 """
@@ -113,6 +117,9 @@ def _worker(a) -> None:
     t0 = time.time()
     llm = LLM(**kwargs)
     startup = time.time() - t0
+    if "ru" in a.mode.split("-"):  # before the warm-up: every measured step follows the trace
+        from expert_cache import control
+        llm.collective_rpc(control, args=("trace", RU_TRACE, 0, a.experts))
     rng = random.Random(0)
 
     def prompt(n):
@@ -230,13 +237,20 @@ def mtp_layers(config: dict) -> int:
     return max([int(c.get(f) or 0) for c in (config, text) for f in MTP_COUNT_FIELDS] + [0])
 
 
+def plain_twin(mode: str) -> str:
+    """The mode without its drafts: hybrid-eg2-ru -> hybrid-ru."""
+    return "-".join(v for v in mode.split("-") if not re.fullmatch(SPEC_VARIANT, v))
+
+
 def speculation_lines(results: dict) -> list:
-    """Each speculative mode against plain "hybrid" of the same run: decode speed-up, vLLM's acceptance, and the
-    step's cost (a step makes tokens_per_step tokens: its time is tokens_per_step / tok/s, plain decode's 1 / tok/s)."""
-    plain, lines = results.get("hybrid"), []
+    """Each speculative mode against its plain twin of the same run (hybrid-eg2-ru against hybrid-ru): decode speed-up,
+    vLLM's acceptance, and the step's cost (a step makes tokens_per_step tokens: its time is tokens_per_step / tok/s,
+    plain decode's 1 / tok/s)."""
+    lines = []
     for m, r in results.items():
         if "spec_tokens_per_step_1" not in r:
             continue
+        plain = results.get(plain_twin(m))
         for conc in (1, 4):
             tok_s, per_step = r.get(f"decode_tok_s_{conc}"), r.get(f"spec_tokens_per_step_{conc}")
             base = plain.get(f"decode_tok_s_{conc}") if plain else None
@@ -280,7 +294,12 @@ def _log_figures(log_path: str) -> dict:
 
 # A hybrid mode's variants, joined with '-' (hybrid-excl-t12): the setting each one changes
 VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "eager": {},
-            "excl": {"LVLLM_EXCLUSIVE_ENGINE_CPUS": "1"}, "bsync": {"LVLLM_CUDA_BLOCKING_SYNC": "1"}}
+            "excl": {"LVLLM_EXCLUSIVE_ENGINE_CPUS": "1"}, "bsync": {"LVLLM_CUDA_BLOCKING_SYNC": "1"},
+            "ru": {"LVLLM_BENCH_ROUTING_REPLAY": "1"}}
+# The ru variant's trace (lk_moe.routing_trace): every row of every step routed independently and uniformly, where
+# dummy weights route the tokens of one request nearly alike (a verify step of 3 tokens read ~1.4x one token's
+# experts on the H200, 2026-12-05, against 2.8x for independent tokens)
+RU_TRACE = "uniform"
 
 
 def mode_env(mode: str) -> dict:
@@ -355,6 +374,7 @@ def main() -> int:
                          "and VLLM_DEEP_GEMM_WARMUP=skip (its FP8 projections: 2541 DeepGEMM shapes, ~25 min)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, default=30000, help=argparse.SUPPRESS)  # prompt ids stay below it
+    ap.add_argument("--experts", type=int, default=0, help=argparse.SUPPRESS)  # routed experts a layer (ru's trace)
     a = ap.parse_args()
     if a.mode:
         _worker(a)
@@ -403,7 +423,7 @@ def main() -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", a.model,
                "--offload-gb", str(a.offload_gb), "--reps", str(a.reps), "--decode-tokens", str(a.decode_tokens),
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-               "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000),
+               "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000), "--experts", str(experts),
                "--prompt-period", str(a.prompt_period), "--eagle3-draft", a.eagle3_draft] + \
             (["--no-jit-warmup"] if a.no_jit_warmup else [])
         bw_before = read_bandwidth()

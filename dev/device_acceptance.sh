@@ -216,7 +216,8 @@ grep -v '^ *\$' \$OUT/bench_probe.log | tail -20; grep -h 'Engram\|engram\|Trace
           # hybrid-ng<k> (n-gram) and hybrid-eg<k> (EAGLE-3, a random-weight draft: the cost side) on prompts that
           # repeat; SPEC_MODES, results adding up in /root/bench_spec.json: on a fresh machine each mode compiles
           # cold (the speculative config is in vLLM's compile key) and takes ~230 s with its measurement, ~120 s warm
-          # (H200, 2026-12-05): two cold modes or four warm ones fit a run
+          # (H200, 2026-12-05): two cold modes or four warm ones fit a run; the cost side with every token routed
+          # independently (dummy weights route a request's tokens alike): SPEC_MODES=hybrid-ru,hybrid-eg1-ru,...
     body="timeout $left python3 benchmarks/e2e_decode.py --modes \${SPEC_MODES:-hybrid,hybrid-ng3} --prompt-period 16 \
 --reps 2 --decode-tokens 64 --results /root/bench_spec.json --log-dir \$OUT \
 --total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) > \$OUT/bench_spec.log 2>&1

@@ -11,8 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cpu_census  # noqa: E402
-from e2e_decode import (mode_env, mode_speculation, mtp_layers, speculation_lines, uses_dspark,  # noqa: E402
-                        uses_eagle3, uses_mtp)
+from e2e_decode import (mode_env, mode_speculation, mtp_layers, plain_twin, speculation_lines,  # noqa: E402
+                        uses_dspark, uses_eagle3, uses_mtp)
 
 
 def test_hybrid_variants_combine_into_their_settings():
@@ -49,6 +49,17 @@ def test_speculation_lines_put_each_step_against_a_plain_one():
     assert lines[0] == ("hybrid-ng2 @1: 30.00 tok/s, acceptance 0.50, 2.00 tokens a step; 0.75x plain decode's 40.00 "
                         "tok/s, step 66.67 ms = 2.67x a plain step's 25.00 ms")
     assert lines[1].startswith("hybrid-ng2 @4: no figure") and len(lines) == 2
+
+
+def test_speculation_with_uniform_routing_is_put_against_plain_decode_with_it():
+    """hybrid-eg2-ru (EAGLE-3 drafts, the routing replay's uniform trace) against hybrid-ru, not plain hybrid."""
+    assert mode_env("hybrid-eg2-ru") == {"LVLLM_BENCH_ROUTING_REPLAY": "1"} == mode_env("hybrid-ru")
+    assert plain_twin("hybrid-eg2-ru") == "hybrid-ru" and plain_twin("hybrid-ng3") == "hybrid"
+    results = {"hybrid": {"decode_tok_s_1": 40.0}, "hybrid-ru": {"decode_tok_s_1": 20.0},
+               "hybrid-eg2-ru": {"decode_tok_s_1": 10.0, "spec_accept_rate_1": 0.0, "spec_tokens_per_step_1": 1.0}}
+    assert speculation_lines(results)[0] == ("hybrid-eg2-ru @1: 10.00 tok/s, acceptance 0.00, 1.00 tokens a step; "
+                                             "0.50x plain decode's 20.00 tok/s, step 100.00 ms = 2.00x a plain "
+                                             "step's 50.00 ms")
 
 
 @pytest.mark.parametrize("mode", ["hybrid-fast", "hybrid-t0", "stock-excl", "turbo", "hybrid-ng0", "stock-ng3"])
