@@ -296,9 +296,9 @@ def _log_figures(log_path: str) -> dict:
 VARIANTS = {"mailbox": {"LK_CPU_SIGNAL": "mailbox"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "eager": {},
             "excl": {"LVLLM_EXCLUSIVE_ENGINE_CPUS": "1"}, "bsync": {"LVLLM_CUDA_BLOCKING_SYNC": "1"},
             "ru": {"LVLLM_BENCH_ROUTING_REPLAY": "1"}}
-# The ru variant's trace (lk_moe.routing_trace): every row of every step routed independently and uniformly, where
-# dummy weights route the tokens of one request nearly alike (a verify step of 3 tokens read ~1.4x one token's
-# experts on the H200, 2026-12-05, against 2.8x for independent tokens)
+# The ru variant's trace (lk_moe.routing_trace): every row of every step routed independently and uniformly. With the
+# dummy weights' own routing a verify step of 3 tokens cost 1.40x a plain step through vLLM (H200, 2026-12-05), where
+# the engine measured 2.73x for 3 independently routed tokens: one request's tokens route to overlapping experts.
 RU_TRACE = "uniform"
 
 
