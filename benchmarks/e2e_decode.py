@@ -118,8 +118,10 @@ def _worker(a) -> None:
     llm = LLM(**kwargs)
     startup = time.time() - t0
     if "ru" in a.mode.split("-"):  # before the warm-up: every measured step follows the trace
-        from expert_cache import control
-        llm.collective_rpc(control, args=("trace", RU_TRACE, 0, a.experts))
+        import cloudpickle
+        import expert_cache  # (sent by value: the engine process need not find benchmarks/ on its path)
+        cloudpickle.register_pickle_by_value(expert_cache)
+        llm.collective_rpc(expert_cache.control, args=("trace", RU_TRACE, 0, a.experts))
     rng = random.Random(0)
 
     def prompt(n):
