@@ -44,6 +44,7 @@ preemptions per thread; the engine's workers are lk_moe-w<N>).
     python benchmarks/e2e_decode.py --modes hybrid,hybrid-eg1,hybrid-eg3
     python benchmarks/e2e_decode.py --modes hybrid-ru,hybrid-eg1-ru,hybrid-eg2-ru,hybrid-eg3-ru,hybrid-eg4-ru
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,stock
+    python benchmarks/e2e_decode.py --arch qwen3_next --quant fp8 --modes hybrid,stock   # Qwen3-Next-80B-A3B-FP8
     python benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers 20 --modes hybrid,hybrid-mt1,hybrid-mt2
 """
 from __future__ import annotations
@@ -340,7 +341,8 @@ def main() -> int:
     ap.add_argument("--modes", default="hybrid")
     ap.add_argument("--model", default="", help="checkpoint dir (default: a generated config of --arch's real shape)")
     ap.add_argument("--arch", default="qwen3_moe", help="generated model: a tools/make_tiny_checkpoint.py --arch")
-    ap.add_argument("--quant", default="bf16", help="generated model: its format (deepseek_v4: mxfp4, as released)")
+    ap.add_argument("--quant", default="bf16", help="generated model: its format (deepseek_v4: mxfp4, as released; "
+                    "qwen3_next, qwen3_5_moe, minimax_m2: fp8, their block-FP8 releases)")
     ap.add_argument("--size", default="big", choices=("big", "tiny"),
                     help="generated model: the real shape (default), or the tiny one (startup probes of a new architecture)")
     ap.add_argument("--layers", type=int, default=0,

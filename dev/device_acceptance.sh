@@ -38,6 +38,9 @@
 #   bash dev/device_acceptance.sh v4flash   # e2e_decode on DeepSeek-V4-Flash's shape (MXFP4 experts), V4_LAYERS (20) of 43
 #                                             # layers, V4_MODES (hybrid; then V4_MODES=stock as a second part; the
 #                                             # CPU-placement A/B: V4_MODES=hybrid,hybrid-excl,hybrid-bsync,hybrid-t12)
+#   bash dev/device_acceptance.sh bench24   # issue 24's benchmark: e2e_decode on a family's release shape in its release
+#                                             # format over dummy weights (BENCH_ARCH qwen3_next, BENCH_QUANT fp8, BENCH_LAYERS
+#                                             # all, BENCH_MODES hybrid,stock; BENCH_ARGS more options)
 #   bash dev/device_acceptance.sh archprobe # e2e_decode on a new architecture's config (dummy weights; PROBE_ARCH, default
 #                                             # deepseek_v41), hybrid then stock: does it start, decode, where are its tables
 #   bash dev/device_acceptance.sh spec1     # e2e_decode hybrid vs n-gram speculative decoding (SPEC_MODES, default
@@ -196,6 +199,13 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
     body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers \${V4_LAYERS:-20} --no-jit-warmup \
 --modes \${V4_MODES:-hybrid} \${V4_ARGS:-} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
 > \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
+  bench24)  # Qwen3-Next-80B-A3B FP8 by default (48 layers: 72 GiB of experts in host RAM; stock: ~80 GB on the GPU, an
+            # H200's); MiniMax-M2 FP8: BENCH_ARCH=minimax_m2 BENCH_LAYERS=24 (84 GiB of its 218); Qwen3.5:
+            # BENCH_ARCH=qwen3_5_moe; results adding up in /root/bench_24.json
+    body="timeout $left python3 benchmarks/e2e_decode.py --arch \${BENCH_ARCH:-qwen3_next} --quant \${BENCH_QUANT:-fp8} \
+--layers \${BENCH_LAYERS:-0} --modes \${BENCH_MODES:-hybrid,stock} --reps 2 --decode-tokens 64 \${BENCH_ARGS:-} \
+--results /root/bench_24.json --log-dir \$OUT --total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
+> \$OUT/bench_24.log 2>&1; cp /root/bench_24.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_24.log | tail -24" ;;
   archprobe)  # a new architecture's first start through vLLM with dummy weights (e2e_decode, short): PROBE_ARCH
               # (deepseek_v41: its own 0.33 runner, kv-sharing compressed attention, Engram tables in pinned host RAM),
               # PROBE_SIZE (big: V4-Flash's backbone for V4.1), PROBE_LAYERS (10), PROBE_QUANT (mxfp4), PROBE_MODES

@@ -432,6 +432,22 @@ def _deepseek_v4_mxfp4(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[s
     return out
 
 
+# Families released in block FP8 (Qwen3-Next-80B-A3B-*-FP8, Qwen3.5's -FP8 releases, MiniMax-M2 as released): "big"
+# with quant "fp8" writes the release's quantization config over dummy weights
+FP8_RELEASES = ("qwen3_next", "qwen3_5_moe", "minimax_m2")
+
+
+def fp8_release_config(config: dict) -> dict:
+    """The block-FP8 quantization config of an FP8 release (128 x 128 blocks, dynamic activations): every projection
+    FP8 but the Gated-DeltaNet layers' in_proj_ba (its 2 x value heads of outputs is no multiple of a block; vLLM's
+    GDN layer takes it unquantized and the releases list it); routers and the shared-expert gate are unquantized
+    layers in vLLM whatever the config says."""
+    keep = [f"model.layers.{i}.linear_attn.in_proj_ba" for i, t in enumerate(config.get("layer_types") or ())
+            if t == "linear_attention"]
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+            "modules_to_not_convert": keep}
+
+
 def _deepseek_v4_release_quant(config: dict, ignored_layers=()) -> None:
     """The release's quantization: MXFP4 routed experts (expert_dtype "fp4") under an FP8 block config
     (128 x 128 blocks, ue8m0 scales) for the other projections, minus ignored_layers."""
@@ -748,8 +764,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
     activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8), "mxfp4_ct" (compressed-tensors MXFP4
     experts, like Kimi-K3; the other projections bf16; "mxfp4_ct_a8": its W4A8 variant, FP8 activations);
-    quantized variants: tiny only, but DeepSeek-V4's mxfp4 and Kimi-K3's mxfp4_ct (big: the release's
-    quantization config over dummy weights).
+    quantized variants: tiny only, but DeepSeek-V4's mxfp4, Kimi-K3's mxfp4_ct and the FP8_RELEASES' fp8 (big: the
+    release's quantization config over dummy weights).
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels).
@@ -767,10 +783,11 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
                          "experts names the target's layers; big: the release's config, dummy weights)")
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
-    release = (arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
+    release = ((arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
+               or (arch in FP8_RELEASES and quant == "fp8"))
     if quant != "bf16" and size != "tiny" and not release:
-        raise ValueError("quantized variants are written for --size tiny only (and the MXFP4 releases of "
-                         "DeepSeek-V4: mxfp4, and Kimi-K3: mxfp4_ct)")
+        raise ValueError("quantized variants are written for --size tiny only (and the releases' formats: DeepSeek-V4's "
+                         f"mxfp4, Kimi-K3's mxfp4_ct, {', '.join(FP8_RELEASES)}'s block fp8)")
     if arch == "kimi_k3" and quant not in ("bf16", "mxfp4_ct"):
         raise ValueError("kimi_k3: bf16, or mxfp4_ct (the release's compressed-tensors MXFP4 experts)")
     if arch == "gpt_oss" and quant != "bf16":
@@ -822,6 +839,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
         config["quantization_config"] = ct_mxfp4_config()
+    elif tensors is None and quant == "fp8":  # big: the FP8 release's block quantization over dummy weights
+        config["quantization_config"] = fp8_release_config(config)
     elif tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
         _deepseek_v4_release_quant(config)
         if arch == "deepseek_v41":  # its release names the expert dtype inside the quantization config
