@@ -247,8 +247,8 @@ def plain_twin(mode: str) -> str:
 
 def speculation_lines(results: dict) -> list:
     """Each speculative mode against its plain twin of the same run (hybrid-eg2-ru against hybrid-ru): decode speed-up,
-    vLLM's acceptance, and the step's cost (a step makes tokens_per_step tokens: its time is tokens_per_step / tok/s,
-    plain decode's 1 / tok/s)."""
+    vLLM's acceptance, and the step's cost (at c requests a step makes c x tokens_per_step tokens: its time is
+    c x tokens_per_step / tok/s, plain decode's c / tok/s)."""
     lines = []
     for m, r in results.items():
         if "spec_tokens_per_step_1" not in r:
@@ -260,9 +260,9 @@ def speculation_lines(results: dict) -> list:
             if not (tok_s and per_step):
                 lines.append(f"{m} @{conc}: no figure (decode {tok_s}, tokens a step {per_step})")
                 continue
-            step_ms = 1e3 * per_step / tok_s
+            step_ms = 1e3 * conc * per_step / tok_s  # tok/s counts every request's tokens: conc x per_step a step
             vs = (f"; {tok_s / base:.2f}x plain decode's {base:.2f} tok/s, step {step_ms:.2f} ms = "
-                  f"{step_ms / (1e3 / base):.2f}x a plain step's {1e3 / base:.2f} ms") if base else ""
+                  f"{step_ms / (1e3 * conc / base):.2f}x a plain step's {1e3 * conc / base:.2f} ms") if base else ""
             lines.append(f"{m} @{conc}: {tok_s:.2f} tok/s, acceptance {r[f'spec_accept_rate_{conc}']:.2f}, "
                          f"{per_step:.2f} tokens a step{vs}")
     return lines
@@ -281,6 +281,33 @@ def measured(r: dict) -> list:
     return [k for k in r if k.startswith(("decode_tok_s", "ttft")) and not k.endswith("_all")]
 
 
+def speculation_table(results: dict) -> list:
+    """The cost table of the speculative modes, by draft tokens k: each step's time against its plain twin's at 1 and
+    4 requests (through vLLM), beside what the engine measured at startup for k + 1 uniformly routed tokens and the
+    bytes of their expert union (the floor of a bandwidth-bound engine), and vLLM's acceptance."""
+    rows = []
+    for m, r in results.items():
+        k = next((int(v[2:]) for v in m.split("-") if re.fullmatch(SPEC_VARIANT, v)), None)
+        plain = results.get(plain_twin(m))
+        if k is None or not plain:
+            continue
+        cells = []
+        for conc in (1, 4):
+            tok_s, per_step, base = (r.get(f"decode_tok_s_{conc}"), r.get(f"spec_tokens_per_step_{conc}"),
+                                     plain.get(f"decode_tok_s_{conc}"))
+            cells.append((1e3 * conc * per_step / tok_s, per_step * base / tok_s) if tok_s and per_step and base else None)
+        rows.append((k, m, cells, r.get("spec_accept_rate_1"), r.get("engine_verify_ratio"), r.get("verify_union_ratio")))
+    if not rows:
+        return []
+    lines = [f"{'mode':>16} {'k':>2} {'step@1':>8} {'x plain':>7} {'step@4':>8} {'x plain':>7} {'engine':>7} "
+             f"{'union':>6} {'accept':>6}   (steps in ms; engine, union: k + 1 uniformly routed tokens vs one)"]
+    for k, m, cells, accept, engine, union in sorted(rows):
+        cols = " ".join(f"{c[0]:8.2f} {c[1]:6.2f}x" if c else f"{'n/a':>8} {'':>7}" for c in cells)
+        ratio = (lambda v, w: f"{v:.2f}x".rjust(w) if isinstance(v, (int, float)) else "n/a".rjust(w))
+        lines.append(f"{m:>16} {k:>2} {cols} {ratio(engine, 7)} {ratio(union, 6)} {_num(accept, 6, 2)}")
+    return lines
+
+
 def _log_figures(log_path: str) -> dict:
     """What vLLM itself reports at startup: GPU memory of the weights, KV-cache tokens."""
     out = {}
@@ -292,6 +319,12 @@ def _log_figures(log_path: str) -> dict:
     m = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
     if m:
         out["kv_tokens"] = int(m[-1].replace(",", ""))
+    m = re.findall(r"costs ([\d.]+)x a plain decode step's CPU expert time", text)  # lvllm.speculation.advice
+    if m:
+        out["engine_verify_ratio"] = float(m[-1])
+    m = re.findall(r"its tokens route to ([\d.]+)x one token's expert bytes", text)
+    if m:
+        out["verify_union_ratio"] = float(m[-1])
     return out
 
 
@@ -484,7 +517,7 @@ def main() -> int:
             for t in r["census_1"][:8]:
                 print(f"    {t['name']:>16} pid {t['pid']:>7} tid {t['tid']:>7}  {t['core_share']:.2f} of a core, "
                       f"{t['preempted']} preemptions, last on CPU {t['cpu']}")
-    for line in speculation_lines(results):
+    for line in speculation_lines(results) + speculation_table(results):
         print(line)
     if "hybrid" in results:
         h = results["hybrid"]

@@ -49,6 +49,10 @@ def test_speculation_lines_put_each_step_against_a_plain_one():
     assert lines[0] == ("hybrid-ng2 @1: 30.00 tok/s, acceptance 0.50, 2.00 tokens a step; 0.75x plain decode's 40.00 "
                         "tok/s, step 66.67 ms = 2.67x a plain step's 25.00 ms")
     assert lines[1].startswith("hybrid-ng2 @4: no figure") and len(lines) == 2
+    results["hybrid-ng2"].update(decode_tok_s_4=60.0, spec_accept_rate_4=0.5, spec_tokens_per_step_4=2.0)
+    assert speculation_lines(results)[1] == (  # 4 requests: a step makes 4 x 2 tokens, a plain one 4
+        "hybrid-ng2 @4: 60.00 tok/s, acceptance 0.50, 2.00 tokens a step; 0.75x plain decode's 80.00 tok/s, step "
+        "133.33 ms = 2.67x a plain step's 50.00 ms")
 
 
 def test_speculation_with_uniform_routing_is_put_against_plain_decode_with_it():
@@ -60,6 +64,27 @@ def test_speculation_with_uniform_routing_is_put_against_plain_decode_with_it():
     assert speculation_lines(results)[0] == ("hybrid-eg2-ru @1: 10.00 tok/s, acceptance 0.00, 1.00 tokens a step; "
                                              "0.50x plain decode's 20.00 tok/s, step 100.00 ms = 2.00x a plain "
                                              "step's 50.00 ms")
+
+
+def test_cost_table_orders_the_speculative_modes_by_draft_tokens(tmp_path):
+    """The k = 1..4 table: a step's time and its ratio to the plain twin's at 1 and 4 requests, beside the engine's own
+    startup measurement (read from the mode's log) and vLLM's acceptance."""
+    from e2e_decode import _log_figures, speculation_table
+    log = tmp_path / "log"
+    log.write_text("INFO lk_moe: speculative decoding (eagle3) with k=2 draft tokens: a verify step (3 tokens per request) "
+                   "costs 2.73x a plain decode step's CPU expert time (measured on this machine, uniform routing; its "
+                   "tokens route to 2.82x one token's expert bytes, so the engine runs it at 1.03 of that floor); ...\n")
+    figures = _log_figures(str(log))
+    assert figures == {"engine_verify_ratio": 2.73, "verify_union_ratio": 2.82}
+    spec = {"spec_accept_rate_1": 0.0, "spec_tokens_per_step_1": 1.0, "spec_tokens_per_step_4": 1.0}
+    results = {"hybrid-ru": {"decode_tok_s_1": 25.0, "decode_tok_s_4": 40.0},
+               "hybrid-eg2-ru": dict(spec, decode_tok_s_1=10.0, decode_tok_s_4=None, **figures),
+               "hybrid-eg1-ru": dict(spec, decode_tok_s_1=12.5, decode_tok_s_4=20.0),
+               "hybrid-ng3": dict(spec, decode_tok_s_1=50.0)}  # no plain twin in this run: left out
+    header, k1, k2 = speculation_table(results)
+    assert header.split()[:9] == ["mode", "k", "step@1", "x", "plain", "step@4", "x", "plain", "engine"]
+    assert k1.split() == ["hybrid-eg1-ru", "1", "80.00", "2.00x", "200.00", "2.00x", "n/a", "n/a", "0.00"]
+    assert k2.split() == ["hybrid-eg2-ru", "2", "100.00", "2.50x", "n/a", "2.73x", "2.82x", "0.00"]
 
 
 @pytest.mark.parametrize("mode", ["hybrid-fast", "hybrid-t0", "stock-excl", "turbo", "hybrid-ng0", "stock-ng3"])
