@@ -37,6 +37,10 @@ from harness import read_bandwidth, run_child  # noqa: E402
 from lvllm.cli.checkpoint_info import expert_shape  # noqa: E402
 
 SHAPES = {"qwen3-30b-a3b": "qwen3_moe", "gpt-oss-120b": "gpt_oss"}
+# Rows the locality traces are made and calibrated with (their hit rates hold for batches of up to this many
+# requests); the replay's further rows repeat them. The uniform trace fills every row: a speculative verify step's
+# tokens route independently.
+LOCALITY_ROWS = 8
 # A --traces entry that is no trace: the router's own ids (dummy weights route near-uniformly), to tell
 # what the replay itself costs from what the traces do.
 ROUTER = "router"
@@ -54,13 +58,16 @@ def control(worker, op, *args):
                 "cache": cache.describe() if cache is not None else "off",
                 "replay": None if replay is None else list(replay.ids.shape)}
     if op == "trace":
+        import numpy as np
         from lk_moe.routing_trace import make_trace
         name, seed, experts = args
         if name == ROUTER:
             replay.disable()
             return True
         steps, layers, rows, top_k = replay.ids.shape
-        replay.load(make_trace(name, steps, layers, experts, top_k, rows=rows, seed=seed))
+        made = rows if name == "uniform" else LOCALITY_ROWS  # (rows % LOCALITY_ROWS == 0: lvllm.runtime's REPLAY_ROWS)
+        replay.load(np.tile(make_trace(name, steps, layers, experts, top_k, rows=made, seed=seed),
+                            (1, 1, rows // made, 1)))
         return True
     if op == "slots":
         cache.set_active_slots(args[0])

@@ -18,8 +18,8 @@ logger = logging.getLogger("vllm.lvllm")
 # statistics on, they are checked at every statistics interval).
 ERROR_CHECK_INTERVAL = 60
 # The benchmark routing replay (LVLLM_BENCH_ROUTING_REPLAY): trace steps kept on the GPU (replayed in
-# a loop) and trace rows (a decode batch's tokens; row r of a batch follows trace row r mod this: 32 keeps
-# the rows of a speculative verify step of 4 requests x up to 8 tokens apart).
+# a loop) and trace rows (a batch's tokens; row r of a batch follows trace row r mod this: 32 keeps the rows of a
+# speculative verify step of 4 requests x up to 8 tokens apart).
 REPLAY_STEPS = 1024
 REPLAY_ROWS = 32
 

@@ -4,6 +4,7 @@ import os
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,32 @@ def test_cost_table_orders_the_speculative_modes_by_draft_tokens(tmp_path):
     assert k2.split() == ["hybrid-eg2-ru", "2", "100.00", "2.50x", "n/a", "2.73x", "2.82x", "0.00"]
 
 
+def test_trace_loader_fills_every_replay_row(monkeypatch):
+    """The worker's trace loader (expert_cache.control, what the ru variant sends): the uniform trace routes each of the
+    replay's 32 rows on its own; a locality trace is made for 8 rows (its calibration) and repeated over the rest."""
+    import numpy as np
+
+    import expert_cache
+    from lvllm import runtime
+
+    class Replay:
+        ids = np.zeros((4, 2, runtime.REPLAY_ROWS, 8), dtype=np.int32)
+
+        def load(self, trace):
+            self.loaded = trace
+
+    replay = Replay()
+    monkeypatch.setattr(runtime, "_runtime", types.SimpleNamespace(expert_cache=None, replay=replay))
+    assert expert_cache.control(None, "trace", "uniform", 0, 128)
+    rows = replay.loaded.reshape(-1, runtime.REPLAY_ROWS, 8).transpose(1, 0, 2).reshape(runtime.REPLAY_ROWS, -1)
+    assert replay.loaded.shape == replay.ids.shape and len({r.tobytes() for r in rows}) == runtime.REPLAY_ROWS
+    assert expert_cache.control(None, "trace", "lru67", 0, 128)
+    loaded = replay.loaded
+    assert loaded.shape == replay.ids.shape
+    assert (loaded[:, :, 8:] == np.tile(loaded[:, :, :8], (1, 1, runtime.REPLAY_ROWS // 8 - 1, 1))).all()
+    assert not (loaded[:, :, :4] == loaded[:, :, 4:8]).all()  # its 8 rows route apart
+
+
 @pytest.mark.parametrize("mode", ["hybrid-fast", "hybrid-t0", "stock-excl", "turbo", "hybrid-ng0", "stock-ng3"])
 def test_an_unknown_mode_stops_before_any_run(mode):
     with pytest.raises(SystemExit, match="unknown"):
@@ -130,7 +157,6 @@ def test_the_benchmark_refuses_a_bad_mode_before_anything_starts(tmp_path):
 def test_engine_direct_step_times_every_hybrid_layer_in_the_worker(monkeypatch):
     """What e2e_decode asks the vLLM worker for after its measurements: the hybrid layers called straight from
     Python, one decode step (M = 1) of all of them; here real engine layers in a stand-in runtime."""
-    import types
 
     import torch
 
