@@ -46,35 +46,55 @@ def weights(s: dict, vocab: int, w) -> None:
     (use_gemma_norm: x * (1 + weight), vLLM's MiniMAXGemmaRMSNorm), so its weights are 0 for a gain of 1 as in the
     other tiny checkpoints; weights of 1 would double every norm's output (attention scores x4, logits x2)."""
     import torch
-    H, hd, L, dense = s["H"], 128, s["L"], s["dense"]
+    w.t["model.embed_tokens.weight"] = torch.randn(vocab, s["H"], generator=w.g).to(torch.bfloat16)
+    w.linear("lm_head", vocab, s["H"], gain=3.0)
+    _norm(w, "model.norm", s["H"])
+    for i in range(s["L"]):
+        _decoder_layer(s, w, f"model.layers.{i}", moe=i >= s["dense"])
 
-    def norm(name: str, n: int) -> None:
-        w.t[f"{name}.weight"] = torch.zeros(n, dtype=torch.bfloat16)
 
-    w.t["model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
-    w.linear("lm_head", vocab, H, gain=3.0)
-    norm("model.norm", H)
-    for i in range(L):
-        p = f"model.layers.{i}"
-        norm(f"{p}.input_layernorm", H)
-        norm(f"{p}.post_attention_layernorm", H)
-        a = f"{p}.self_attn"
-        w.linear(f"{a}.q_proj", s["nh"] * hd, H)
-        w.linear(f"{a}.k_proj", s["nkv"] * hd, H)
-        w.linear(f"{a}.v_proj", s["nkv"] * hd, H)
-        w.linear(f"{a}.o_proj", H, s["nh"] * hd)
-        norm(f"{a}.q_norm", hd)
-        norm(f"{a}.k_norm", hd)
-        if i < dense:
-            w.mlp(f"{p}.mlp", H, s["dense_I"])
-            continue
-        w.linear(f"{a}.index_q_proj", s["nkv"] * hd, H)  # the lightning indexer of the sparse layers
-        w.linear(f"{a}.index_k_proj", hd, H)
-        norm(f"{a}.index_q_norm", hd)
-        norm(f"{a}.index_k_norm", hd)
-        m = f"{p}.block_sparse_moe"
-        w.t[f"{m}.gate.weight"] = torch.randn(s["E"], H, generator=w.g) / H ** 0.5  # fp32, as released
-        w.t[f"{m}.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
-        w.mlp(f"{m}.shared_experts", H, s["I"])
-        for e in range(s["E"]):
-            w.mlp(f"{m}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))
+def mtp_weights(s: dict, w, n: int) -> None:
+    """n MTP modules as vLLM's MiniMaxM3MTP loads them (model.mtp.layers.<i>): enorm / hnorm over the token's
+    embedding and the target's hidden state, eh_proj over both, a decoder layer with block-sparse attention and MoE
+    under transformer_layer (the target's MoE layer names below it), final_layernorm; the embedding and lm_head are
+    the target's."""
+    for i in range(n):
+        p = f"model.mtp.layers.{i}"
+        for name in ("enorm", "hnorm", "final_layernorm"):
+            _norm(w, f"{p}.{name}", s["H"])
+        w.linear(f"{p}.eh_proj", s["H"], 2 * s["H"])
+        _decoder_layer(s, w, f"{p}.transformer_layer", moe=True)
+
+
+def _norm(w, name: str, n: int) -> None:
+    import torch
+    w.t[f"{name}.weight"] = torch.zeros(n, dtype=torch.bfloat16)
+
+
+def _decoder_layer(s: dict, w, p: str, moe: bool) -> None:
+    """A decoder layer's tensors: attention with per-head q/k norms; a dense MLP, or (moe) the lightning indexer of
+    the block-sparse attention and the MoE block (fp32 router with its selection bias, shared expert, w1/w3/w2)."""
+    import torch
+    H, hd = s["H"], 128
+    _norm(w, f"{p}.input_layernorm", H)
+    _norm(w, f"{p}.post_attention_layernorm", H)
+    a = f"{p}.self_attn"
+    w.linear(f"{a}.q_proj", s["nh"] * hd, H)
+    w.linear(f"{a}.k_proj", s["nkv"] * hd, H)
+    w.linear(f"{a}.v_proj", s["nkv"] * hd, H)
+    w.linear(f"{a}.o_proj", H, s["nh"] * hd)
+    _norm(w, f"{a}.q_norm", hd)
+    _norm(w, f"{a}.k_norm", hd)
+    if not moe:
+        w.mlp(f"{p}.mlp", H, s["dense_I"])
+        return
+    w.linear(f"{a}.index_q_proj", s["nkv"] * hd, H)  # the lightning indexer of the sparse layers
+    w.linear(f"{a}.index_k_proj", hd, H)
+    _norm(w, f"{a}.index_q_norm", hd)
+    _norm(w, f"{a}.index_k_norm", hd)
+    m = f"{p}.block_sparse_moe"
+    w.t[f"{m}.gate.weight"] = torch.randn(s["E"], H, generator=w.g) / H ** 0.5  # fp32, as released
+    w.t[f"{m}.e_score_correction_bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
+    w.mlp(f"{m}.shared_experts", H, s["I"])
+    for e in range(s["E"]):
+        w.mlp(f"{m}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))

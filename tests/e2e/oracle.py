@@ -152,6 +152,8 @@ _MINIMAX_M3_RENAMES = ((".self_attn.index_q_", ".self_attn.indexer.q_"), (".self
 def minimax_m3_as_transformers(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     out, experts, pairs = {}, {}, {}
     for name, t in tensors.items():
+        if name.startswith("model.mtp."):  # the MTP modules: vLLM's draft, not part of the text model
+            continue
         for old, new in _MINIMAX_M3_RENAMES:
             name = name.replace(old, new)
         m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(w[123])\.weight", name)

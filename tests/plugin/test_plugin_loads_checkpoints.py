@@ -114,9 +114,9 @@ MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts", "{L
               "qwen4_exp": ("Qwen4ExpMTP", "mtp.layers.{L}.mlp.experts", "0"),
               # numbered from 0 like the target's first layer: a draft by vLLM's model tag alone
               "minimax_m3": ("MiniMaxM3MTP", "model.layers.0.block_sparse_moe.experts", "0")}
-# MTP layers filled by vLLM's dummy loader: the families whose tiny configs declare one MTP layer already but whose
-# checkpoints hold only the target's tensors (Qwen3.8-Flash-Next, MiniMax-M3), and Kimi-K3 (config only: mtp=1)
-MTP_DECLARED = ("qwen4_exp", "minimax_m3")
+# MTP layers filled by vLLM's dummy loader: the family whose tiny config declares one MTP layer already but whose
+# checkpoint holds only the target's tensors (Qwen3.8-Flash-Next), and Kimi-K3 (config only: mtp=1)
+MTP_DECLARED = ("qwen4_exp",)
 MTP_DUMMY = ("kimi_k3",) + MTP_DECLARED
 
 

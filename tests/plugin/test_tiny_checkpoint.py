@@ -263,6 +263,9 @@ MTP_LAYOUTS = {
     # Qwen's block: a full-attention layer, as the target's layer 3 (every 4th)
     "qwen3_next": ("mtp.layers.0.", "model.layers.3.", "mtp.", _QWEN_MTP),
     "qwen3_5_moe": ("mtp.layers.0.", "model.layers.3.", "mtp.", _QWEN_MTP),
+    # MiniMax-M3's module: a block-sparse attention MoE layer (the target's layer 1 on) under transformer_layer
+    "minimax_m3": ("model.mtp.layers.0.transformer_layer.", "model.layers.1.", "model.mtp.layers.0.",
+                   ("enorm", "hnorm", "eh_proj", "final_layernorm")),
 }
 
 
@@ -276,7 +279,8 @@ def test_mtp_layer_is_one_more_decoder_layer_of_the_family(tmp_path, arch):
     plain = load_file(f"{make_checkpoint(arch, str(tmp_path / 'plain'))}/model.safetensors")
     path = make_checkpoint(arch, str(tmp_path / "mtp"), mtp=1)
     t = load_file(f"{path}/model.safetensors")
-    assert json.load(open(f"{path}/config.json"))[MTP_FIELD[arch]] == 1
+    config = json.load(open(f"{path}/config.json"))
+    assert config.get("text_config", config)[MTP_FIELD[arch]] == 1
     assert all(torch.equal(t[n], plain[n]) for n in plain)
     block, like, at, own = MTP_LAYOUTS[arch]
     own = {at + o for o in own}
