@@ -53,11 +53,11 @@ def weights(s: dict, vocab: int, w) -> None:
         _decoder_layer(s, w, f"model.layers.{i}", moe=i >= s["dense"])
 
 
-def mtp_weights(s: dict, w, n: int) -> None:
+def mtp_weights(s: dict, w, n: int, target: dict) -> None:
     """n MTP modules as vLLM's MiniMaxM3MTP loads them (model.mtp.layers.<i>): enorm / hnorm over the token's
     embedding and the target's hidden state, eh_proj over both, a decoder layer with block-sparse attention and MoE
     under transformer_layer (the target's MoE layer names below it), final_layernorm; the embedding and lm_head are
-    the target's."""
+    the target's (`target`, its tensors: not needed here)."""
     for i in range(n):
         p = f"model.mtp.layers.{i}"
         for name in ("enorm", "hnorm", "final_layernorm"):

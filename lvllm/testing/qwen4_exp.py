@@ -74,3 +74,30 @@ def weights(s: dict, vocab: int, w) -> None:
     tiny_values(tensors, w, keep=lambda name: "hyper_connection" in name)
     for name in [n for n in w.t if n.endswith("hc_norm.weight")]:
         w.t[name] = torch.ones_like(w.t[name])
+
+
+def mtp_weights(s: dict, w, n: int, target: dict) -> None:
+    """n MTP layers as vLLM's Qwen4ExpMTP loads them (under mtp.; transformers' model has none to save): fc_embedding
+    over the token's embedding and fc_hidden over the target's hidden streams with their input norms
+    (pre_fc_norm_embedding, pre_fc_norm_hidden over all hc streams), a decoder layer of the target's sparse-attention
+    kind at mtp.layers.<i> (the names and shapes of the target's last full-attention layer) and the hyper-connection
+    mixer that collapses the streams (the target's mixer's names). Fresh values at the target tensors' scales: a
+    matrix N(0, std of its target twin), a vector (norms, gains) as its twin."""
+    import torch
+    H, hc = s["H"], config(s, s["V"])["hc_count"]
+
+    def like(name: str, src: str) -> None:
+        t = target[src]
+        w.t[name] = ((torch.randn(t.shape, generator=w.g) * t.float().std()).to(t.dtype) if t.dim() > 1 else
+                     t.clone())
+
+    last = max(i for i, kind in enumerate(config(s, s["V"])["layer_types"]) if kind == "full_attention")
+    for i in range(n):
+        for src in [k for k in target if k.startswith(f"model.layers.{last}.")]:
+            like(f"mtp.layers.{i}.{src[len(f'model.layers.{last}.'):]}", src)
+    for src in [k for k in target if k.startswith("model.hyper_connection_mixer.")]:
+        like("mtp." + src[len("model."):], src)
+    w.linear("mtp.fc_embedding", H, H)
+    w.linear("mtp.fc_hidden", H, H)
+    w.t["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(H, dtype=torch.bfloat16)  # zero-centred (GemmaRMSNorm)
+    w.t["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(H * hc, dtype=torch.bfloat16)

@@ -647,10 +647,10 @@ MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "glm4_moe": "num_nextn_p
              "glm_moe_dsa": "num_nextn_predict_layers", "deepseek_v4": "num_nextn_predict_layers",
              "qwen3_next": "num_nextn_predict_layers", "qwen3_5_moe": "mtp_num_hidden_layers",
              "kimi_k3": "num_nextn_predict_layers", "deepseek_v41": "num_nextn_predict_layers",
-             "minimax_m3": "num_mtp_modules"}
-# The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; DeepSeek-V3's,
-# GLM-4.5's and GLM-5's follow their decoder layers (model.layers.<L + i>)
-MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe")
+             "minimax_m3": "num_mtp_modules", "qwen4_exp": "mtp_num_hidden_layers"}
+# The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; MiniMax-M3's under
+# model.mtp.layers.<i>; DeepSeek-V3's, GLM-4.5's and GLM-5's follow their decoder layers (model.layers.<L + i>)
+MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe", "qwen4_exp")
 
 
 def _with_qwen_next_mtp_layers(tensors: Dict[str, torch.Tensor], arch: str, s: dict, seed: int,
@@ -775,8 +775,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     tiny ones written: DeepSeek-V3's, GLM-4.5's and GLM-5's after the decoder layers (model.layers.<L + i>: a
     whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), DeepSeek-V4's
     under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
-    (_with_qwen_next_mtp_layers), MiniMax-M3's under model.mtp.layers.<i> (minimax_m3.mtp_weights); the other weights
-    are the same as without them. DeepSeek-V4.1's are DSpark stages
+    (_with_qwen_next_mtp_layers), MiniMax-M3's under model.mtp.layers.<i> (minimax_m3.mtp_weights), Qwen3.8-Flash-Next's
+    under mtp. (qwen4_exp.mtp_weights); the other weights are the same as without them. DeepSeek-V4.1's are DSpark stages
     (config only: deepseek_v41.dspark_fields)."""
     if mtp and arch not in MTP_FIELD:
         raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
@@ -834,7 +834,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     if mtp and tensors is not None:
         if hasattr(CONFIG_MODULES.get(arch), "mtp_weights"):  # a family module writing its own MTP layers
             w = _Weights(seed + 100)  # (their own generator: the target's tensors stay those of mtp=0)
-            CONFIG_MODULES[arch].mtp_weights(s, w, mtp)
+            CONFIG_MODULES[arch].mtp_weights(s, w, mtp, tensors)
             tensors = dict(tensors, **w.t)
         elif arch in MTP_UNDER_MTP:
             tensors = _with_qwen_next_mtp_layers(tensors, arch, s, seed, mtp)

@@ -114,10 +114,8 @@ MTP_DRAFTS = {"deepseek_v3": ("DeepSeekMTP", "model.layers.{L}.mlp.experts", "{L
               "qwen4_exp": ("Qwen4ExpMTP", "mtp.layers.{L}.mlp.experts", "0"),
               # numbered from 0 like the target's first layer: a draft by vLLM's model tag alone
               "minimax_m3": ("MiniMaxM3MTP", "model.layers.0.block_sparse_moe.experts", "0")}
-# MTP layers filled by vLLM's dummy loader: the family whose tiny config declares one MTP layer already but whose
-# checkpoint holds only the target's tensors (Qwen3.8-Flash-Next), and Kimi-K3 (config only: mtp=1)
-MTP_DECLARED = ("qwen4_exp",)
-MTP_DUMMY = ("kimi_k3",) + MTP_DECLARED
+# MTP layers filled by vLLM's dummy loader: Kimi-K3's (config only)
+MTP_DUMMY = ("kimi_k3",)
 
 
 # Kimi-K3's, DeepSeek-V4's and MiniMax-M3's draft layers on the GPU would be vLLM's own SituGLU / clamped-SwiGLU /
@@ -135,7 +133,7 @@ def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     GPU machine covers it): its MoE layer is the draft's, GPU-resident with vLLM's kernels by default
     (LVLLM_DRAFT_MOE=gpu) and on the engine with LVLLM_DRAFT_MOE=cpu, computing what the checkpoint's MTP experts
     say; never planned as one of the target's layers."""
-    model = make_checkpoint(arch, str(tmp_path / f"{arch}-mtp"), mtp=0 if arch in MTP_DECLARED else 1)
+    model = make_checkpoint(arch, str(tmp_path / f"{arch}-mtp"), mtp=1)
     config = json.load(open(os.path.join(model, "config.json")))
     L = config.get("text_config", config)["num_hidden_layers"]
     name, draft_layer, layer = (t.format(L=L) for t in MTP_DRAFTS[arch])

@@ -263,6 +263,11 @@ MTP_LAYOUTS = {
     # Qwen's block: a full-attention layer, as the target's layer 3 (every 4th)
     "qwen3_next": ("mtp.layers.0.", "model.layers.3.", "mtp.", _QWEN_MTP),
     "qwen3_5_moe": ("mtp.layers.0.", "model.layers.3.", "mtp.", _QWEN_MTP),
+    # Qwen3.8-Flash-Next's: a sparse-attention layer as the target's layer 3, with its own hyper-connection mixer
+    "qwen4_exp": ("mtp.layers.0.", "model.layers.3.", "mtp.",
+                  ("fc_embedding", "fc_hidden", "pre_fc_norm_embedding", "pre_fc_norm_hidden",
+                   "hyper_connection_mixer.hc_norm", "hyper_connection_mixer.input_mix_weight_down",
+                   "hyper_connection_mixer.input_mix_weight_up")),
     # MiniMax-M3's module: a block-sparse attention MoE layer (the target's layer 1 on) under transformer_layer
     "minimax_m3": ("model.mtp.layers.0.transformer_layer.", "model.layers.1.", "model.mtp.layers.0.",
                    ("enorm", "hnorm", "eh_proj", "final_layernorm")),
