@@ -57,3 +57,23 @@ def weights(s: dict, vocab: int, w) -> None:
     tensors = {f"model.{k}": t for k, t in text.items()}
     tensors["lm_head.weight"] = torch.empty(vocab, s["H"])
     tiny_values(tensors, w, keep=lambda name: ".hc_" in name or "index_kpool_compress" in name)
+
+
+def mtp_weights(s: dict, w, n: int, target: dict) -> None:
+    """n MTP layers as vLLM's Glm5NextMTP loads them (DeepSeek-V3's layout, after the decoder layers:
+    model.layers.<L + i>): enorm / hnorm, eh_proj over [embedding; hidden], shared_head.norm (the head is the
+    target's lm_head), and a decoder layer of the target's sparse MLA kind with its MoE, without mHC streams (vLLM
+    builds MTP layers without them): the names and shapes of the target's last MLA layer but its hc_* mixers, fresh
+    values at the target tensors' scales."""
+    import torch
+
+    from .hub_layout import fresh_like
+    H, L = s["H"], s["L"]
+    last = max(i for i, kind in enumerate(config(s, s["V"])["layer_types"]) if kind == "full_attention")
+    for i in range(n):
+        p = f"model.layers.{L + i}"
+        for src in [k for k in target if k.startswith(f"model.layers.{last}.") and ".hc_" not in k]:
+            w.t[f"{p}.{src[len(f'model.layers.{last}.'):]}"] = fresh_like(target[src], w.g)
+        for norm in ("enorm", "hnorm", "shared_head.norm"):
+            w.t[f"{p}.{norm}.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        w.linear(f"{p}.eh_proj", H, 2 * H)

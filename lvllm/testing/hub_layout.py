@@ -45,3 +45,11 @@ def tiny_values(tensors: Dict[str, torch.Tensor], w, keep: Callable[[str], bool]
         else:
             raise ValueError(f"tiny checkpoint: no rule for {name} {tuple(t.shape)}")
         w.t[name] = v.to(torch.bfloat16)
+
+
+def fresh_like(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """A tensor of t's shape and dtype with fresh values at t's scale (an MTP layer shaped like a target layer): a
+    matrix N(0, std of t), a vector (a norm, a gain, a bias) as t."""
+    if t.dim() < 2:
+        return t.clone()
+    return (torch.randn(t.shape, generator=g) * t.float().std()).to(t.dtype)

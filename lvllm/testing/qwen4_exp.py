@@ -84,19 +84,15 @@ def mtp_weights(s: dict, w, n: int, target: dict) -> None:
     mixer that collapses the streams (the target's mixer's names). Fresh values at the target tensors' scales: a
     matrix N(0, std of its target twin), a vector (norms, gains) as its twin."""
     import torch
+
+    from .hub_layout import fresh_like
     H, hc = s["H"], config(s, s["V"])["hc_count"]
-
-    def like(name: str, src: str) -> None:
-        t = target[src]
-        w.t[name] = ((torch.randn(t.shape, generator=w.g) * t.float().std()).to(t.dtype) if t.dim() > 1 else
-                     t.clone())
-
     last = max(i for i, kind in enumerate(config(s, s["V"])["layer_types"]) if kind == "full_attention")
     for i in range(n):
         for src in [k for k in target if k.startswith(f"model.layers.{last}.")]:
-            like(f"mtp.layers.{i}.{src[len(f'model.layers.{last}.'):]}", src)
+            w.t[f"mtp.layers.{i}.{src[len(f'model.layers.{last}.'):]}"] = fresh_like(target[src], w.g)
     for src in [k for k in target if k.startswith("model.hyper_connection_mixer.")]:
-        like("mtp." + src[len("model."):], src)
+        w.t["mtp." + src[len("model."):]] = fresh_like(target[src], w.g)
     w.linear("mtp.fc_embedding", H, H)
     w.linear("mtp.fc_hidden", H, H)
     w.t["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(H, dtype=torch.bfloat16)  # zero-centred (GemmaRMSNorm)

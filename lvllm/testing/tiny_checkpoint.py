@@ -647,9 +647,11 @@ MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "glm4_moe": "num_nextn_p
              "glm_moe_dsa": "num_nextn_predict_layers", "deepseek_v4": "num_nextn_predict_layers",
              "qwen3_next": "num_nextn_predict_layers", "qwen3_5_moe": "mtp_num_hidden_layers",
              "kimi_k3": "num_nextn_predict_layers", "deepseek_v41": "num_nextn_predict_layers",
-             "minimax_m3": "num_mtp_modules", "qwen4_exp": "mtp_num_hidden_layers"}
+             "minimax_m3": "num_mtp_modules", "qwen4_exp": "mtp_num_hidden_layers",
+             "glm5_next": "num_nextn_predict_layers"}
 # The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; MiniMax-M3's under
-# model.mtp.layers.<i>; DeepSeek-V3's, GLM-4.5's and GLM-5's follow their decoder layers (model.layers.<L + i>)
+# model.mtp.layers.<i>; DeepSeek-V3's, GLM-4.5's, GLM-5's and GLM-5.3's follow their decoder layers
+# (model.layers.<L + i>)
 MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe", "qwen4_exp")
 
 
@@ -776,7 +778,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), DeepSeek-V4's
     under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
     (_with_qwen_next_mtp_layers), MiniMax-M3's under model.mtp.layers.<i> (minimax_m3.mtp_weights), Qwen3.8-Flash-Next's
-    under mtp. (qwen4_exp.mtp_weights); the other weights are the same as without them. DeepSeek-V4.1's are DSpark stages
+    under mtp. (qwen4_exp.mtp_weights), GLM-5.3's after its decoder layers (glm5_next.mtp_weights); the other weights
+    are the same as without them. DeepSeek-V4.1's are DSpark stages
     (config only: deepseek_v41.dspark_fields)."""
     if mtp and arch not in MTP_FIELD:
         raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
