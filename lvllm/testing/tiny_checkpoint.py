@@ -779,8 +779,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
     (_with_qwen_next_mtp_layers), MiniMax-M3's under model.mtp.layers.<i> (minimax_m3.mtp_weights), Qwen3.8-Flash-Next's
     under mtp. (qwen4_exp.mtp_weights), GLM-5.3's after its decoder layers (glm5_next.mtp_weights); the other weights
-    are the same as without them. DeepSeek-V4.1's are DSpark stages
-    (config only: deepseek_v41.dspark_fields)."""
+    are the same as without them. DeepSeek-V4.1's are DSpark stages (config only: deepseek_v41.dspark_fields)."""
     if mtp and arch not in MTP_FIELD:
         raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
     if mtp and arch == "deepseek_v4" and quant != "bf16" and size == "tiny":
