@@ -245,10 +245,20 @@ def plain_twin(mode: str) -> str:
     return "-".join(v for v in mode.split("-") if not re.fullmatch(SPEC_VARIANT, v))
 
 
+def step_cost(r: dict, plain: dict, conc: int):
+    """(step ms, x a plain step) of a speculative mode at `conc` requests against its plain twin, or None without the
+    figures: at c requests a step makes c x tokens_per_step tokens, so its time is c x tokens_per_step / tok/s (tok/s
+    counts every request's tokens), a plain step's c / tok/s."""
+    tok_s, per_step = r.get(f"decode_tok_s_{conc}"), r.get(f"spec_tokens_per_step_{conc}")
+    base = plain.get(f"decode_tok_s_{conc}") if plain else None
+    if not (tok_s and per_step and base):
+        return None
+    return 1e3 * conc * per_step / tok_s, per_step * base / tok_s
+
+
 def speculation_lines(results: dict) -> list:
     """Each speculative mode against its plain twin of the same run (hybrid-eg2-ru against hybrid-ru): decode speed-up,
-    vLLM's acceptance, and the step's cost (at c requests a step makes c x tokens_per_step tokens: its time is
-    c x tokens_per_step / tok/s, plain decode's c / tok/s)."""
+    vLLM's acceptance, and the step's cost (step_cost)."""
     lines = []
     for m, r in results.items():
         if "spec_tokens_per_step_1" not in r:
@@ -260,9 +270,9 @@ def speculation_lines(results: dict) -> list:
             if not (tok_s and per_step):
                 lines.append(f"{m} @{conc}: no figure (decode {tok_s}, tokens a step {per_step})")
                 continue
-            step_ms = 1e3 * conc * per_step / tok_s  # tok/s counts every request's tokens: conc x per_step a step
-            vs = (f"; {tok_s / base:.2f}x plain decode's {base:.2f} tok/s, step {step_ms:.2f} ms = "
-                  f"{step_ms / (1e3 * conc / base):.2f}x a plain step's {1e3 * conc / base:.2f} ms") if base else ""
+            cost = step_cost(r, plain, conc)
+            vs = (f"; {tok_s / base:.2f}x plain decode's {base:.2f} tok/s, step {cost[0]:.2f} ms = "
+                  f"{cost[1]:.2f}x a plain step's {1e3 * conc / base:.2f} ms") if cost else ""
             lines.append(f"{m} @{conc}: {tok_s:.2f} tok/s, acceptance {r[f'spec_accept_rate_{conc}']:.2f}, "
                          f"{per_step:.2f} tokens a step{vs}")
     return lines
@@ -291,11 +301,7 @@ def speculation_table(results: dict) -> list:
         plain = results.get(plain_twin(m))
         if k is None or not plain:
             continue
-        cells = []
-        for conc in (1, 4):
-            tok_s, per_step, base = (r.get(f"decode_tok_s_{conc}"), r.get(f"spec_tokens_per_step_{conc}"),
-                                     plain.get(f"decode_tok_s_{conc}"))
-            cells.append((1e3 * conc * per_step / tok_s, per_step * base / tok_s) if tok_s and per_step and base else None)
+        cells = [step_cost(r, plain, conc) for conc in (1, 4)]
         rows.append((k, m, cells, r.get("spec_accept_rate_1"), r.get("engine_verify_ratio"), r.get("verify_union_ratio")))
     if not rows:
         return []

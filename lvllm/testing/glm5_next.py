@@ -67,13 +67,12 @@ def mtp_weights(s: dict, w, n: int, target: dict) -> None:
     values at the target tensors' scales."""
     import torch
 
-    from .hub_layout import fresh_like
+    from .hub_layout import fresh_copy
     H, L = s["H"], s["L"]
     last = max(i for i, kind in enumerate(config(s, s["V"])["layer_types"]) if kind == "full_attention")
     for i in range(n):
         p = f"model.layers.{L + i}"
-        for src in [k for k in target if k.startswith(f"model.layers.{last}.") and ".hc_" not in k]:
-            w.t[f"{p}.{src[len(f'model.layers.{last}.'):]}"] = fresh_like(target[src], w.g)
+        w.t.update(fresh_copy(target, f"model.layers.{last}.", f"{p}.", w.g, skip=lambda name: ".hc_" in name))
         for norm in ("enorm", "hnorm", "shared_head.norm"):
             w.t[f"{p}.{norm}.weight"] = torch.ones(H, dtype=torch.bfloat16)
         w.linear(f"{p}.eh_proj", H, 2 * H)

@@ -53,3 +53,9 @@ def fresh_like(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     if t.dim() < 2:
         return t.clone()
     return (torch.randn(t.shape, generator=g) * t.float().std()).to(t.dtype)
+
+
+def fresh_copy(target: Dict[str, torch.Tensor], src: str, dst: str, g: torch.Generator,
+               skip: Callable[[str], bool] = lambda name: False) -> Dict[str, torch.Tensor]:
+    """The target's tensors under prefix `src` (but those `skip` names) renamed to `dst`, each fresh_like its twin."""
+    return {dst + n[len(src):]: fresh_like(t, g) for n, t in target.items() if n.startswith(src) and not skip(n)}

@@ -85,14 +85,12 @@ def mtp_weights(s: dict, w, n: int, target: dict) -> None:
     matrix N(0, std of its target twin), a vector (norms, gains) as its twin."""
     import torch
 
-    from .hub_layout import fresh_like
+    from .hub_layout import fresh_copy
     H, hc = s["H"], config(s, s["V"])["hc_count"]
     last = max(i for i, kind in enumerate(config(s, s["V"])["layer_types"]) if kind == "full_attention")
     for i in range(n):
-        for src in [k for k in target if k.startswith(f"model.layers.{last}.")]:
-            w.t[f"mtp.layers.{i}.{src[len(f'model.layers.{last}.'):]}"] = fresh_like(target[src], w.g)
-    for src in [k for k in target if k.startswith("model.hyper_connection_mixer.")]:
-        w.t["mtp." + src[len("model."):]] = fresh_like(target[src], w.g)
+        w.t.update(fresh_copy(target, f"model.layers.{last}.", f"mtp.layers.{i}.", w.g))
+    w.t.update(fresh_copy(target, "model.hyper_connection_mixer.", "mtp.hyper_connection_mixer.", w.g))
     w.linear("mtp.fc_embedding", H, H)
     w.linear("mtp.fc_hidden", H, H)
     w.t["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(H, dtype=torch.bfloat16)  # zero-centred (GemmaRMSNorm)
