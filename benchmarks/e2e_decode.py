@@ -94,13 +94,8 @@ def _engine_direct_step(worker, reps: int = 15, tokens: int = 1):
     return round(statistics.median(steps) * 1e3, 3), len(hybrids)
 
 
-def _worker(a) -> None:
-    """One mode in this process: load, warm up, measure, print one JSON line."""
-    import random
-
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
+def engine_kwargs(a) -> dict:
+    """vLLM's LLM(...) arguments of one mode (a: the worker's parsed arguments)."""
     kwargs = dict(model=a.model, dtype="bfloat16", load_format="dummy", max_model_len=a.max_model_len,
                   max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_util, seed=0,
                   enable_prefix_caching=False)
@@ -111,8 +106,22 @@ def _worker(a) -> None:
         kwargs.update(speculative_config=spec, disable_log_stats=False)  # the spec-decode counters need stats on
     if "eager" in a.mode.split("-"):
         kwargs["enforce_eager"] = True
+    if a.language_model_only:
+        kwargs["language_model_only"] = True
     if a.no_jit_warmup:
         kwargs["kernel_config"] = {"enable_jit_warmup": False}
+    return kwargs
+
+
+def _worker(a) -> None:
+    """One mode in this process: load, warm up, measure, print one JSON line."""
+    import random
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = engine_kwargs(a)
+    if a.no_jit_warmup:
         # DeepSeek-V4's FP8 projections: DeepGEMM's own warmup (2541 shapes, ~25 min on a fresh H200) is not the JIT one
         os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
     t0 = time.time()
@@ -411,6 +420,9 @@ def main() -> int:
     ap.add_argument("--mode-floor", type=int, default=150,
                     help="--total-timeout: seconds kept for each later mode (a warm start of the Qwen3-30B-A3B shape "
                          "and its measurement: ~110-130 s on the H200; a cold one ~230 s)")
+    ap.add_argument("--language-model-only", action="store_true",
+                    help="every mode: vLLM's --language-model-only (a vision-language model's text part alone; on by "
+                         "default for the generated checkpoints of releases written without their vision tower)")
     ap.add_argument("--no-jit-warmup", action="store_true",
                     help="every mode: vLLM's --kernel-config '{\"enable_jit_warmup\": false}' (DeepSeek-V4: its ~200 "
                          "TileLang kernels then compile at first use instead of >4 min of startup on a fresh machine) "
@@ -426,7 +438,8 @@ def main() -> int:
     for mode in modes:
         mode_env(mode)  # a typo stops here, before the checkpoint and any mode's minutes-long start
     if not a.model:
-        from lvllm.testing.tiny_checkpoint import make_checkpoint
+        from lvllm.testing.tiny_checkpoint import LANGUAGE_MODEL_ONLY, make_checkpoint
+        a.language_model_only = a.language_model_only or a.arch in LANGUAGE_MODEL_ONLY
         mtp = 3 if uses_dspark(modes) else 1 if uses_mtp(modes) else 0  # DSpark: vLLM's default of 3 stages
         name = f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}" + (f"-mtp{mtp}" if mtp else "")
         a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(), name), a.size, layers=a.layers,
@@ -468,7 +481,8 @@ def main() -> int:
                "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--gpu-util", str(a.gpu_util), "--vocab", str(info.config.get("vocab_size") or 30000), "--experts", str(experts),
                "--prompt-period", str(a.prompt_period), "--eagle3-draft", a.eagle3_draft] + \
-            (["--no-jit-warmup"] if a.no_jit_warmup else [])
+            (["--no-jit-warmup"] if a.no_jit_warmup else []) + \
+            (["--language-model-only"] if a.language_model_only else [])
         bw_before = read_bandwidth()
         t = time.time()
         log_path = os.path.join(a.log_dir or tempfile.gettempdir(), f"e2e_decode-{mode}.log")

@@ -1,25 +1,35 @@
-"""MiniMax-M3's config.json for lvllm.testing.tiny_checkpoint, as vLLM 0.33.0's own MiniMaxM3Config reads it: the
-text-only architecture (MiniMaxM3SparseForCausalLM) with its text model under text_config (model_type minimax_m3_vl,
-which vLLM maps to its config class). GQA attention with head_dim 128 (the kernels' fixed width), per-head QK norm,
-partial RoPE; dense first layers, then MoE layers (moe_layer_freq, a 0/1 flag per layer) whose attention is
-block-sparse with a lightning indexer (sparse_attention_freq, the same flags, as released); sigmoid routing with a
-selection bias and a routed scale of 2; a shared expert; swigluoai experts on [gate; up] rows (vLLM's
-swigluoai_uninterleave: alpha 1.702, beta 1.0, limit 7.0), w1/w2/w3 checkpoint names.
+"""MiniMax-M3's config.json for lvllm.testing.tiny_checkpoint as released: the vision-language architecture
+(MiniMaxM3SparseForConditionalGeneration, model_type minimax_m3_vl) with its text model under text_config and its
+tensors under language_model. (vLLM 0.33.0 builds it there; its MTP draft, built under the empty prefix, needs that:
+on the text-only MiniMaxM3SparseForCausalLM the draft's attention takes the target's layer-0 name and vLLM stops,
+"Duplicate layer name"). GQA attention with head_dim 128 (the kernels' fixed width), per-head QK norm, partial RoPE;
+dense first layers, then MoE layers (moe_layer_freq, a 0/1 flag per layer) whose attention is block-sparse with a
+lightning indexer (sparse_attention_freq, the same flags, as released); sigmoid routing with a selection bias and a
+routed scale of 2; a shared expert; swigluoai experts on [gate; up] rows (vLLM's swigluoai_uninterleave: alpha 1.702,
+beta 1.0, limit 7.0), w1/w2/w3 checkpoint names.
+
+The vision tower is described (vision_config: transformers' MiniMaxM3VLVisionConfig defaults for big, a small one for
+tiny) but its weights are not written: serve these checkpoints with --language-model-only (LANGUAGE_MODEL_ONLY in
+tiny_checkpoint), which skips the tower as a text-only deployment of the release does.
 
 big: vLLM's MiniMaxM3TextConfig defaults (60 layers, 128 experts, top-4, hidden 6144, expert size 3072): the
 released shape, config only (serve it with --load-format dummy). tiny: with bf16 weights under the names vLLM
-0.33.0's MiniMaxM3SparseForCausalLM loads (`weights`): q/k/v/o projections with per-head q/k norms, on the sparse
-(MoE) layers the indexer's index_q_proj (a head per KV head) and index_k_proj (one head) with their norms, the
-router in fp32 with its selection bias, a shared expert, routed experts w1 (gate) / w3 (up) / w2 (down). Its
+0.33.0's MiniMaxM3SparseForConditionalGeneration loads (`weights`): q/k/v/o projections with per-head q/k norms, on
+the sparse (MoE) layers the indexer's index_q_proj (a head per KV head) and index_k_proj (one head) with their norms,
+the router in fp32 with its selection bias, a shared expert, routed experts w1 (gate) / w3 (up) / w2 (down). Its
 release ships bf16 or MXFP8 experts; the engine has no MXFP8 format (startup stops naming the layer), so the
 generated checkpoints are bf16.
 """
 from __future__ import annotations
 
 SHAPES = {
-    "tiny": dict(H=256, L=4, dense=1, nh=4, nkv=2, E=8, K=2, I=128, dense_I=512, V=2048, ctx=32768),
-    "big": dict(H=6144, L=60, dense=3, nh=64, nkv=4, E=128, K=4, I=3072, dense_I=12288, V=200064, ctx=524288),
+    "tiny": dict(H=256, L=4, dense=1, nh=4, nkv=2, E=8, K=2, I=128, dense_I=512, V=2048, ctx=32768,
+                 vis_H=64, vis_I=128, vis_depth=1, vis_heads=2),
+    "big": dict(H=6144, L=60, dense=3, nh=64, nkv=4, E=128, K=4, I=3072, dense_I=12288, V=200064, ctx=524288,
+                vis_H=1280, vis_I=5120, vis_depth=32, vis_heads=16),
 }
+# Where the release keeps its text model's tensors (vLLM's MTP loader strips the same prefix)
+TEXT = "language_model."
 
 
 def config(s: dict, vocab: int) -> dict:
@@ -37,8 +47,13 @@ def config(s: dict, vocab: int) -> dict:
                 num_local_experts=s["E"], num_experts_per_tok=s["K"], n_shared_experts=1, scoring_func="sigmoid",
                 use_routing_bias=True, routed_scaling_factor=2.0, num_mtp_modules=1, moe_layer_freq=moe,
                 sparse_attention_config=sparse, tie_word_embeddings=False)
-    return dict(architectures=["MiniMaxM3SparseForCausalLM"], model_type="minimax_m3_vl", text_config=text,
-                tie_word_embeddings=False, torch_dtype="bfloat16")
+    vision = dict(model_type="minimax_m3_vl_vision", hidden_size=s["vis_H"], intermediate_size=s["vis_I"],
+                  num_hidden_layers=s["vis_depth"], num_attention_heads=s["vis_heads"], num_channels=3, patch_size=14,
+                  temporal_patch_size=2, spatial_merge_size=2, img_token_compression_config={"spatial_merge_size": 2},
+                  hidden_act="gelu", layer_norm_eps=1e-5)
+    return dict(architectures=["MiniMaxM3SparseForConditionalGeneration"], model_type="minimax_m3_vl",
+                text_config=text, vision_config=vision, projector_hidden_size=s["H"], tie_word_embeddings=False,
+                torch_dtype="bfloat16")
 
 
 def weights(s: dict, vocab: int, w) -> None:
@@ -46,20 +61,20 @@ def weights(s: dict, vocab: int, w) -> None:
     (use_gemma_norm: x * (1 + weight), vLLM's MiniMAXGemmaRMSNorm), so its weights are 0 for a gain of 1 as in the
     other tiny checkpoints; weights of 1 would double every norm's output (attention scores x4, logits x2)."""
     import torch
-    w.t["model.embed_tokens.weight"] = torch.randn(vocab, s["H"], generator=w.g).to(torch.bfloat16)
-    w.linear("lm_head", vocab, s["H"], gain=3.0)
-    _norm(w, "model.norm", s["H"])
+    w.t[f"{TEXT}model.embed_tokens.weight"] = torch.randn(vocab, s["H"], generator=w.g).to(torch.bfloat16)
+    w.linear(f"{TEXT}lm_head", vocab, s["H"], gain=3.0)
+    _norm(w, f"{TEXT}model.norm", s["H"])
     for i in range(s["L"]):
-        _decoder_layer(s, w, f"model.layers.{i}", moe=i >= s["dense"])
+        _decoder_layer(s, w, f"{TEXT}model.layers.{i}", moe=i >= s["dense"])
 
 
 def mtp_weights(s: dict, w, n: int, target: dict) -> None:
-    """n MTP modules as vLLM's MiniMaxM3MTP loads them (model.mtp.layers.<i>): enorm / hnorm over the token's
-    embedding and the target's hidden state, eh_proj over both, a decoder layer with block-sparse attention and MoE
-    under transformer_layer (the target's MoE layer names below it), final_layernorm; the embedding and lm_head are
-    the target's (`target`, its tensors: not needed here)."""
+    """n MTP modules as vLLM's MiniMaxM3MTP loads them (language_model.model.mtp.layers.<i>): enorm / hnorm over the
+    token's embedding and the target's hidden state, eh_proj over both, a decoder layer with block-sparse attention and
+    MoE under transformer_layer (the target's MoE layer names below it), final_layernorm; the embedding and lm_head
+    are the target's (`target`, its tensors: not needed here)."""
     for i in range(n):
-        p = f"model.mtp.layers.{i}"
+        p = f"{TEXT}model.mtp.layers.{i}"
         for name in ("enorm", "hnorm", "final_layernorm"):
             _norm(w, f"{p}.{name}", s["H"])
         w.linear(f"{p}.eh_proj", s["H"], 2 * s["H"])

@@ -12,9 +12,10 @@ qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
-MXFP4 experts as released), minimax_m3, qwen4_exp (Qwen3.8-Flash-Next) and glm5_next (GLM-5.3) (tiny with bf16
-weights; big config only) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the
-quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
+MXFP4 experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision
+tower in the config only: serve it with --language-model-only), qwen4_exp (Qwen3.8-Flash-Next) and glm5_next
+(GLM-5.3) (tiny with bf16 weights; big config only) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or
+mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
 transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
@@ -80,6 +81,9 @@ VL_PROCESSOR_FILES = {
     },
 }
 VL_PROCESSOR_FILES["kimi_k3"] = VL_PROCESSOR_FILES["kimi_k25"]  # K3's processor is K2.5's fused MoonViT one
+# Vision-language releases written without their vision tower's weights: served with --language-model-only (vLLM
+# skips the tower, as a text-only deployment of the release does)
+LANGUAGE_MODEL_ONLY = ("minimax_m3",)
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2", "minimax_m3")
 
@@ -650,7 +654,7 @@ MTP_FIELD = {"deepseek_v3": "num_nextn_predict_layers", "glm4_moe": "num_nextn_p
              "minimax_m3": "num_mtp_modules", "qwen4_exp": "mtp_num_hidden_layers",
              "glm5_next": "num_nextn_predict_layers"}
 # The families whose MTP layers live under mtp. (mtp.layers.<i>); DeepSeek-V4's under mtp.<i>; MiniMax-M3's under
-# model.mtp.layers.<i>; DeepSeek-V3's, GLM-4.5's, GLM-5's and GLM-5.3's follow their decoder layers
+# language_model.model.mtp.layers.<i>; DeepSeek-V3's, GLM-4.5's, GLM-5's and GLM-5.3's follow their decoder layers
 # (model.layers.<L + i>)
 MTP_UNDER_MTP = ("qwen3_next", "qwen3_5_moe", "qwen4_exp")
 
@@ -777,9 +781,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     tiny ones written: DeepSeek-V3's, GLM-4.5's and GLM-5's after the decoder layers (model.layers.<L + i>: a
     whole MoE decoder layer with enorm, hnorm, eh_proj, shared_head and a copy of the embedding), DeepSeek-V4's
     under mtp.<i> (_with_deepseek_v4_mtp_layers; bf16 only), Qwen3-Next's and Qwen3.5's under mtp.layers.<i>
-    (_with_qwen_next_mtp_layers), MiniMax-M3's under model.mtp.layers.<i> (minimax_m3.mtp_weights), Qwen3.8-Flash-Next's
-    under mtp. (qwen4_exp.mtp_weights), GLM-5.3's after its decoder layers (glm5_next.mtp_weights); the other weights
-    are the same as without them. DeepSeek-V4.1's are DSpark stages (config only: deepseek_v41.dspark_fields)."""
+    (_with_qwen_next_mtp_layers), MiniMax-M3's under language_model.model.mtp.layers.<i> (minimax_m3.mtp_weights),
+    Qwen3.8-Flash-Next's under mtp. (qwen4_exp.mtp_weights), GLM-5.3's after its decoder layers
+    (glm5_next.mtp_weights); the other weights are the same as without them. DeepSeek-V4.1's are DSpark stages
+    (config only: deepseek_v41.dspark_fields)."""
     if mtp and arch not in MTP_FIELD:
         raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
     if mtp and arch == "deepseek_v4" and quant != "bf16" and size == "tiny":

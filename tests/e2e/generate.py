@@ -98,6 +98,9 @@ def main() -> int:
     ap.add_argument("--speculative-config", default="",
                     help="JSON for LLM(speculative_config=...), "
                          "e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
+    ap.add_argument("--language-model-only", action="store_true",
+                    help="vLLM's --language-model-only: a vision-language release's text model alone (checkpoints "
+                         "written without the vision tower's weights)")
     ap.add_argument("--prompt-period", type=int, default=0,
                     help="the generated prompts repeat a random run of this many tokens (n-gram drafts find matches)")
     a = ap.parse_args()
@@ -120,6 +123,8 @@ def main() -> int:
         # GPUs down); there the TP=2 run died with illegal memory accesses. The fusion is a speed
         # pass only: the all-reduce stays NCCL/custom all-reduce, the math the same.
         extra["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
+    if a.language_model_only:
+        extra["language_model_only"] = True
     if a.speculative_config:
         extra.update(speculative_config=json.loads(a.speculative_config), disable_log_stats=False)  # its counters
     llm = LLM(model=a.model, dtype="bfloat16", tensor_parallel_size=a.tp, max_model_len=2048,

@@ -141,9 +141,10 @@ class TextModelWithHead(torch.nn.Module):
         return SimpleNamespace(logits=self.lm_head(hidden))
 
 
-# vLLM's MiniMax-M3 text checkpoint (MiniMaxM3SparseForCausalLM, the release's names) -> transformers'
-# MiniMaxM3VLForCausalLM: the indexer's projections under self_attn.indexer, the MoE under mlp. with its router as
-# mlp.gate, experts fused to [E, 2I, H] gate-then-up (and [E, H, I]), gate/up pairs fused gate-then-up.
+# MiniMax-M3's checkpoint (MiniMaxM3SparseForConditionalGeneration, the release's names: the text model under
+# language_model.) -> transformers' MiniMaxM3VLForCausalLM (its text model): the indexer's projections under
+# self_attn.indexer, the MoE under mlp. with its router as mlp.gate, experts fused to [E, 2I, H] gate-then-up (and
+# [E, H, I]), gate/up pairs fused gate-then-up.
 _MINIMAX_M3_RENAMES = ((".self_attn.index_q_", ".self_attn.indexer.q_"), (".self_attn.index_k_", ".self_attn.indexer.k_"),
                        (".block_sparse_moe.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
                        (".block_sparse_moe.", ".mlp."))
@@ -152,6 +153,7 @@ _MINIMAX_M3_RENAMES = ((".self_attn.index_q_", ".self_attn.indexer.q_"), (".self
 def minimax_m3_as_transformers(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     out, experts, pairs = {}, {}, {}
     for name, t in tensors.items():
+        name = name.removeprefix("language_model.")
         if name.startswith("model.mtp."):  # the MTP modules: vLLM's draft, not part of the text model
             continue
         for old, new in _MINIMAX_M3_RENAMES:
@@ -188,7 +190,7 @@ def _minimax_m3_text(model_dir: str, dtype: torch.dtype):
 
 
 # Checkpoints of vLLM's own layout that transformers implements under other names (by the config's architecture)
-CONVERTED = {"MiniMaxM3SparseForCausalLM": _minimax_m3_text}
+CONVERTED = {"MiniMaxM3SparseForConditionalGeneration": _minimax_m3_text}
 
 
 def _load(model_dir: str, dtype: torch.dtype, device: str):

@@ -131,6 +131,9 @@ def _launch(workdir, arch, name, env_extra, args=(), quant="bf16"):
                LK_THREADS=env.get("LK_THREADS", "2"), LK_THREAD_BINDING="NONE", LK_SPIN_US="50")
     env.update(env_extra)
     log = open(workdir / f"{tag}.log", "w")
+    from lvllm.testing.tiny_checkpoint import LANGUAGE_MODEL_ONLY
+    if arch in LANGUAGE_MODEL_ONLY:  # a release written without its vision tower
+        args = [*args, "--language-model-only"]
     cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "generate.py"), "--model", model,
            "--out", str(workdir / f"{tag}.json"), *args]
     return tag, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -253,3 +253,17 @@ def test_generated_model_declares_the_mtp_layer_the_mt_modes_draft_with(tmp_path
 def test_dspark_variant_drafts_a_block_from_the_stages():
     assert mode_speculation("hybrid-ds4") == {"method": "dspark", "num_speculative_tokens": 4}
     assert uses_dspark(["hybrid", "hybrid-ds4"]) and not uses_dspark(["hybrid-mt1"])
+
+
+def test_a_release_written_without_its_vision_tower_runs_its_text_model_alone():
+    """MiniMax-M3's generated checkpoints (the release's vision-language layout, no vision weights) run with vLLM's
+    language_model_only, as the e2e suite serves them; other models keep vLLM's default unless asked."""
+    from argparse import Namespace
+
+    from e2e_decode import engine_kwargs
+    from lvllm.testing.tiny_checkpoint import LANGUAGE_MODEL_ONLY
+    base = dict(model="m", max_model_len=9216, max_num_seqs=4, gpu_util=0.85, offload_gb=0, eagle3_draft="",
+                no_jit_warmup=False)
+    assert "minimax_m3" in LANGUAGE_MODEL_ONLY
+    assert engine_kwargs(Namespace(**base, mode="hybrid-mt2", language_model_only=True))["language_model_only"]
+    assert "language_model_only" not in engine_kwargs(Namespace(**base, mode="hybrid", language_model_only=False))

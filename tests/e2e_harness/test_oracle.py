@@ -325,14 +325,19 @@ def test_the_newest_text_models_have_an_fp32_truth(arch, tmp_path):
 
 def test_minimax_m3_renaming_fuses_gate_then_up():
     """The MiniMax-M3 converter: expert e's w1 (gate) rows then w3 (up) rows in gate_up_proj[e], w2 as down_proj[e];
-    gate/up pairs fused gate first; the router and its bias under mlp.gate; the indexer under self_attn.indexer."""
+    gate/up pairs fused gate first; the router and its bias under mlp.gate; the indexer under self_attn.indexer; the
+    release's language_model. prefix dropped, its MTP module (vLLM's draft) left out."""
     from tests.e2e.oracle import minimax_m3_as_transformers
-    t = {f"model.layers.1.block_sparse_moe.experts.{e}.{w}.weight": torch.full((2, 3), 10.0 * e + int(w[1]))
+    m = "language_model.model"
+    t = {f"{m}.layers.1.block_sparse_moe.experts.{e}.{w}.weight": torch.full((2, 3), 10.0 * e + int(w[1]))
          for e in range(2) for w in ("w1", "w2", "w3")}
-    t.update({"model.layers.1.block_sparse_moe.gate.weight": torch.zeros(2, 3),
-              "model.layers.1.block_sparse_moe.e_score_correction_bias": torch.zeros(2),
-              "model.layers.0.mlp.gate_proj.weight": torch.ones(4, 3), "model.layers.0.mlp.up_proj.weight": torch.zeros(4, 3),
-              "model.layers.1.self_attn.index_q_proj.weight": torch.zeros(1), "model.layers.1.self_attn.index_k_norm.weight": torch.zeros(1)})
+    t.update({f"{m}.layers.1.block_sparse_moe.gate.weight": torch.zeros(2, 3),
+              f"{m}.layers.1.block_sparse_moe.e_score_correction_bias": torch.zeros(2),
+              f"{m}.layers.0.mlp.gate_proj.weight": torch.ones(4, 3),
+              f"{m}.layers.0.mlp.up_proj.weight": torch.zeros(4, 3),
+              f"{m}.layers.1.self_attn.index_q_proj.weight": torch.zeros(1),
+              f"{m}.layers.1.self_attn.index_k_norm.weight": torch.zeros(1),
+              f"{m}.mtp.layers.0.enorm.weight": torch.zeros(3)})
     out = minimax_m3_as_transformers(t)
     gate_up = out["model.layers.1.mlp.experts.gate_up_proj"]
     assert gate_up.shape == (2, 4, 3) and gate_up[1, :2].eq(11).all() and gate_up[1, 2:].eq(13).all()
@@ -340,3 +345,4 @@ def test_minimax_m3_renaming_fuses_gate_then_up():
     assert out["model.layers.0.mlp.gate_up_proj.weight"][:4].eq(1).all() and out["model.layers.0.mlp.gate_up_proj.weight"][4:].eq(0).all()
     assert {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
             "model.layers.1.self_attn.indexer.q_proj.weight", "model.layers.1.self_attn.indexer.k_norm.weight"} <= set(out)
+    assert not any(n.startswith(("language_model.", "model.mtp.")) for n in out)

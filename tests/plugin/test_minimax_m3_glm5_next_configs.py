@@ -13,7 +13,7 @@ from lvllm.testing.tiny_checkpoint import make_checkpoint
 
 pytest.importorskip("vllm")
 
-ARCHS = {"minimax_m3": ("MiniMaxM3SparseForCausalLM", minimax_m3.SHAPES),
+ARCHS = {"minimax_m3": ("MiniMaxM3SparseForConditionalGeneration", minimax_m3.SHAPES),
          "glm5_next": ("Glm5NextForCausalLM", glm5_next.SHAPES)}
 
 

@@ -273,7 +273,8 @@ MTP_LAYOUTS = {
     "glm5_next": ("model.layers.4.", "model.layers.3.", "model.layers.4.", ("enorm", "hnorm", "eh_proj",
                                                                             "shared_head.norm")),
     # MiniMax-M3's module: a block-sparse attention MoE layer (the target's layer 1 on) under transformer_layer
-    "minimax_m3": ("model.mtp.layers.0.transformer_layer.", "model.layers.1.", "model.mtp.layers.0.",
+    "minimax_m3": ("language_model.model.mtp.layers.0.transformer_layer.", "language_model.model.layers.1.",
+                   "language_model.model.mtp.layers.0.",
                    ("enorm", "hnorm", "eh_proj", "final_layernorm")),
 }
 

@@ -58,7 +58,8 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
 from lvllm.cli.checkpoint_info import expert_shape, experts_per_token  # noqa: E402
-from lvllm.testing.tiny_checkpoint import BLOCK_SPARSE, MTP_UNDER_MTP, TEXT_PREFIX  # noqa: E402
+from lvllm.testing.tiny_checkpoint import (BLOCK_SPARSE, LANGUAGE_MODEL_ONLY, MTP_UNDER_MTP,  # noqa: E402
+                                           TEXT_PREFIX)
 
 
 def expert_weight(t, base, quant):
@@ -105,8 +106,10 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     if DRAFT and arch in MTP_UNDER_MTP:
         base = "mtp"
     prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
-    if DRAFT and arch == "minimax_m3":  # its MTP modules' decoder layers: model.mtp.layers.<i>.transformer_layer
-        prefix = f"model.mtp.layers.{layer_idx}.transformer_layer.block_sparse_moe.experts"
+    if arch == "minimax_m3":  # as released: under language_model.; its MTP modules' decoder layers under
+        # model.mtp.layers.<i>.transformer_layer
+        inner = f"model.mtp.layers.{layer_idx}.transformer_layer" if DRAFT else f"model.layers.{layer_idx}"
+        prefix = f"language_model.{inner}.block_sparse_moe.experts"
     act = {}
     if arch == "deepseek_v4":  # the inference release's names (its MTP layers: mtp.<i>); clamped SwiGLU experts
         L = cfg["num_hidden_layers"]
@@ -315,7 +318,9 @@ def main():
         lend_deepseek_v4_mtp_parts()
     lend_plain_cpu_gemm()
     load_general_plugins()
-    target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512)
+    # a release written without its vision tower: built as `--language-model-only` builds it
+    target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512,
+                         language_model_only=arch in LANGUAGE_MODEL_ONLY)
     engram = {}
     if arch == "qwen4_exp":  # see lend_qwen4_exp_cpu_parts
         from vllm.config import EngramConfig
@@ -338,8 +343,11 @@ def main():
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{sys.argv[5]}")
         initialize_model_parallel(world)
-        if DRAFT:  # under the model tag vLLM's proposers build drafts with (llm_base_proposer._get_model)
+        if DRAFT:  # the target first, then the draft beside it under the model tag vLLM's proposers build drafts
+            # with (llm_base_proposer._get_model), both in one config as in vLLM's engine: a draft layer that takes
+            # a target layer's name stops here as it stops vLLM ("Duplicate layer name")
             from vllm.compilation.backends import set_model_tag
+            target_model = get_model(vllm_config=vc)  # noqa: F841  (kept: its layers stay registered)
             with set_model_tag("eagle_head"):
                 model = get_model(vllm_config=vc, model_config=vc.speculative_config.draft_model_config)
         else:
