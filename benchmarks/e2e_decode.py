@@ -121,6 +121,7 @@ def _worker(a) -> None:
     from vllm.inputs import TokensPrompt
 
     kwargs = engine_kwargs(a)
+    spec = kwargs.get("speculative_config")
     if a.no_jit_warmup:
         # DeepSeek-V4's FP8 projections: DeepGEMM's own warmup (2541 shapes, ~25 min on a fresh H200) is not the JIT one
         os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")

@@ -29,10 +29,11 @@ engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under t
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
-(mtp.layers.0), MiniMax-M3's (model.mtp.layers.0), Qwen3.8-Flash-Next's (mtp.layers.0) and GLM-5.3's
-(model.layers.4) MTP layers the same, by the default rule (LVLLM_E2E_ARCHS=mtp: only these runs; mtp_<family>: one family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy
-outputs as without, with drafts verified. EAGLE-3 drafts (Qwen3-MoE with a random-weight draft in the release
-layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
+(mtp.layers.0), MiniMax-M3's (language_model.model.mtp.layers.0), Qwen3.8-Flash-Next's (mtp.layers.0) and
+GLM-5.3's (model.layers.4) MTP layers the same, by the default rule (LVLLM_E2E_ARCHS=mtp: only these runs;
+mtp_<family>: one family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram):
+the same greedy outputs as without, with drafts verified. EAGLE-3 drafts (Qwen3-MoE with a random-weight draft in
+the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
 vLLM's own experts with the plugin around them against the switch-off run, which puts a switch-on difference inside
 or outside the engine's layers.
@@ -189,9 +190,9 @@ def test_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, draft_moe):
 def test_family_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, arch):
     """GLM-4.5 (Glm4MoeMTP), GLM-5 (DeepseekV32MTP: a DSA layer), DeepSeek-V4 (DeepSeekV4MTP: mtp.0, an mHC block
     with sliding-window attention), Qwen3-Next / Qwen3.5 (a gated-attention MoE layer under mtp.), MiniMax-M3
-    (MiniMaxM3MTP: a block-sparse attention MoE layer under model.mtp.), Qwen3.8-Flash-Next (Qwen4ExpMTP: a
-    sparse-attention MoE layer with hyper-connection streams under mtp.), GLM-5.3 (Glm5NextMTP: a sparse MLA MoE
-    layer after the decoder layers) MTP drafts, switch on: the same greedy outputs as without drafts, the draft's MoE
+    (MiniMaxM3MTP: a block-sparse attention MoE layer under language_model.model.mtp.), Qwen3.8-Flash-Next
+    (Qwen4ExpMTP: a sparse-attention MoE layer with hyper-connection streams under mtp.), GLM-5.3 (Glm5NextMTP: a
+    sparse MLA MoE layer after the decoder layers) MTP drafts, switch on: the same greedy outputs as without drafts, the draft's MoE
     layer on the GPU by the default rule."""
     _only_mtp_selected(arch)
     plain, drafts = _get(arch_runs, f"{arch}-mtp-cpu"), _get(arch_runs, f"{arch}-mtp-cpu-drafts")

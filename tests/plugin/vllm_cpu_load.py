@@ -347,7 +347,7 @@ def main():
             # with (llm_base_proposer._get_model), both in one config as in vLLM's engine: a draft layer that takes
             # a target layer's name stops here as it stops vLLM ("Duplicate layer name")
             from vllm.compilation.backends import set_model_tag
-            target_model = get_model(vllm_config=vc)  # noqa: F841  (kept: its layers stay registered)
+            get_model(vllm_config=vc)  # the target
             with set_model_tag("eagle_head"):
                 model = get_model(vllm_config=vc, model_config=vc.speculative_config.draft_model_config)
         else:
