@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cpu_census  # noqa: E402
 from e2e_decode import (mode_env, mode_speculation, mtp_layers, plain_twin, speculation_lines,  # noqa: E402
-                        uses_dspark, uses_eagle3, uses_mtp)
+                        speculative, uses_dspark, uses_eagle3, uses_mtp)
 
 
 def test_hybrid_variants_combine_into_their_settings():
@@ -226,6 +226,12 @@ def test_a_mode_stopped_while_measuring_keeps_what_it_measured(tmp_path):
     assert mode_result("timeout", []) is None
     assert mode_result(0, [{"mode": "hybrid", "partial": True}, {"mode": "hybrid", "ttft_1024_s": 1.0}]) == \
         {"mode": "hybrid", "ttft_1024_s": 1.0}
+
+
+def test_speculative_modes_are_told_apart_from_plain_ones():
+    """(Their decode rate is not put against one token's bandwidth bound: a verify step reads k + 1 tokens' experts.)"""
+    assert all(speculative(m) for m in ("hybrid-ng3", "hybrid-eg1-ru", "hybrid-mt2", "hybrid-ds4"))
+    assert not any(speculative(m) for m in ("hybrid", "hybrid-ru", "stock", "hybrid-v1", "offload"))
 
 
 def test_mtp_variant_drafts_with_the_checkpoints_own_layers():
