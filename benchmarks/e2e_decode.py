@@ -224,6 +224,16 @@ def mode_speculation(mode: str, eagle3_draft: str = ""):
     return None
 
 
+def probes_disagree(probes, decode_gbs: float) -> str:
+    """A note when the read-bandwidth probes around a mode differ by more than 25% (a noisy host: the mean bound
+    is then loose), with the decode rate against the higher probe; else nothing. decode_gbs: the bytes the decode
+    rate reads per second."""
+    lo, hi = min(probes), max(probes)
+    if lo <= 0 or hi / lo <= 1.25:
+        return ""
+    return f"; the probes differ {hi / lo:.2f}x (a noisy host): {decode_gbs / hi:.2f} of the higher one"
+
+
 def speculative(mode: str) -> bool:
     """Whether a mode drafts tokens (any speculative variant)."""
     return any(re.fullmatch(SPEC_VARIANT, v) for v in mode.split("-")[1:])
@@ -525,7 +535,8 @@ def main() -> int:
         r = results[m]
         if not speculative(m):  # a verify step reads k + 1 tokens' experts: the speculation lines put it
             print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
-                  f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})")
+                  f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})"
+                  + probes_disagree(r['read_bw_before_after'], r['decode_tok_s_1'] / r['bound_tok_s'] * r['read_bw_gbs']))
         if "engine_ms_per_step_1" in r:
             step_ms, eng = 1e3 / r["decode_tok_s_1"], r["engine_ms_per_step_1"]
             print(f"{m} decode @1 step {step_ms:.2f} ms: engine {eng:.2f} ms ({eng / step_ms:.0%}; of it "

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cpu_census  # noqa: E402
 from e2e_decode import (mode_env, mode_speculation, mtp_layers, plain_twin, speculation_lines,  # noqa: E402
-                        speculative, uses_dspark, uses_eagle3, uses_mtp)
+                        probes_disagree, speculative, uses_dspark, uses_eagle3, uses_mtp)
 
 
 def test_hybrid_variants_combine_into_their_settings():
@@ -273,3 +273,11 @@ def test_a_release_written_without_its_vision_tower_runs_its_text_model_alone():
     assert "minimax_m3" in LANGUAGE_MODEL_ONLY
     assert engine_kwargs(Namespace(**base, mode="hybrid-mt2", language_model_only=True))["language_model_only"]
     assert "language_model_only" not in engine_kwargs(Namespace(**base, mode="hybrid", language_model_only=False))
+
+
+def test_probes_that_disagree_are_named_with_the_ratio_to_the_higher_one():
+    """Session 34 (H100 host): probes 50.5 / 110.2 GB/s made plain decode '1.20 of the bandwidth bound' at their
+    mean; the line now says they disagree and gives 0.88 of the higher probe."""
+    assert probes_disagree([106.5, 106.3], 100.0) == ""
+    note = probes_disagree([50.5, 110.2], 1.20 * 80.4)
+    assert "2.18x" in note and "0.88 of the higher one" in note
