@@ -48,7 +48,8 @@ CONFIG_ONLY = tuple(a for a, m in CONFIG_MODULES.items() if not hasattr(m, "weig
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 # Where each release keeps its text model's "model." part, and its lm_head
 TEXT_PREFIX = {"qwen3_5_moe_vl": ("model.language_model", "lm_head"),
-               "kimi_k25": ("language_model.model", "language_model.lm_head")}
+               "kimi_k25": ("language_model.model", "language_model.lm_head"),
+               "minimax_m3": (f"{minimax_m3.TEXT}model", f"{minimax_m3.TEXT}lm_head")}
 # Their tokenizer's vision tokens (ids right after SPECIAL's) and image / video processor settings.
 # Qwen3-VL's: image, video, vision start, vision end; 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5.
 VISION_SPECIAL = {"qwen3_5_moe_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"],

@@ -106,10 +106,8 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     if DRAFT and arch in MTP_UNDER_MTP:
         base = "mtp"
     prefix = f"{base}.layers.{layer_idx}.{'block_sparse_moe' if arch in BLOCK_SPARSE else 'mlp'}.experts"
-    if arch == "minimax_m3":  # as released: under language_model.; its MTP modules' decoder layers under
-        # model.mtp.layers.<i>.transformer_layer
-        inner = f"model.mtp.layers.{layer_idx}.transformer_layer" if DRAFT else f"model.layers.{layer_idx}"
-        prefix = f"language_model.{inner}.block_sparse_moe.experts"
+    if DRAFT and arch == "minimax_m3":  # its MTP modules' decoder layers: <model>.mtp.layers.<i>.transformer_layer
+        prefix = f"{base}.mtp.layers.{layer_idx}.transformer_layer.block_sparse_moe.experts"
     act = {}
     if arch == "deepseek_v4":  # the inference release's names (its MTP layers: mtp.<i>); clamped SwiGLU experts
         L = cfg["num_hidden_layers"]
