@@ -903,7 +903,8 @@ def main(argv=None) -> int:
     make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)"
-             if a.size == "big" or a.arch in CONFIG_ONLY else ""))
+             if a.size == "big" or a.arch in CONFIG_ONLY else "")
+          + (" (no vision tower weights: serve with --language-model-only)" if a.arch in LANGUAGE_MODEL_ONLY else ""))
     return 0
 
 
