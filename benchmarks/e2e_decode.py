@@ -533,7 +533,7 @@ def main() -> int:
               f"{w:>8} {kv:>10} {r['startup_s']:7.1f}s {r['read_bw_gbs']:6.1f}GB/s" + ("  (stopped early)" if r.get("partial") else ""))
     for m in [m for m in results if m.startswith("hybrid") and results[m].get("decode_tok_s_1")]:
         r = results[m]
-        if not speculative(m):  # a verify step reads k + 1 tokens' experts: the speculation lines put it
+        if not speculative(m):  # a verify step reads k + 1 tokens' experts: the speculation lines compare it
             print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
                   f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})"
                   + probes_disagree(r['read_bw_before_after'], r['decode_tok_s_1'] / r['bound_tok_s'] * r['read_bw_gbs']))
