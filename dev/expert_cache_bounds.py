@@ -3,11 +3,10 @@
 
 Per budget (slots of the layer's experts) and batch rows, on one of lk_moe.routing_trace's traces:
   policy     lk_moe.cache_policy's replay (lfu, the default; refills land GPU_LAG steps later, one per layer a step)
-  hot-set    a cache that always holds the generator's current hot set and fills its other slots with cold experts:
-             the best any policy can expect without knowing the future, as the trace's cold picks are uniform
-             (expected hit rate from the calibrated p_hot; its refills: the hot set's drift, hot x drift a step)
-  belady     the clairvoyant hit rate (evicts the expert used furthest ahead, no lag; it refills on every miss, so no
-             speed-up is put on it)
+  hot-set    lk_moe.routing_trace.hot_set_bound: a cache that always holds the generator's current hot set, the best
+             a policy can expect without knowing the future (its refills: the hot set's drift)
+  belady     lk_moe.routing_trace.belady_hit_rate: the clairvoyant hit rate (it refills on every miss, so no speed-up
+             is put on it)
 and the decode speed-up the first two imply for a bandwidth-bound CPU side, k x rows expert reads a layer-step against
 k x rows x (1 - hit) + refills (a refill reads one expert from host memory as the CPU does; rows' shared experts
 ignored). The measured tok/s also pays the GPU's share and the hand-offs: see benchmarks/expert_cache.py.
@@ -23,36 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lk_moe.cache_policy import replay  # noqa: E402
-from lk_moe.routing_trace import TRACES, calibrate, make_trace  # noqa: E402
-
-
-def belady_hit_rate(trace, slots: int) -> float:
-    """Hit rate of a per-layer cache of `slots` that evicts the expert next used furthest ahead (no lag)."""
-    steps, layers, rows, k = trace.shape
-    hits = lookups = 0
-    for layer in range(layers):
-        seq = [int(e) for e in trace[:, layer].reshape(-1) if e >= 0]
-        next_use, last = [0] * len(seq), {}
-        for i in range(len(seq) - 1, -1, -1):
-            next_use[i], last[seq[i]] = last.get(seq[i], len(seq)), i
-        cache: dict = {}
-        for i, e in enumerate(seq):
-            lookups += 1
-            if e in cache:
-                hits += 1
-            elif len(cache) >= slots:
-                del cache[max(cache, key=cache.get)]
-            cache[e] = next_use[i]
-    return hits / max(lookups, 1)
-
-
-def hot_set_bound(trace_name: str, experts: int, top_k: int, rows: int, slots: int, drift: float = 0.02):
-    """(expected hit rate, refills a layer-step) of a cache holding the current hot set (make_trace's defaults)."""
-    hot = max(2 * top_k, experts // 8)
-    p = calibrate(TRACES[trace_name].lru_half_hit, experts, top_k, rows, hot, drift)
-    if slots >= hot:
-        return p + (1 - p) * (slots - hot) / (experts - hot), hot * drift
-    return p * slots / hot, slots * drift
+from lk_moe.routing_trace import TRACES, belady_hit_rate, hot_set_bound, make_trace  # noqa: E402
 
 
 def speedup(top_k: int, rows: int, hit: float, refills: float) -> float:

@@ -24,6 +24,9 @@ class TraceSpec(NamedTuple):
     shift: bool = False
 
 
+# Each step, each hot expert is swapped for a random outsider with this probability (make_trace's default)
+DRIFT = 0.02
+
 TRACES: Dict[str, TraceSpec] = {
     "uniform": TraceSpec(None),
     "lru50": TraceSpec(0.50),
@@ -91,8 +94,50 @@ def lru_hit_rate(trace: np.ndarray, capacity: int) -> float:
     return hits / max(lookups, 1)
 
 
+def belady_hit_rate(trace: np.ndarray, capacity: int) -> float:
+    """Hit rate of a per-layer cache of `capacity` experts that evicts the expert next used furthest ahead
+    (clairvoyant, no lag, a refill at every miss): no policy hits more on the same trace."""
+    steps, layers, rows, k = trace.shape
+    hits = lookups = 0
+    for layer in range(layers):
+        seq = [int(e) for e in trace[:, layer].reshape(-1) if e >= 0]
+        next_use, last = [0] * len(seq), {}
+        for i in range(len(seq) - 1, -1, -1):
+            next_use[i], last[seq[i]] = last.get(seq[i], len(seq)), i
+        cache: dict = {}
+        for i, e in enumerate(seq):
+            lookups += 1
+            if e in cache:
+                hits += 1
+            elif capacity == 0:
+                continue
+            elif len(cache) >= capacity:
+                del cache[max(cache, key=cache.get)]
+            cache[e] = next_use[i]
+    return hits / max(lookups, 1)
+
+
+def hot_set_bound(name: str, experts: int, top_k: int, rows: int, capacity: int) -> tuple:
+    """(expected hit rate, refills a layer-step) of a cache of `capacity` that always holds the current hot set of
+    the named trace (make_trace's defaults) and fills its other slots with cold experts: the best a policy can
+    expect without knowing the future, as the cold picks are uniform; its refills follow the hot set's drift."""
+    spec = TRACES[name]
+    if spec.lru_half_hit is None:  # uniform routing: any capacity hits its share, nothing to follow
+        return capacity / experts, 0.0
+    hot = default_hot(experts, top_k)
+    p = calibrate(spec.lru_half_hit, experts, top_k, rows, hot, DRIFT)
+    if capacity >= hot:
+        return p + (1 - p) * (capacity - hot) / (experts - hot), hot * DRIFT
+    return p * capacity / hot, capacity * DRIFT
+
+
+def default_hot(experts: int, top_k: int) -> int:
+    """The hot set's size when make_trace is not given one."""
+    return max(2 * top_k, experts // 8)
+
+
 def make_trace(name: str, steps: int, layers: int, experts: int, top_k: int, rows: int = 1, seed: int = 0,
-               hot: Optional[int] = None, drift: float = 0.02, calibration_steps: int = 400) -> np.ndarray:
+               hot: Optional[int] = None, drift: float = DRIFT, calibration_steps: int = 400) -> np.ndarray:
     """int32 [steps, layers, rows, top_k] expert ids of the named trace (TRACES). Rows are the requests
     of a decode batch; each row's picks are distinct. hot: the hot set's size (default max(2 top_k,
     experts / 8)); calibration: p_hot found by bisection on a short trace of 2 layers."""
@@ -101,7 +146,7 @@ def make_trace(name: str, steps: int, layers: int, experts: int, top_k: int, row
     if not 1 <= top_k <= experts or steps < 1 or layers < 1 or rows < 1:
         raise ValueError("need 1 <= top_k <= experts and steps, layers, rows >= 1")
     spec = TRACES[name]
-    hot = hot or max(2 * top_k, experts // 8)
+    hot = hot or default_hot(experts, top_k)
     if not top_k <= hot <= experts - top_k:
         raise ValueError(f"hot set of {hot}: need top_k <= hot <= experts - top_k ({top_k}, {experts})")
     shift_at = steps // 2 if spec.shift else None
