@@ -52,8 +52,8 @@ def weights(s: dict, vocab: int, w) -> None:
     from .hub_layout import saved_tensors, tiny_values
     from .tiny_checkpoint import SPECIAL
     eos = SPECIAL.index("<|im_end|>")
-    text = saved_tensors("Glm5NextTextModel", "Glm5NextTextConfig", config(s, vocab), bos_token_id=eos,
-                         eos_token_id=eos)
+    text = saved_tensors("Glm5NextTextModel", "Glm5NextTextConfig", config(s, vocab), conversion_of="glm5_next",
+                         bos_token_id=eos, eos_token_id=eos)
     tensors = {f"model.{k}": t for k, t in text.items()}
     tensors["lm_head.weight"] = torch.empty(vocab, s["H"])
     tiny_values(tensors, w, keep=lambda name: ".hc_" in name or "index_kpool_compress" in name)

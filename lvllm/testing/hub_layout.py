@@ -11,17 +11,39 @@ from typing import Callable, Dict
 import torch
 
 
-def saved_tensors(model_cls: str, config_cls: str, config: dict, **overrides) -> Dict[str, torch.Tensor]:
+def saved_tensors(model_cls: str, config_cls: str, config: dict, conversion_of: str = "",
+                  **overrides) -> Dict[str, torch.Tensor]:
     """{name: tensor} as transformers' `model_cls` (built from `config` read by `config_cls`) saves them, with
-    transformers' initial values; the same files every time (its initialisation runs under a fixed seed)."""
+    transformers' initial values; the same files every time (its initialisation runs under a fixed seed).
+    `conversion_of`: the model_type whose checkpoint conversion the text model's save reverses where the installed
+    transformers has none under the text config's own model_type (see use_family_conversion)."""
     import transformers
     from safetensors.torch import load_file
     skip = ("model_type", "architectures", "dtype", "torch_dtype")
     cfg = getattr(transformers, config_cls)(**{k: v for k, v in config.items() if k not in skip}, **overrides)
+    if conversion_of:
+        use_family_conversion(cfg.model_type, conversion_of)
     with tempfile.TemporaryDirectory() as d, torch.random.fork_rng():
         torch.manual_seed(0)
         getattr(transformers, model_cls)(cfg).save_pretrained(d)
         return load_file(f"{d}/model.safetensors")
+
+
+def use_family_conversion(model_type: str, family: str) -> None:
+    """Let transformers save `model_type` with `family`'s checkpoint conversion when it has none of its own.
+
+    save_pretrained writes the Hub layout (one tensor per expert, the release's names) by reversing the conversion it
+    finds under the model's model_type. transformers 5.17 (the GPU machine's) lists GLM-5.3's under "glm5_next" only,
+    not under its text config's "glm5_next_text" (5.20 lists both): its save kept the fused in-memory layout
+    (`experts.down_proj` of shape (E, H, I), one conv1d for q/k/v), which no release holds and vLLM cannot load."""
+    from transformers import conversion_mapping as cm
+    if cm.get_checkpoint_conversion_mapping(model_type) is not None:
+        return
+    family_mapping = cm.get_checkpoint_conversion_mapping(family)
+    if family_mapping is None:
+        raise ValueError(f"transformers {__import__('transformers').__version__} has no checkpoint conversion for "
+                         f"{model_type} or {family}: its save would not write the Hub layout")
+    cm.register_checkpoint_conversion_mapping(model_type, family_mapping)
 
 
 def tiny_values(tensors: Dict[str, torch.Tensor], w, keep: Callable[[str], bool]) -> None:

@@ -132,7 +132,15 @@ class TextModelWithHead(torch.nn.Module):
     def from_checkpoint(cls, model_dir: str, config, dtype: torch.dtype) -> "TextModelWithHead":
         from safetensors import safe_open
         from transformers import AutoModel
-        model = AutoModel.from_pretrained(model_dir, config=config, dtype=dtype)  # the text model, "model." stripped
+
+        from lvllm.testing.hub_layout import use_family_conversion
+        # the Hub layout's per-expert tensors reach the fused model through the family's conversion where the
+        # installed transformers lists none under the text config (5.17 for GLM-5.3); every tensor placed
+        use_family_conversion(config.model_type, config.model_type.removesuffix("_text"))
+        model, info = AutoModel.from_pretrained(model_dir, config=config, dtype=dtype, output_loading_info=True)
+        missing = info["missing_keys"] or info["mismatched_keys"]
+        if missing:  # the text model, "model." stripped; lm_head is read below
+            raise RuntimeError(f"{model_dir}: transformers left {sorted(missing)[:8]} unloaded")
         with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
             return cls(model, f.get_tensor("lm_head.weight").to(dtype))
 

@@ -86,3 +86,23 @@ def test_minimax_m3_tiny_norms_have_a_gain_of_one(tmp_path):
     s = minimax_m3.SHAPES["tiny"]
     assert len(norms) == 1 + 4 * s["L"] + 2 * (s["L"] - s["dense"])  # final; per layer 2 + q/k; indexer q/k
     assert all(torch.count_nonzero(t) == 0 for t in norms.values()), [k for k, t in norms.items() if t.any()]
+
+
+def test_glm5_next_tiny_is_saved_in_the_hub_layout_without_a_text_conversion(monkeypatch):
+    """transformers 5.17 (the GPU machine's) has GLM-5.3's checkpoint conversion under "glm5_next" only; its save of the
+    text model kept the fused in-memory tensors (experts.gate_up_proj, one conv1d), which vLLM cannot load. Drop the
+    text model's conversion here as 5.17 lacks it: the writer borrows the family's and saves the release's names."""
+    from transformers import conversion_mapping as cm
+    from lvllm.testing.hub_layout import saved_tensors
+    cm.get_checkpoint_conversion_mapping("glm5_next")  # builds the cache
+    monkeypatch.delitem(cm._checkpoint_conversion_mapping_cache, "glm5_next_text", raising=False)
+    cfg = glm5_next.config(glm5_next.SHAPES["tiny"], 2048)
+    fused = saved_tensors("Glm5NextTextModel", "Glm5NextTextConfig", cfg)
+    assert "layers.1.mlp.experts.gate_up_proj" in fused  # what 5.17 wrote
+    hub = saved_tensors("Glm5NextTextModel", "Glm5NextTextConfig", cfg, conversion_of="glm5_next")
+    E = glm5_next.SHAPES["tiny"]["E"]
+    for e in range(E):
+        for p in ("gate_proj", "up_proj", "down_proj"):
+            assert f"layers.1.mlp.experts.{e}.{p}.weight" in hub
+    assert not [k for k in hub if k.endswith(("experts.gate_up_proj", "experts.down_proj", "self_attn.conv1d.weight"))]
+    assert "layers.0.self_attn.q_conv1d.weight" in hub and "layers.0.hc_attn_fn" in hub
