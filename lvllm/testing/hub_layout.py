@@ -36,13 +36,14 @@ def use_family_conversion(model_type: str, family: str) -> None:
     finds under the model's model_type. transformers 5.17 (the GPU machine's) lists GLM-5.3's under "glm5_next" only,
     not under its text config's "glm5_next_text" (5.20 lists both): its save kept the fused in-memory layout
     (`experts.down_proj` of shape (E, H, I), one conv1d for q/k/v), which no release holds and vLLM cannot load."""
+    import transformers
     from transformers import conversion_mapping as cm
     if cm.get_checkpoint_conversion_mapping(model_type) is not None:
         return
     family_mapping = cm.get_checkpoint_conversion_mapping(family)
     if family_mapping is None:
-        raise ValueError(f"transformers {__import__('transformers').__version__} has no checkpoint conversion for "
-                         f"{model_type} or {family}: its save would not write the Hub layout")
+        raise ValueError(f"transformers {transformers.__version__} has no checkpoint conversion for {model_type} or "
+                         f"{family}: its save would not write the Hub layout")
     cm.register_checkpoint_conversion_mapping(model_type, family_mapping)
 
 

@@ -138,9 +138,9 @@ class TextModelWithHead(torch.nn.Module):
         # installed transformers lists none under the text config (5.17 for GLM-5.3); every tensor placed
         use_family_conversion(config.model_type, config.model_type.removesuffix("_text"))
         model, info = AutoModel.from_pretrained(model_dir, config=config, dtype=dtype, output_loading_info=True)
-        missing = info["missing_keys"] or info["mismatched_keys"]
-        if missing:  # the text model, "model." stripped; lm_head is read below
-            raise RuntimeError(f"{model_dir}: transformers left {sorted(missing)[:8]} unloaded")
+        unloaded = [str(k) for k in list(info["missing_keys"]) + list(info["mismatched_keys"])]
+        if unloaded:  # the text model, "model." stripped; lm_head is read below
+            raise RuntimeError(f"{model_dir}: transformers left {sorted(unloaded)[:8]} unloaded")
         with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
             return cls(model, f.get_tensor("lm_head.weight").to(dtype))
 
