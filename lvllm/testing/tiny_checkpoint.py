@@ -14,7 +14,7 @@ K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonVi
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
 MXFP4 experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision
 tower in the config only: serve it with --language-model-only), qwen4_exp (Qwen3.8-Flash-Next) and glm5_next
-(GLM-5.3) (tiny with bf16 weights; big config only) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or
+(GLM-5.3) (tiny with bf16 weights; big config only, GLM-5.3's also in its release's block fp8) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or
 mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
 transformers' own MXFP4 dequantization).
 
@@ -439,7 +439,10 @@ def _deepseek_v4_mxfp4(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[s
 
 # Families released in block FP8 (Qwen3-Next-80B-A3B-*-FP8, Qwen3.5's -FP8 releases, MiniMax-M2 as released): "big"
 # with quant "fp8" writes the release's quantization config over dummy weights
-FP8_RELEASES = ("qwen3_next", "qwen3_5_moe", "minimax_m2")
+# GLM-5.3-Flash (zai-org) ships block FP8 too: routed, shared and MTP experts and the MLPs at 128 x 128, dynamic
+# activations; vLLM 0.33.0's GLM-5.3 model itself builds the KDA and MLA projections unquantized (the release keeps
+# them in bf16), so the config needs no list of its own
+FP8_RELEASES = ("qwen3_next", "qwen3_5_moe", "minimax_m2", "glm5_next")
 
 
 def fp8_release_config(config: dict) -> dict:
@@ -447,8 +450,9 @@ def fp8_release_config(config: dict) -> dict:
     FP8 but the Gated-DeltaNet layers' in_proj_ba (its 2 x value heads of outputs is no multiple of a block; vLLM's
     GDN layer takes it unquantized and the releases list it); routers and the shared-expert gate are unquantized
     layers in vLLM whatever the config says."""
+    gdn = "linear_num_value_heads" in config  # Qwen3-Next / Qwen3.5's linear attention (GLM-5.3's KDA has none)
     keep = [f"model.layers.{i}.linear_attn.in_proj_ba" for i, t in enumerate(config.get("layer_types") or ())
-            if t == "linear_attention"]
+            if gdn and t == "linear_attention"]
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
             "modules_to_not_convert": keep}
 

@@ -1,5 +1,5 @@
 """The block-FP8 releases' shapes as configs over dummy weights (make_checkpoint(arch, size="big", quant="fp8"): Qwen3-Next,
-Qwen3.5, MiniMax-M2), read the way vLLM 0.33.0's own Fp8Config and layer-skip rule read a release's config, and priced
+Qwen3.5, MiniMax-M2, GLM-5.3), read the way vLLM 0.33.0's own Fp8Config and layer-skip rule read a release's config, and priced
 by lvllm's readers at one byte a weight. Their models build on CUDA only with FP8 projections: the GPU benchmark
 (benchmarks/e2e_decode.py --size big --quant fp8) runs them."""
 import importlib
@@ -27,7 +27,7 @@ def _quantized_widths(arch: str, s: dict) -> list:
     return widths
 
 
-@pytest.mark.parametrize("arch", FP8_RELEASES)
+@pytest.mark.parametrize("arch", [a for a in FP8_RELEASES if a in MODEL_CLASS])
 def test_big_fp8_config_reads_as_vllm_reads_the_release(tmp_path, arch):
     from vllm.model_executor.layers.quantization.fp8 import Fp8Config
     from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
@@ -55,6 +55,25 @@ def test_big_fp8_config_reads_as_vllm_reads_the_release(tmp_path, arch):
     assert info.expert_bytes == LAYERS * s["E"] * 3 * s["H"] * s["I"]  # one byte a weight (the scales aside)
 
 
+def test_glm5_3_big_fp8_config_quantizes_whole_blocks(tmp_path):
+    """GLM-5.3-Flash's block-FP8 release as a config: vLLM's Fp8Config reads it with nothing skipped (vLLM's GLM-5.3
+    model builds the KDA and MLA projections unquantized itself); what it quantizes (experts, shared expert, dense MLPs)
+    has whole 128 x 128 blocks; the experts priced at one byte a weight. (vLLM's GLM-5.3 builds on CUDA only.)"""
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from lvllm.testing import glm5_next
+    path = make_checkpoint("glm5_next", str(tmp_path / "glm"), size="big", layers=LAYERS, quant="fp8")
+    with open(f"{path}/config.json") as f:
+        raw = json.load(f)
+    qc = Fp8Config.from_config(raw["quantization_config"])
+    assert qc.is_checkpoint_fp8_serialized and qc.weight_block_size == [128, 128] and not qc.ignored_layers
+    s = glm5_next.SHAPES["big"]
+    assert all(w % 128 == 0 for w in (s["H"], s["I"], s["dense_I"]))
+    info = read_checkpoint(path)
+    assert info.quant_method == "fp8" and info.moe_layers == LAYERS - s["dense"]
+    assert info.expert_bytes == (LAYERS - s["dense"]) * s["E"] * 3 * s["H"] * s["I"]
+
+
 def test_fp8_is_written_big_only_for_the_fp8_releases(tmp_path):
     with pytest.raises(ValueError, match="block fp8"):
-        make_checkpoint("glm5_next", str(tmp_path / "glm"), size="big", quant="fp8")
+        make_checkpoint("qwen4_exp", str(tmp_path / "q"), size="big", quant="fp8")
