@@ -118,6 +118,15 @@ def _partial_rope_from_rotary_dim(config) -> None:
         rope["partial_rotary_factor"] = rotary_dim / head_dim
 
 
+def _require_loaded(model_dir: str, info: dict, but=()) -> None:
+    """Every weight of the model transformers built came from the checkpoint (from_pretrained's loading info), but those
+    whose names hold one of `but`: transformers only warns and initialises the rest at random."""
+    unloaded = [str(k) for k in list(info["missing_keys"]) + list(info["mismatched_keys"])
+                if not any(b in str(k) for b in but)]
+    if unloaded:
+        raise RuntimeError(f"{model_dir}: transformers left {sorted(unloaded)[:8]} unloaded")
+
+
 class TextModelWithHead(torch.nn.Module):
     """A text model transformers implements without a causal-LM class (GLM-5.3's Glm5NextTextModel: only its
     vision-language model has a head there), under the checkpoint's own lm_head."""
@@ -138,9 +147,7 @@ class TextModelWithHead(torch.nn.Module):
         # installed transformers lists none under the text config (5.17 for GLM-5.3); every tensor placed
         use_family_conversion(config.model_type, config.model_type.removesuffix("_text"))
         model, info = AutoModel.from_pretrained(model_dir, config=config, dtype=dtype, output_loading_info=True)
-        unloaded = [str(k) for k in list(info["missing_keys"]) + list(info["mismatched_keys"])]
-        if unloaded:  # the text model, "model." stripped; lm_head is read below
-            raise RuntimeError(f"{model_dir}: transformers left {sorted(unloaded)[:8]} unloaded")
+        _require_loaded(model_dir, info)  # the text model, "model." stripped; lm_head is read below
         with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
             return cls(model, f.get_tensor("lm_head.weight").to(dtype))
 
@@ -218,7 +225,11 @@ def _load(model_dir: str, dtype: torch.dtype, device: str):
     if arch in CONVERTED:
         model = CONVERTED[arch](model_dir, dtype)
     elif getattr(config, "vision_config", None) is not None:
-        model = AutoModelForImageTextToText.from_pretrained(model_dir, config=config, dtype=dtype, **extra)
+        model, info = AutoModelForImageTextToText.from_pretrained(model_dir, config=config, dtype=dtype,
+                                                                  output_loading_info=True, **extra)
+        # the text prompts' truth: every text weight loaded (releases written without their vision tower's weights,
+        # served with --language-model-only, leave the tower at transformers' initialisation, unused)
+        _require_loaded(model_dir, info, but=(".visual.", "vision_tower", "mm_projector"))
     elif config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         model = TextModelWithHead.from_checkpoint(model_dir, config, dtype)
     else:

@@ -50,7 +50,7 @@ from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, che
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
-             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "glm5_next": 1}
+             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "glm5_next": 1, "glm5_next_vl": 1}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;
@@ -71,7 +71,8 @@ MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tok
 MTP_FAMILIES = {"glm4_moe": "model.layers.4.mlp.experts", "glm_moe_dsa": "model.layers.4.mlp.experts",
                 "deepseek_v4": "model.layers.4.ffn.experts", "qwen3_next": "mtp.layers.0.mlp.experts",
                 "qwen3_5_moe": "mtp.layers.0.mlp.experts", "minimax_m3": "model.layers.0.block_sparse_moe.experts",
-                "qwen4_exp": "mtp.layers.4.mlp.experts", "glm5_next": "model.layers.4.mlp.experts"}
+                "qwen4_exp": "mtp.layers.4.mlp.experts", "glm5_next": "model.layers.4.mlp.experts",
+                "glm5_next_vl": "model.layers.4.mlp.experts"}
 # ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
 # (both runs: the same prompts) so the drafts find matches and vLLM verifies them
 NGRAM_PROMPTS = ["--prompt-period", "16"]
@@ -192,7 +193,8 @@ def test_family_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, arch):
     with sliding-window attention), Qwen3-Next / Qwen3.5 (a gated-attention MoE layer under mtp.), MiniMax-M3
     (MiniMaxM3MTP: a block-sparse attention MoE layer under language_model.model.mtp.), Qwen3.8-Flash-Next
     (Qwen4ExpMTP: a sparse-attention MoE layer with hyper-connection streams under mtp.), GLM-5.3 (Glm5NextMTP: a
-    sparse MLA MoE layer after the decoder layers) MTP drafts, switch on: the same greedy outputs as without drafts, the draft's MoE
+    sparse MLA MoE layer after the decoder layers; text-only and as released, under model.language_model.) MTP
+    drafts, switch on: the same greedy outputs as without drafts, the draft's MoE
     layer on the GPU by the default rule."""
     _only_mtp_selected(arch)
     plain, drafts = _get(arch_runs, f"{arch}-mtp-cpu"), _get(arch_runs, f"{arch}-mtp-cpu-drafts")

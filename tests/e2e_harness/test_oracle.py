@@ -300,7 +300,7 @@ def test_prompts_leave_out_the_tokenizers_special_tokens(tmp_path):
     assert prompts(2048, [50], seed=1, avoid=special_token_ids(qwen)) == [[rng.randrange(3, 2048) for _ in range(50)]]
 
 
-@pytest.mark.parametrize("arch", ["glm5_next", "qwen4_exp", "minimax_m3"])
+@pytest.mark.parametrize("arch", ["glm5_next", "glm5_next_vl", "qwen4_exp", "minimax_m3"])
 def test_the_newest_text_models_have_an_fp32_truth(arch, tmp_path):
     """GLM-5.3 (transformers implements its text model without a causal-LM head: the checkpoint's lm_head over
     Glm5NextTextModel), Qwen3.8-Flash-Next (Qwen4ExpForCausalLM) and MiniMax-M3 (vLLM's checkpoint renamed and fused

@@ -1,4 +1,4 @@
-"""MiniMax-M3's and GLM-5.3's generated configs (lvllm.testing.minimax_m3, .glm5_next; config + tokenizer, tiny and
+"""MiniMax-M3's and GLM-5.3's generated configs (lvllm.testing.minimax_m3, .glm5_next, .glm5_next_vl; config + tokenizer, tiny and
 the release's shape) as the config classes vLLM 0.33.0 uses and its model registry read them, and as lvllm's readers
 (doctor, auto-fit, the benchmarks) count them: MoE layers from moe_layer_freq flags / mlp_layer_types. Both models
 build on CUDA only."""
@@ -8,13 +8,14 @@ import pytest
 
 from lvllm.autofit_inputs import describe_model
 from lvllm.cli.checkpoint_info import expert_shape, experts_per_token, read_checkpoint
-from lvllm.testing import glm5_next, minimax_m3
+from lvllm.testing import glm5_next, glm5_next_vl, minimax_m3
 from lvllm.testing.tiny_checkpoint import make_checkpoint
 
 pytest.importorskip("vllm")
 
 ARCHS = {"minimax_m3": ("MiniMaxM3SparseForConditionalGeneration", minimax_m3.SHAPES),
-         "glm5_next": ("Glm5NextForCausalLM", glm5_next.SHAPES)}
+         "glm5_next": ("Glm5NextForCausalLM", glm5_next.SHAPES),
+         "glm5_next_vl": ("Glm5NextForConditionalGeneration", glm5_next_vl.SHAPES)}
 
 
 @pytest.fixture(scope="module", params=[(a, size) for a in ARCHS for size in ("tiny", "big")],
@@ -106,3 +107,28 @@ def test_glm5_next_tiny_is_saved_in_the_hub_layout_without_a_text_conversion(mon
             assert f"layers.1.mlp.experts.{e}.{p}.weight" in hub
     assert not [k for k in hub if k.endswith(("experts.gate_up_proj", "experts.down_proj", "self_attn.conv1d.weight"))]
     assert "layers.0.self_attn.q_conv1d.weight" in hub and "layers.0.hc_attn_fn" in hub
+
+
+def test_glm5_next_release_layout_reaches_the_text_model_vllm_builds(tmp_path):
+    """GLM-5.3-Flash's release layout (glm5_next_vl): vLLM 0.33.0's Glm5NextForConditionalGeneration maps every tensor
+    (model.language_model.*, lm_head, the MTP layer after the decoder layers) onto the text model it builds under
+    language_model., the same tensors as the text-only checkpoint's under vLLM's names there; its MTP loader's prefix
+    rule takes the MTP layer back to the draft's model.layers.<L>. The tokenizer holds the config's vision tokens."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+    from vllm.models.glm5next import Glm5NextForConditionalGeneration
+    vl = make_checkpoint("glm5_next_vl", str(tmp_path / "vl"), mtp=1)
+    text = make_checkpoint("glm5_next", str(tmp_path / "text"), mtp=1)
+    vl_t, text_t = load_file(f"{vl}/model.safetensors"), load_file(f"{text}/model.safetensors")
+    mapper = Glm5NextForConditionalGeneration.hf_to_vllm_mapper
+    mapped = {mapper.map_name(k): t for k, t in vl_t.items()}
+    assert set(mapped) == {"language_model." + k for k in text_t}
+    assert all(torch.equal(mapped["language_model." + k], t) for k, t in text_t.items())
+    L = glm5_next.SHAPES["tiny"]["L"]
+    assert any(k.startswith(f"model.language_model.layers.{L}.") for k in vl_t)  # the MTP layer, vLLM strips the prefix
+    cfg = AutoConfig.from_pretrained(vl)  # transformers' Glm5NextConfig: the text and vision sub-configs
+    assert cfg.text_config.n_routed_experts == glm5_next.SHAPES["tiny"]["E"] and cfg.vision_config.depth == 1
+    with open(f"{vl}/tokenizer.json") as f:
+        added = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}
+    assert [added[t] for t in glm5_next_vl.VISION_TOKENS] == [getattr(cfg, f) for f in glm5_next_vl.TOKEN_ID_FIELDS]

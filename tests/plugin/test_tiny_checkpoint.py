@@ -9,7 +9,7 @@ import torch
 from lk_moe.reference import dequantize_nvfp4, dequantize_per_channel
 from lvllm.testing.checkpoint_quant import _w8a8_channel_config, decode_mxfp4, decode_projection, write_dequantized_twin
 from lvllm.testing.quantizers import quantize_mxfp4, quantize_nvfp4, quantize_w8a8_channel
-from lvllm.testing.tiny_checkpoint import ARCHS, CONFIG_ONLY, VL_TEXT, make_checkpoint
+from lvllm.testing.tiny_checkpoint import ARCHS, CONFIG_ONLY, LANGUAGE_MODEL_ONLY, VL_TEXT, make_checkpoint
 
 from ..engine.conftest import vllm_dequantize_nvfp4
 
@@ -28,15 +28,19 @@ def test_transformers_loads_every_weight(tmp_path, arch):
     path = make_checkpoint(arch, str(tmp_path / arch))
     ids = torch.tensor([list(range(3, 40))])
     model_type = transformers.AutoConfig.from_pretrained(path).model_type
-    if arch not in VL_TEXT and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    vl = arch in VL_TEXT or arch in LANGUAGE_MODEL_ONLY
+    if not vl and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         # GLM-5.3: transformers has its text model without a causal-LM head; the checkpoint's lm_head over it
         from safetensors.torch import load_file
         model, info = transformers.AutoModel.from_pretrained(path, output_loading_info=True, dtype=torch.bfloat16)
         assert info.pop("unexpected_keys") == {"lm_head.weight"} and not any(info.values()), info
         logits = model(ids).last_hidden_state @ load_file(f"{path}/model.safetensors")["lm_head.weight"].T
     else:
-        auto = transformers.AutoModelForImageTextToText if arch in VL_TEXT else transformers.AutoModelForCausalLM
+        auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
         model, info = auto.from_pretrained(path, output_loading_info=True, dtype=torch.bfloat16)
+        if arch in LANGUAGE_MODEL_ONLY:  # a release written without its vision tower's weights (GLM-5.3-Flash's)
+            tower = {k for k in info["missing_keys"] if k.startswith("model.visual.")}
+            assert tower and tower == set(info.pop("missing_keys")), info
         assert not any(info.values()), info
         logits = model(ids).logits
     assert torch.isfinite(logits).all() and 1.0 < logits.float().std() < 10.0
@@ -272,6 +276,9 @@ MTP_LAYOUTS = {
     # head (the target's lm_head) and the embedding (the target's)
     "glm5_next": ("model.layers.4.", "model.layers.3.", "model.layers.4.", ("enorm", "hnorm", "eh_proj",
                                                                             "shared_head.norm")),
+    # ... and as released, under model.language_model. (vLLM's MTP loader strips the prefix)
+    "glm5_next_vl": ("model.language_model.layers.4.", "model.language_model.layers.3.", "model.language_model.layers.4.",
+                     ("enorm", "hnorm", "eh_proj", "shared_head.norm")),
     # MiniMax-M3's module: a block-sparse attention MoE layer (the target's layer 1 on) under transformer_layer
     "minimax_m3": ("language_model.model.mtp.layers.0.transformer_layer.", "language_model.model.layers.1.",
                    "language_model.model.mtp.layers.0.",
@@ -301,7 +308,7 @@ def test_mtp_layer_is_one_more_decoder_layer_of_the_family(tmp_path, arch):
     if arch == "deepseek_v4":  # layer 0 is hash-routed (a token -> experts table), the MTP layer by a gate bias
         shaped.pop("ffn.gate.tid2eid")
         shaped["ffn.gate.bias"] = t["layers.1.ffn.gate.bias"].shape
-    if arch == "glm5_next":  # vLLM builds MTP layers without mHC streams
+    if arch.startswith("glm5_next"):  # vLLM builds MTP layers without mHC streams
         shaped = {n: v for n, v in shaped.items() if not n.startswith("hc_")}
     assert all(n.startswith(block) for n in set(added) - mtp_only)
     assert {n[len(block):]: s for n, s in added.items() if n not in mtp_only} == shaped
