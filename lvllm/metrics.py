@@ -20,7 +20,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from typing import Callable, Dict, Iterable, List, Optional
 
 logger = logging.getLogger("vllm.lvllm")
@@ -162,6 +161,7 @@ class SnapshotWriter:
     def __init__(self, directory: str, rank: int, read: Callable[[], tuple], period: float = SNAPSHOT_PERIOD):
         self.directory, self.rank, self.read, self.period = directory, rank, read, period
         self._thread: Optional[threading.Thread] = None
+        self._stopped = threading.Event()
 
     def write_now(self) -> None:
         totals, errors = self.read()
@@ -172,9 +172,14 @@ class SnapshotWriter:
             self._thread = threading.Thread(target=self._run, name="lk_moe-metrics", daemon=True)
             self._thread.start()
 
+    def stop(self) -> None:
+        """End the thread (after a snapshot being written, if any)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+
     def _run(self) -> None:
-        while True:
-            time.sleep(self.period)
+        while not self._stopped.wait(self.period):
             try:
                 self.write_now()
             except Exception:  # a failed snapshot must not end the snapshots

@@ -105,12 +105,16 @@ def test_the_writer_thread_keeps_the_snapshot_current(tmp_path):
     totals = [Totals(cpu_decode_calls=1)]
     w = metrics.SnapshotWriter(str(tmp_path), 0, lambda: (totals[0], 0), period=0.05)
     w.start()
-    deadline = time.time() + 10
-    while time.time() < deadline and metrics.values(metrics.render(str(tmp_path))).get(
-            'lvllm_moe_calls_total{path="cpu_decode",rank="0"}') != 1:
-        time.sleep(0.05)
-    totals[0] = Totals(cpu_decode_calls=7)  # the worker ran on
-    while time.time() < deadline and metrics.values(metrics.render(str(tmp_path))).get(
-            'lvllm_moe_calls_total{path="cpu_decode",rank="0"}') != 7:
-        time.sleep(0.05)
-    assert metrics.values(metrics.render(str(tmp_path)))['lvllm_moe_calls_total{path="cpu_decode",rank="0"}'] == 7
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and metrics.values(metrics.render(str(tmp_path))).get(
+                'lvllm_moe_calls_total{path="cpu_decode",rank="0"}') != 1:
+            time.sleep(0.05)
+        totals[0] = Totals(cpu_decode_calls=7)  # the worker ran on
+        while time.time() < deadline and metrics.values(metrics.render(str(tmp_path))).get(
+                'lvllm_moe_calls_total{path="cpu_decode",rank="0"}') != 7:
+            time.sleep(0.05)
+        assert metrics.values(metrics.render(str(tmp_path)))['lvllm_moe_calls_total{path="cpu_decode",rank="0"}'] == 7
+    finally:
+        w.stop()  # before pytest removes tmp_path
+    assert not w._thread.is_alive()
