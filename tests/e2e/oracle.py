@@ -145,7 +145,8 @@ class TextModelWithHead(torch.nn.Module):
         from lvllm.testing.hub_layout import use_family_conversion
         # the Hub layout's per-expert tensors reach the fused model through the family's conversion where the
         # installed transformers lists none under the text config (5.17 for GLM-5.3); every tensor placed
-        use_family_conversion(config.model_type, config.model_type.removesuffix("_text"))
+        if config.model_type.endswith("_text"):
+            use_family_conversion(config.model_type, config.model_type.removesuffix("_text"))
         model, info = AutoModel.from_pretrained(model_dir, config=config, dtype=dtype, output_loading_info=True)
         _require_loaded(model_dir, info)  # the text model, "model." stripped; lm_head is read below
         with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
