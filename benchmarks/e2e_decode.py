@@ -388,6 +388,20 @@ def mode_env(mode: str) -> dict:
     return env
 
 
+def load_results(path: str, checkpoint: str) -> dict:
+    """The modes measured earlier on this checkpoint (a --results file adds up over runs, one checkpoint at a time:
+    a row of another model's, or one that does not say, is dropped, never shown beside this one's)."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        stored = json.load(f)
+    kept = {m: r for m, r in stored.items() if r.get("checkpoint") == checkpoint}
+    if len(kept) < len(stored):
+        print(f"{path}: dropped {', '.join(sorted(set(stored) - set(kept)))}: measured on another checkpoint",
+              flush=True)
+    return kept
+
+
 def _num(v, width: int, digits: int) -> str:
     return f"{v:{width}.{digits}f}" if isinstance(v, (int, float)) else f"{'n/a':>{width}}"
 
@@ -477,10 +491,7 @@ def main() -> int:
     print(f"{info.architecture}: {info.moe_layers} MoE layers of {experts} experts, top-{K}, "
           f"{', '.join(info.expert_dtypes)}: routed-expert bytes per token {bytes_per_token / 1e9:.2f} GB, "
           f"all experts {info.expert_bytes / 2**30:.2f} GiB", flush=True)
-    results = {}
-    if a.results and os.path.exists(a.results):
-        with open(a.results) as f:
-            results = json.load(f)
+    results = load_results(a.results, a.model)
     deadline = time.time() + a.total_timeout if a.total_timeout > 0 else None
     for i, mode in enumerate(modes):
         timeout = a.timeout if deadline is None else mode_share(deadline - time.time(), len(modes) - i, a.timeout, a.mode_floor)
@@ -511,12 +522,15 @@ def main() -> int:
         r = mode_result(rc, lines)
         if r is None or r.get("partial") or "rc" in r:
             print(f"[{mode}] failed (rc {rc}) after {time.time() - t:.0f}s; full log: {log_path}")
-            if r is None:
+            if r is None:  # an earlier run's row for this mode would stand in the table as if measured now
+                if results.pop(mode, None) is not None and a.results:
+                    with open(a.results, "w") as f:
+                        json.dump(results, f, indent=1)
                 continue
             print(f"[{mode}] keeping what it measured before it stopped: {', '.join(measured(r))}")
         bw_after = read_bandwidth()
         bw = (bw_before + bw_after) / 2
-        r.update(_log_figures(log_path), read_bw_gbs=round(bw, 1), read_bw_before_after=[round(bw_before, 1), round(bw_after, 1)],
+        r.update(_log_figures(log_path), checkpoint=a.model, read_bw_gbs=round(bw, 1), read_bw_before_after=[round(bw_before, 1), round(bw_after, 1)],
                  bound_tok_s=round(bw * 1e9 / bytes_per_token, 2))
         results[mode] = r
         print(f"[{mode}] " + json.dumps(r), flush=True)

@@ -201,11 +201,13 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
 > \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
   bench24)  # Qwen3-Next-80B-A3B FP8 by default (48 layers: 72 GiB of experts in host RAM; stock: ~80 GB on the GPU, an
             # H200's); MiniMax-M2 FP8: BENCH_ARCH=minimax_m2 BENCH_LAYERS=24 (84 GiB of its 218); Qwen3.5:
-            # BENCH_ARCH=qwen3_5_moe; GLM-5.3-Flash FP8: BENCH_ARCH=glm5_next BENCH_LAYERS=11 (8 MoE layers, 58 GB);
-            # results adding up in /root/bench_24.json; DeepGEMM's warmup of the FP8 projections
-            # off in both modes (cold, it took the whole run's share in session 35: 1949 shapes at 3-6 a second)
+            # BENCH_ARCH=qwen3_5_moe; GLM-5.3-Flash FP8: BENCH_ARCH=glm5_next BENCH_LAYERS=11 (8 MoE layers, 58 GB:
+            # stock finds no room for its KV cache on an H100, BENCH_LAYERS=9 there); results adding up in
+            # /root/bench_24.json, one checkpoint's at a time; three reps (one stalled @4 rep in two spoilt
+            # session 36's median); DeepGEMM's warmup of the FP8 projections off in both modes (cold, it took the
+            # whole run's share in session 35: 1949 shapes at 3-6 a second)
     body="timeout $left python3 benchmarks/e2e_decode.py --arch \${BENCH_ARCH:-qwen3_next} --quant \${BENCH_QUANT:-fp8} \
---layers \${BENCH_LAYERS:-0} --no-jit-warmup --modes \${BENCH_MODES:-hybrid,stock} --reps 2 --decode-tokens 64 \${BENCH_ARGS:-} \
+--layers \${BENCH_LAYERS:-0} --no-jit-warmup --modes \${BENCH_MODES:-hybrid,stock} --reps 3 --decode-tokens 64 \${BENCH_ARGS:-} \
 --results /root/bench_24.json --log-dir \$OUT --total-timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
 > \$OUT/bench_24.log 2>&1; cp /root/bench_24.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_24.log | tail -24" ;;
   archprobe)  # a new architecture's first start through vLLM with dummy weights (e2e_decode, short): PROBE_ARCH

@@ -88,6 +88,18 @@ def test_cost_table_orders_the_speculative_modes_by_draft_tokens(tmp_path):
     assert k2.split() == ["hybrid-eg2-ru", "2", "100.00", "2.50x", "n/a", "2.73x", "2.82x", "0.00"]
 
 
+def test_a_results_file_keeps_only_this_checkpoints_modes(tmp_path, capsys):
+    # Session 36: a GLM-5.3 run whose stock mode failed printed MiniMax-M2's stock row from the file beside its own
+    from e2e_decode import load_results
+    path = tmp_path / "bench.json"
+    assert load_results(str(path), "/tmp/glm") == {}
+    path.write_text(json.dumps({"hybrid": {"checkpoint": "/tmp/glm", "decode_tok_s_1": 65.5},
+                                "stock": {"checkpoint": "/tmp/minimax", "decode_tok_s_1": 419.4},
+                                "offload": {"decode_tok_s_1": 3.0}}))
+    assert load_results(str(path), "/tmp/glm") == {"hybrid": {"checkpoint": "/tmp/glm", "decode_tok_s_1": 65.5}}
+    assert "dropped offload, stock: measured on another checkpoint" in capsys.readouterr().out
+
+
 def test_trace_loader_fills_every_replay_row(monkeypatch):
     """The worker's trace loader (expert_cache.control, what the ru variant sends): the uniform trace routes each of the
     replay's 32 rows on its own; a locality trace is made for 8 rows (its calibration) and repeated over the rest."""
