@@ -67,12 +67,12 @@ ALL_RESIDENT = {"minimax_m3": "1-3"}
 # Speculative decoding with MTP drafts: the checkpoint's first MTP layer drafts 2 tokens a step.
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
 # The other families with their MTP layer as released, the draft's MoE layer by the default rule (on the GPU), and
-# where vLLM's MTP model puts it (every tiny checkpoint has 4 decoder layers)
+# where vLLM's MTP model puts it (every tiny checkpoint has 4 decoder layers). GLM-5.3 drafts in its release layout
+# only: vLLM 0.33 has no MTP for the text-only glm5_next_text (test_minimax_m3_glm5_next_configs.py)
 MTP_FAMILIES = {"glm4_moe": "model.layers.4.mlp.experts", "glm_moe_dsa": "model.layers.4.mlp.experts",
                 "deepseek_v4": "model.layers.4.ffn.experts", "qwen3_next": "mtp.layers.0.mlp.experts",
                 "qwen3_5_moe": "mtp.layers.0.mlp.experts", "minimax_m3": "model.layers.0.block_sparse_moe.experts",
-                "qwen4_exp": "mtp.layers.4.mlp.experts", "glm5_next": "model.layers.4.mlp.experts",
-                "glm5_next_vl": "model.layers.4.mlp.experts"}
+                "qwen4_exp": "mtp.layers.4.mlp.experts", "glm5_next_vl": "model.layers.4.mlp.experts"}
 # ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
 # (both runs: the same prompts) so the drafts find matches and vLLM verifies them
 NGRAM_PROMPTS = ["--prompt-period", "16"]

@@ -132,3 +132,19 @@ def test_glm5_next_release_layout_reaches_the_text_model_vllm_builds(tmp_path):
     with open(f"{vl}/tokenizer.json") as f:
         added = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}
     assert [added[t] for t in glm5_next_vl.VISION_TOKENS] == [getattr(cfg, f) for f in glm5_next_vl.TOKEN_ID_FIELDS]
+
+
+def test_vllm_drafts_glm5_next_mtp_from_the_release_layout_only(tmp_path):
+    """vLLM 0.33.0's speculative config turns GLM-5.3's MTP layer into its draft (Glm5NextMTPModel) from the release
+    layout's config (model_type glm5_next) and from nothing else: the text-only layout (glm5_next_text) stops with
+    "Unsupported speculative method: 'mtp'" in stock vLLM (session 36, on the H100), so the e2e suite drafts with the
+    release layout. When a vLLM release maps the text-only type too, this test says so."""
+    from vllm.config import ModelConfig
+    from vllm.config.speculative import SpeculativeConfig
+    for arch, drafted in (("glm5_next_vl", True), ("glm5_next", False)):
+        path = make_checkpoint(arch, str(tmp_path / arch), mtp=1)
+        hf = ModelConfig(model=path, skip_tokenizer_init=True).hf_config
+        over = SpeculativeConfig.hf_config_override(hf)
+        assert (over.model_type == "glm5_next_mtp") is drafted, (arch, over.model_type)
+        if drafted:
+            assert over.architectures == ["Glm5NextMTPModel"] and over.n_predict == 1
