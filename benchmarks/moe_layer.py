@@ -52,6 +52,8 @@ SHAPES = {
     "deepseek-v3": (7168, 2048, 256, 8),
     "gpt-oss-120b": (2880, 2880, 128, 4),
     "deepseek-v4-flash": (4096, 2048, 256, 6),
+    "qwen3-next-80b-a3b": (2048, 512, 512, 10),  # small experts: overheads, not bandwidth, decide
+    "minimax-m2": (3072, 1536, 256, 8),
 }
 
 

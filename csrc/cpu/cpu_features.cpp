@@ -44,13 +44,13 @@ CpuFeatures detect() {
   const bool avx2 = b7 & (1u << 5);
   const bool avx512f = b7 & (1u << 16), avx512dq = b7 & (1u << 17);
   const bool avx512bw = b7 & (1u << 30), avx512vl = b7 & (1u << 31);
-  const bool vnni = c7 & (1u << 11);
+  const bool vnni = c7 & (1u << 11), vbmi = c7 & (1u << 1);
   const bool bf16 = a71 & (1u << 5);
   const bool amx_bf16 = d7 & (1u << 22), amx_tile = d7 & (1u << 24), amx_int8 = d7 & (1u << 25);
 
   f.avx2 = avx && avx2 && fma && f16c && ymm_os;
   f.avx512 = f.avx2 && avx512f && avx512dq && avx512bw && avx512vl && zmm_os;
-  f.avx512_bf16 = f.avx512 && bf16 && vnni;
+  f.avx512_bf16 = f.avx512 && bf16 && vnni && vbmi;  // (VBMI: the fp8 tables; Cooper Lake lacks it: avx512)
   f.amx = f.avx512_bf16 && amx_tile && amx_bf16 && amx_int8 && tile_os && request_amx_permission();
 
   char brand[49] = {0};

@@ -10,5 +10,5 @@
   X(generic, generic, "")                                                                                   \
   X(avx2, avx2, "-mavx2 -mfma -mf16c")                                                                      \
   X(avx512, avx512, "-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq")                       \
-  X(avx512_bf16, avx512_bf16, "-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni") \
-  X(amx, amx, "-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mamx-tile -mamx-bf16 -mamx-int8")
+  X(avx512_bf16, avx512_bf16, "-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mavx512vbmi") \
+  X(amx, amx, "-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mavx512vbmi -mamx-tile -mamx-bf16 -mamx-int8")

@@ -43,9 +43,28 @@ def test_all_fp8_codes_convert_exactly(tier):
     s13, s2 = torch.ones(E, 2 * I // 128, H // 128), torch.ones(E, H // 128, I // 128)
     layer = lk_moe.MoELayer.from_checkpoint(
         "fp8_block", dict(w13_weight=q13, w2_weight=q2, w13_weight_scale_inv=s13, w2_weight_scale_inv=s2))
-    x = (torch.randn(5, H) * 1e-3).bfloat16()  # small inputs keep the products of 448-sized weights finite
-    ids, w = random_routing(5, E, K)
-    assert_matches_reference(layer.forward(x, ids, w), x, q13.float(), q2.float(), ids, w)
+    for M in (1, 2, 4, 5):  # decode tiles (codes converted in registers: by table on VBMI tiers) and panels
+        x = (torch.randn(M, H) * 1e-3).bfloat16()  # small inputs keep the products of 448-sized weights finite
+        ids, w = random_routing(M, E, K, generator=g)
+        assert_matches_reference(layer.forward(x, ids, w), x, q13.float(), q2.float(), ids, w)
+
+
+@pytest.mark.parametrize("nan_in", ["w13", "w2"])
+def test_a_nan_code_in_the_weights_reaches_the_output(tier, nan_in):
+    """e4m3's NaN codes (0x7f, 0xff) are NaN in every conversion: a broken checkpoint shows, never hidden."""
+    E, H, I = 2, 256, 128
+    tensors, _, _ = make_fp8_experts(E, H, I, seed=5)
+    key = f"{nan_in}_weight"
+    codes = tensors[key].view(torch.uint8).clone()
+    codes[1, 7, 40] = 0xFF if nan_in == "w2" else 0x7F  # expert 1 only
+    tensors[key] = codes.view(torch.float8_e4m3fn)
+    layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
+    for M in (1, 3, 16):
+        x = torch.randn(M, H).bfloat16()
+        for expert in (0, 1):
+            ids = torch.full((M, 1), expert, dtype=torch.int32)
+            y = layer.forward(x, ids, torch.ones(M, 1))
+            assert bool(torch.isnan(y).any()) == (expert == 1), (M, expert)
 
 
 def test_fp8_memory_is_one_byte_per_weight():

@@ -11,6 +11,16 @@ namespace {
 // n (multiple of 32) fp8 e4m3fn values -> bf16.
 inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
   int i = 0;
+#if defined(LK_FP8_TABLE)
+  const Fp8Lut lut = fp8_lut();
+  for (; i + 64 <= n; i += 64) {
+    _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
+    __m512i w0, w1;
+    fp8x64_to_bf16(_mm512_loadu_si512(src + i), lut, w0, w1);
+    _mm512_storeu_si512((void*)(dst + i), w0);
+    _mm512_storeu_si512((void*)(dst + i + 32), w1);
+  }
+#endif
 #if defined(LK_V512)
   for (; i + 32 <= n; i += 32) {
     _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
