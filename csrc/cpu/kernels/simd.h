@@ -263,8 +263,10 @@ inline __m512i fp8x32_to_bf16(__m256i bytes) {
 // fp8_to_bf16_1's). The 7 magnitude bits index two 128-byte tables (vpermt2b: the bf16's low and high
 // bytes), the sign goes into the high byte, and vpunpck{l,h}bw pair the bytes into words. vpunpck works per
 // 128-bit lane, so the codes are first put in the order that makes its words come out as pair-rows p and
-// p + 1 (bytes 0-31 and 32-63). 7 shuffle uops for 64 codes against fp8x32_to_bf16's 20 (2 x 10): on one
-// core of a Xeon with AMX (dev VM, L1-resident codes, M = 1, two blocks) 19-22 GB/s of codes against 13-16.
+// p + 1 (bytes 0-31 and 32-63). 7 shuffle uops for 64 codes against fp8x32_to_bf16's 20 (2 x 10). One core
+// of a Xeon with AMX, a Qwen3-Next layer held in L3 (benchmarks/moe_layer.py --format fp8_block --threads 1
+// --max-experts 12 --rotate-bytes 1e6): 20.0 GB/s of codes at M = 1 against 14.6, which was about what
+// each engine thread of a 16-core host must read (docs/results/2026-12-06_amx2c_fp8_decode_table.log).
 struct Fp8ByteTables {
   uint8_t lo[128], hi[128], order[64];
 };
