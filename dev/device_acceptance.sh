@@ -195,7 +195,10 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
             # results adding up in /root/bench_v4.json on the machine; vLLM's JIT kernel warmup and DeepGEMM warmup off in
             # every mode (with them, the hybrid start did not finish in 536 s on 2026-12-04: 208 TileLang compile keys after
             # 285 s of start; in session 23: 858 of 2541 DeepGEMM shapes after 348 s); V4_MODES=hybrid,hybrid-mt1: MTP
-            # drafts from the release's MTP layer (dummy weights: the cost side of issue 27 on V4's shape)
+            # drafts from the release's MTP layer (dummy weights: the cost side of issue 27 on V4's shape). The k = 1..4
+            # cost table: V4_LAYERS=10 V4_MODES=hybrid-ru,hybrid-mt1-ru, then hybrid-mt2-ru,hybrid-mt3-ru, then
+            # hybrid-mt4-ru (a step's cost is per layer; a mode with drafts writes the checkpoint with its MTP layer, and
+            # the results file keeps one checkpoint's rows, so the plain mode goes with the first drafts)
     body="timeout $left python3 benchmarks/e2e_decode.py --arch deepseek_v4 --quant mxfp4 --layers \${V4_LAYERS:-20} --no-jit-warmup \
 --modes \${V4_MODES:-hybrid} \${V4_ARGS:-} --results /root/bench_v4.json --log-dir \$OUT --timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 40)) \
 > \$OUT/bench_v4.log 2>&1; cp /root/bench_v4.json \$OUT/ 2>/dev/null; grep -v '^ *\$' \$OUT/bench_v4.log | tail -16" ;;
