@@ -80,8 +80,9 @@ def folded_weights_magnitude(x, w13, w2, ids, weights, activation="silu", swiglu
 
 def rounds_weights(fmt: str, group: int = 32) -> bool:
     """Whether the current tier's prefill rounds code x scale to bf16 for layers of this format (the amx
-    tier's int4 group-32 panels, q4_folds; lvllm.testing.experts' int4 groups are 32)."""
-    return fmt == "wna16_int4" and group == 32 and lk_moe.isa() == "amx"
+    tier's int4 group-32 panels, q4_folds, and fp8_block panels, fp8_folds; lvllm.testing.experts' int4 groups
+    are 32)."""
+    return lk_moe.isa() == "amx" and (fmt == "fp8_block" or (fmt == "wna16_int4" and group == 32))
 
 
 def assert_matches_reference(out, x, w13, w2, ids, weights, weights_rounded=False, **act):

@@ -7,7 +7,7 @@ import lk_moe
 from lk_moe.reference import dequantize_fp8_block, random_routing
 from lvllm.testing.quantizers import quantize_fp8_block
 
-from .conftest import assert_matches_reference
+from .conftest import assert_matches_reference, rounds_weights
 
 def make_fp8_experts(E, H, I, seed=0, bn=128, bk=128):
     g = torch.Generator().manual_seed(seed)
@@ -26,10 +26,11 @@ def test_fp8_block_every_tier(tier, H, I):
     tensors, d13, d2 = make_fp8_experts(E, H, I, seed=H + I)
     layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
     assert layer.format == "fp8_block"
-    for M in (1, 3, 16, 70):
+    for M in (1, 3, 16, 70, 300):  # 300: >= 128 rows an expert, the amx tier's scale-folded panels
         x = torch.randn(M, H).bfloat16()
         ids, w = random_routing(M, E, K)
-        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w,
+                                 weights_rounded=rounds_weights("fp8_block"))
 
 
 def test_all_fp8_codes_convert_exactly(tier):
@@ -43,10 +44,27 @@ def test_all_fp8_codes_convert_exactly(tier):
     s13, s2 = torch.ones(E, 2 * I // 128, H // 128), torch.ones(E, H // 128, I // 128)
     layer = lk_moe.MoELayer.from_checkpoint(
         "fp8_block", dict(w13_weight=q13, w2_weight=q2, w13_weight_scale_inv=s13, w2_weight_scale_inv=s2))
-    for M in (1, 2, 4, 5):  # decode tiles (codes converted in registers: by table on VBMI tiers) and panels
+    for M in (1, 2, 4, 5, 40, 300):  # decode tiles (codes by table on VBMI tiers), panels (amx, >= 128 rows: folded)
         x = (torch.randn(M, H) * 1e-3).bfloat16()  # small inputs keep the products of 448-sized weights finite
         ids, w = random_routing(M, E, K, generator=g)
         assert_matches_reference(layer.forward(x, ids, w), x, q13.float(), q2.float(), ids, w)
+
+
+def test_negative_block_scales_flip_the_weights(tier):
+    """A negative scale (no checkpoint writes one, the arithmetic allows it) negates its block's weights, in the
+    decode tiles' fp32 scaling and in the amx tier's scale-folded tables alike."""
+    E, H, I, K = 4, 256, 256, 2
+    tensors, _, _ = make_fp8_experts(E, H, I, seed=7)
+    for key in ("w13_weight_scale_inv", "w2_weight_scale_inv"):
+        tensors[key] = -tensors[key]
+    d13 = dequantize_fp8_block(tensors["w13_weight"], tensors["w13_weight_scale_inv"], (128, 128))
+    d2 = dequantize_fp8_block(tensors["w2_weight"], tensors["w2_weight_scale_inv"], (128, 128))
+    layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
+    for M in (1, 40, 300):
+        x = torch.randn(M, H).bfloat16()
+        ids, w = random_routing(M, E, K)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w,
+                                 weights_rounded=rounds_weights("fp8_block"))
 
 
 @pytest.mark.parametrize("nan_in", ["w13", "w2"])
@@ -59,7 +77,7 @@ def test_a_nan_code_in_the_weights_reaches_the_output(tier, nan_in):
     codes[1, 7, 40] = 0xFF if nan_in == "w2" else 0x7F  # expert 1 only
     tensors[key] = codes.view(torch.float8_e4m3fn)
     layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors)
-    for M in (1, 3, 16):
+    for M in (1, 3, 16, 200):
         x = torch.randn(M, H).bfloat16()
         for expert in (0, 1):
             ids = torch.full((M, 1), expert, dtype=torch.int32)
@@ -101,4 +119,5 @@ def test_explicit_block_size_for_untidy_shapes(tier):
     layer = lk_moe.MoELayer.from_checkpoint("fp8_block", tensors, block_size=(256, 128))
     x = torch.randn(9, H).bfloat16()
     ids, w = random_routing(9, E, K)
-    assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w)
+    assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w,
+                             weights_rounded=rounds_weights("fp8_block"))

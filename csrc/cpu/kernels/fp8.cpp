@@ -380,6 +380,41 @@ inline void down_i8q8(const DownTask&, const Fp8Weights&) {}
 #endif
 
 #if defined(LK_V512)
+// fp8_block on the amx tier: each segment's block scale folded into the panel, bf16(value x scale) through
+// fp8_scaled_lut, so the AMX tiles run over all of K; per-segment scales store and re-add the four accumulator
+// tiles every 128 inputs, once per 32-row tile, so the fold pays from 4 row tiles on (>= 128 rows). 2 cores,
+// prefill_formats.py, fp8_block vs bf16 at M = 256 / 1024: DeepSeek-V3 shape 1.11 / 1.20 -> 1.04 / 1.11, Qwen3-30B-A3B
+// shape 1.39 / 1.41 -> 1.28 / 1.19 (noisier); M = 64 (32 rows an expert) unchanged, unfolded. The rounding of code x
+// scale to bf16 once is vLLM's GPU kernels' when they dequantize, as the int4 group-32 panels fold (int4.cpp q4_folds).
+#if defined(LK_AMX) && defined(LK_FP8_TABLE)
+inline bool fp8_folds(int m, const Fp8Weights& q) { return m >= 128 && !q.int8 && !q.per_row; }
+// Inputs [k0, k1) of one block (codes src, its segment scales) into its panel dst, bf16(code x scale).
+inline void fp8_folded_range(const Fp8Weights& q, const uint8_t* src, const float* scale, int k0, int k1,
+                             uint16_t* dst) {
+  for (int k = k0; k < k1;) {
+    const int sidx = k / q.seg, end = tmin(k1, (sidx + 1) * q.seg);
+    const Fp8Lut lut = fp8_scaled_lut(scale[sidx]);
+    int i = k * kBlockN;
+    for (; i + 64 <= end * kBlockN; i += 64) {
+      __m512i w0, w1;
+      fp8x64_to_bf16(_mm512_loadu_si512(src + i), lut, w0, w1);
+      _mm512_storeu_si512((void*)(dst + i), w0);
+      _mm512_storeu_si512((void*)(dst + i + 32), w1);
+    }
+    for (; i < end * kBlockN; ++i) {  // (ranges of 2 inputs: 32 codes)
+      uint32_t bits = uint32_t(fp8_to_bf16_1(src[i])) << 16;
+      float v;
+      memcpy(&v, &bits, 4);
+      dst[i] = f32_to_bf16(v * scale[sidx]);
+    }
+    k = end;
+  }
+}
+#else
+inline bool fp8_folds(int, const Fp8Weights&) { return false; }
+inline void fp8_folded_range(const Fp8Weights&, const uint8_t*, const float*, int, int, uint16_t*) {}
+#endif
+
 // Two panel sets (four blocks of bf16) at most this large pipeline: with DeepSeek-V3's 7168 inputs (896 KiB)
 // they and the rows' panel outgrew L2 and the pipelined layer ran 9-13% slower (2 cores, Sapphire Rapids).
 constexpr size_t kPipelinedPanelBytes = 256 << 10;
@@ -393,9 +428,13 @@ void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   const KernelScratch& s = *t.scratch;
   const bool pipe = panels_pipelined(t.kp);
+  const bool fold = fp8_folds(t.m, q);
   auto codes = [&](int j) { return q.w + size_t(j) * 2 * block_bytes; };
   int pair = 0;  // the pair whose panels `deq` fills
   auto deq = [&](int h, int set, int k0, int k1) {
+    if (fold)
+      return fp8_folded_range(q, codes(pair) + h * block_bytes, q.scale + (size_t(pair) * 2 + h) * per, k0, k1,
+                              panel_of(s, t.kp, 2 * set + h));
     dequant_bf16(q, codes(pair) + h * block_bytes + size_t(k0) * kBlockN,
                  panel_of(s, t.kp, 2 * set + h) + size_t(k0) * kBlockN, (k1 - k0) * kBlockN);
   };
@@ -418,6 +457,10 @@ void gate_up_fp8_panels(const GateUpTask& t, const Fp8Weights& q) {
         mul_16(g + 16, su);
         gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld);
       }, pf.fill(), set);
+    else if (fold)
+      gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, next, 2 * block_bytes,
+                              [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); },
+                              pf.fill(), set);
     else
       gate_up_panel<kSegScalar>(t, j, q.seg, sg, su, next, 2 * block_bytes,
                                 [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); },
@@ -431,8 +474,12 @@ void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   const KernelScratch& s = *t.scratch;
   const bool pipe = panels_pipelined(t.kp);
+  const bool fold = fp8_folds(t.m, q);
   int first = 0;  // the first block of the pair `deq` fills
   auto deq = [&](int h, int set, int k0, int k1) {
+    if (fold)
+      return fp8_folded_range(q, q.w + size_t(first + h) * block_bytes, q.scale + size_t(first + h) * per, k0, k1,
+                              panel_of(s, t.kp, 2 * set + h));
     dequant_bf16(q, q.w + size_t(first + h) * block_bytes + size_t(k0) * kBlockN,
                  panel_of(s, t.kp, 2 * set + h) + size_t(k0) * kBlockN, (k1 - k0) * kBlockN);
   };
@@ -448,6 +495,7 @@ void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
     const void* next = pipe && j + 4 < t.nblk ? q.w + size_t(j + 4) * block_bytes : nullptr;
     const size_t next_bytes = size_t(tmax(0, tmin(2, t.nblk - j - 4))) * block_bytes;
     if (q.per_row) down_panel<kSegNone>(t, j, nb, 0, nullptr, sc, 1.0f, next, next_bytes, pf.fill(), set);
+    else if (fold) down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, 1.0f, next, next_bytes, pf.fill(), set);
     else down_panel<kSegScalar>(t, j, nb, q.seg, sc, nullptr, 1.0f, next, next_bytes, pf.fill(), set);
   }
 }
