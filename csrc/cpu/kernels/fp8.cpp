@@ -12,14 +12,7 @@ namespace {
 inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst, int n) {
   int i = 0;
 #if defined(LK_FP8_TABLE)
-  const Fp8Lut lut = fp8_lut();
-  for (; i + 64 <= n; i += 64) {
-    _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
-    __m512i w0, w1;
-    fp8x64_to_bf16(_mm512_loadu_si512(src + i), lut, w0, w1);
-    _mm512_storeu_si512((void*)(dst + i), w0);
-    _mm512_storeu_si512((void*)(dst + i + 32), w1);
-  }
+  i = fp8_table_run(src, dst, n, fp8_lut());
 #endif
 #if defined(LK_V512)
   for (; i + 32 <= n; i += 32) {
@@ -393,20 +386,10 @@ inline void fp8_folded_range(const Fp8Weights& q, const uint8_t* src, const floa
                              uint16_t* dst) {
   for (int k = k0; k < k1;) {
     const int sidx = k / q.seg, end = tmin(k1, (sidx + 1) * q.seg);
-    const Fp8Lut lut = fp8_scaled_lut(scale[sidx]);
-    int i = k * kBlockN;
-    for (; i + 64 <= end * kBlockN; i += 64) {
-      __m512i w0, w1;
-      fp8x64_to_bf16(_mm512_loadu_si512(src + i), lut, w0, w1);
-      _mm512_storeu_si512((void*)(dst + i), w0);
-      _mm512_storeu_si512((void*)(dst + i + 32), w1);
-    }
-    for (; i < end * kBlockN; ++i) {  // (ranges of 2 inputs: 32 codes)
-      uint32_t bits = uint32_t(fp8_to_bf16_1(src[i])) << 16;
-      float v;
-      memcpy(&v, &bits, 4);
-      dst[i] = f32_to_bf16(v * scale[sidx]);
-    }
+    const int i0 = k * kBlockN, i1 = end * kBlockN;
+    int i = i0 + fp8_table_run(src + i0, dst + i0, i1 - i0, fp8_scaled_lut(scale[sidx]));
+    for (; i < i1; ++i)  // (ranges of 2 inputs: 32 codes)
+      dst[i] = f32_to_bf16(bf16_to_f32(fp8_to_bf16_1(src[i])) * scale[sidx]);
     k = end;
   }
 }

@@ -302,16 +302,26 @@ inline __attribute__((always_inline)) void fp8x64_to_bf16(__m512i codes, const F
   w1 = _mm512_unpackhi_epi8(lo, hi);
 }
 
+// The whole 64-code groups of n codes through a table into dst; returns how many codes it converted.
+inline int fp8_table_run(const uint8_t* src, uint16_t* dst, int n, const Fp8Lut& lut) {
+  int i = 0;
+  for (; i + 64 <= n; i += 64) {
+    _mm_prefetch((const char*)(src + i + 512), _MM_HINT_T0);
+    __m512i w0, w1;
+    fp8x64_to_bf16(_mm512_loadu_si512(src + i), lut, w0, w1);
+    _mm512_storeu_si512((void*)(dst + i), w0);
+    _mm512_storeu_si512((void*)(dst + i + 32), w1);
+  }
+  return i;
+}
+
 // The tables of bf16(value x s) for one scale s (rounded to nearest even once): a block's segment scale folded
 // into the conversion, ~40 vector ops per table against the 2048 codes of a 16-row block's 128-input segment.
 // The sign goes in by xor, so a negative scale flips it right; NaN stays NaN.
 inline Fp8Lut fp8_scaled_lut(float s) {
   static const auto values = [] {  // every e4m3 magnitude's value (127: NaN)
     struct { alignas(64) float v[128]; } t;
-    for (int m = 0; m < 128; ++m) {
-      const uint32_t bits = uint32_t(fp8_to_bf16_1(uint8_t(m))) << 16;
-      memcpy(&t.v[m], &bits, 4);
-    }
+    for (int m = 0; m < 128; ++m) t.v[m] = bf16_to_f32(fp8_to_bf16_1(uint8_t(m)));
     return t;
   }();
   const __m512 sv = _mm512_set1_ps(s);
