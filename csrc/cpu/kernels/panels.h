@@ -339,7 +339,7 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
 // rounding), in the order the tile consumes it: per pair-row p and 8-row half h, the 8 weights of
 // input 2p, then the 8 of input 2p + 1 (floats p * 32 + h * 16 + t * 8 + n). The bf16 tile spends a
 // shift and a mask on every pair-row it loads, once per row tile; here the dequantization pays them
-// once per task and the tile only loads and multiplies. No segment scales in the tile: one pass over
+// once per task and the tile (f32_panel_tile: four rows over one block) only loads and multiplies. No segment scales in the tile: one pass over
 // all of K per row tile. Each format writes its panels straight from its codes (q4_f32_panel_block,
 // fp8_f32_panel_block, fp4_f32_panel_block).
 constexpr int kF32PanelMinRows = 4;
@@ -352,12 +352,18 @@ constexpr int kF32PanelMinRows4Bit = 1;
 inline float* f32_panel_of(const KernelScratch& s, int kp, int h) {
   return reinterpret_cast<float*>(s.deq) + size_t(h) * kBlockN * kp;
 }
-// The tile over fp32 panels (dot_tile's F32W), 2 rows or 1.
-template <int NB>
-inline void dot_rows_f32(int mr, const uint16_t* const* a, const float* const* b, int kp, float* c, Prefetch pf) {
-  const void* bv[2] = {b[0], b[NB - 1]};
-  if (mr >= 2) dot_tile<2, NB, true>(a, bv, kp, c, pf);
-  else dot_tile<1, NB, true>(a, bv, kp, c, pf);
+// The fp32 panel tile over blocks b[0] .. b[nb - 1] (row r's 16 sums per block at c + r * 32 + 16 h), mr rows
+// (1 .. kF32TileRows); the next codes' prefetch goes with the first block.
+inline void f32_panel_rows(int mr, const uint16_t* const* a, const float* const* b, int nb, int kp, float* c,
+                           Prefetch pf) {
+  for (int h = 0; h < nb; ++h, pf = Prefetch{}) {
+    switch (mr) {
+      case 1: f32_panel_tile<1>(a, b[h], kp, c + 16 * h, pf); break;
+      case 2: f32_panel_tile<2>(a, b[h], kp, c + 16 * h, pf); break;
+      case 3: f32_panel_tile<3>(a, b[h], kp, c + 16 * h, pf); break;
+      default: f32_panel_tile<4>(a, b[h], kp, c + 16 * h, pf); break;
+    }
+  }
 }
 
 // Row tiles of a gate/up task over the fp32 panels of its block pair; fin(c, r) takes row r's 32 results.
@@ -365,10 +371,11 @@ template <typename Fin>
 void gate_up_f32_panel(const GateUpTask& t, const void* next, size_t next_bytes, Fin&& fin) {
   float* c = t.scratch->c;
   const float* b[2] = {f32_panel_of(*t.scratch, t.kp, 0), f32_panel_of(*t.scratch, t.kp, 1)};
-  const int tiles = (t.m + 1) / 2;
-  for (int r0 = 0, tile = 0; r0 < t.m; r0 += 2, ++tile) {
-    const int mr = tmin(2, t.m - r0);
-    dot_rows_f32<2>(mr, t.x_rows + r0, b, t.kp, c, tile_share(next, next_bytes, tile, tiles));
+  constexpr int R = kF32TileRows;
+  const int tiles = (t.m + R - 1) / R;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
+    const int mr = tmin(R, t.m - r0);
+    f32_panel_rows(mr, t.x_rows + r0, b, 2, t.kp, c, tile_share(next, next_bytes, tile, tiles));
     for (int r = 0; r < mr; ++r) fin(c + r * 32, r0 + r);
   }
 }
@@ -377,15 +384,14 @@ void gate_up_f32_panel(const GateUpTask& t, const void* next, size_t next_bytes,
 // router weight are added to its out_acc row.
 inline void down_f32_panel(const DownTask& t, int j, int nb, const void* next, size_t next_bytes) {
   float* c = t.scratch->c;
-  const uint16_t* rows[2];
+  constexpr int R = kF32TileRows;
+  const uint16_t* rows[R];
   const float* b[2] = {f32_panel_of(*t.scratch, t.kp, 0), f32_panel_of(*t.scratch, t.kp, nb - 1)};
-  const int tiles = (t.m + 1) / 2;
-  for (int r0 = 0, tile = 0; r0 < t.m; r0 += 2, ++tile) {
-    const int mr = tmin(2, t.m - r0);
+  const int tiles = (t.m + R - 1) / R;
+  for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
+    const int mr = tmin(R, t.m - r0);
     for (int r = 0; r < mr; ++r) rows[r] = t.act + size_t(r0 + r) * t.act_ld;
-    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
-    if (nb == 2) dot_rows_f32<2>(mr, rows, b, t.kp, c, pf);
-    else dot_rows_f32<1>(mr, rows, b, t.kp, c, pf);
+    f32_panel_rows(mr, rows, b, nb, t.kp, c, tile_share(next, next_bytes, tile, tiles));
     for (int r = 0; r < mr; ++r) {
       float* o = t.out_acc + size_t(t.out_row[r0 + r]) * t.out_ld + j * kBlockN;
       for (int h = 0; h < nb; ++h) axpy_16(t.row_weight[r0 + r], c + r * 32 + h * 16, o + h * 16);
