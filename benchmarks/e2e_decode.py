@@ -426,6 +426,9 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=0,
                     help="generated model: fewer layers than the real model (faster start, less host RAM; the "
                          "bound scales with it)")
+    ap.add_argument("--ple-rows", type=int, default=0,
+                    help="generated model: the n-gram vocabulary base of its PLE tables (Qwen3.8-Flash-Next, qwen4_exp: "
+                         "20M rows as released, a ~48 GiB FP8 table whose dummy fill needs ~95 GiB of host RAM)")
     ap.add_argument("--log-dir", default="", help="write each mode's full vLLM log here")
     ap.add_argument("--results", default="",
                     help="JSON file that accumulates results across invocations (one mode per device run)")
@@ -471,9 +474,10 @@ def main() -> int:
         from lvllm.testing.tiny_checkpoint import LANGUAGE_MODEL_ONLY, make_checkpoint
         a.language_model_only = a.language_model_only or a.arch in LANGUAGE_MODEL_ONLY
         mtp = 3 if uses_dspark(modes) else 1 if uses_mtp(modes) else 0  # DSpark: vLLM's default of 3 stages
-        name = f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}" + (f"-mtp{mtp}" if mtp else "")
+        name = (f"lvllm-{a.arch}-{a.quant}-{a.size}-L{a.layers or 'all'}" + (f"-mtp{mtp}" if mtp else "")
+                + (f"-ple{a.ple_rows}" if a.ple_rows else ""))
         a.model = make_checkpoint(a.arch, os.path.join(tempfile.gettempdir(), name), a.size, layers=a.layers,
-                                  quant=a.quant, mtp=mtp)
+                                  quant=a.quant, mtp=mtp, ple_rows=a.ple_rows)
     elif (uses_mtp(modes) or uses_dspark(modes)) and not mtp_layers(
             json.load(open(os.path.join(a.model, "config.json")))):
         raise SystemExit(f"the mt<k> / ds<k> modes draft with the model's MTP layers or DSpark stages: {a.model}'s "

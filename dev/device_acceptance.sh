@@ -205,7 +205,9 @@ $e2e_lines \$OUT/e2e_serve.log; $e2e_lines \$OUT/e2e_bf16.log" ;;
   bench24)  # Qwen3-Next-80B-A3B FP8 by default (48 layers: 72 GiB of experts in host RAM; stock: ~80 GB on the GPU, an
             # H200's); MiniMax-M2 FP8: BENCH_ARCH=minimax_m2 BENCH_LAYERS=24 (84 GiB of its 218); Qwen3.5:
             # BENCH_ARCH=qwen3_5_moe; GLM-5.3-Flash FP8: BENCH_ARCH=glm5_next BENCH_LAYERS=11 (8 MoE layers, 58 GB:
-            # stock finds no room for its KV cache on an H100, BENCH_LAYERS=9 there); results adding up in
+            # stock finds no room for its KV cache on an H100, BENCH_LAYERS=9 there); Qwen3.8-Flash-Next (not yet run
+            # big): BENCH_ARCH=qwen4_exp BENCH_QUANT=bf16 BENCH_LAYERS=12 BENCH_ARGS="--ple-rows 2000000" (48 GB of
+            # experts; the release's 20M-row FP8 PLE table needs ~95 GiB of host RAM for vLLM's dummy fill); results adding up in
             # /root/bench_24.json, one checkpoint's at a time; three reps (one stalled @4 rep in two spoilt
             # session 36's median); DeepGEMM's warmup of the FP8 projections off in both modes (cold, it took the
             # whole run's share in session 35: 1949 shapes at 3-6 a second)

@@ -772,8 +772,11 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 
 
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
                     quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False,
-                    mtp: int = 0) -> str:
+                    mtp: int = 0, ple_rows: int = 0) -> str:
     """layers: override the layer count (e.g. a shorter "big" model for a quicker benchmark start).
+    ple_rows: override the n-gram vocabulary base of the per-layer embedding (PLE) tables (Qwen3.8-Flash-Next; "big":
+    20M rows, a ~48 GiB FP8 table that vLLM's dummy loader fills through a full-size fp16 temporary; fewer rows give a
+    decode benchmark of the real widths that fits a 125 GiB host, the lookups unchanged but for the table's size).
     quant: "bf16", "fp8" (block-quantized like DeepSeek-V3 / Qwen3-FP8), "w4a16" (int4 experts,
     compressed-tensors, like Kimi-K2-Thinking), "nvfp4" (ModelOpt NVFP4, like nvidia/Qwen3-30B-A3B-FP4),
     "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
@@ -826,6 +829,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         raise ValueError("quant mxfp4 is DeepSeek-V4's expert layout (gpt_oss holds MXFP4 experts as released)")
     if layers:
         s["L"] = layers
+    if ple_rows:
+        if "ple_base" not in s:
+            raise ValueError(f"{arch} has no per-layer embedding (PLE) tables: ple_rows is for qwen4_exp")
+        s["ple_base"] = ple_rows
     os.makedirs(out, exist_ok=True)
     n_tok = write_tokenizer(out, min(s["V"], 2048), VISION_SPECIAL.get(arch, ()),
                             fill_to=s["V"] if arch == "deepseek_v41" else 0)
@@ -906,8 +913,11 @@ def main(argv=None) -> int:
                          "(other projections stay bf16)")
     ap.add_argument("--mtp", type=int, default=0,
                     help=f"{', '.join(MTP_FIELD)}: that many MTP layers, as released (big: in the config)")
+    ap.add_argument("--ple-rows", type=int, default=0,
+                    help="qwen4_exp: the n-gram vocabulary base of its PLE tables (big: 20M as released)")
     a = ap.parse_args(argv)
-    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp)
+    make_checkpoint(a.arch, a.out, a.size, a.seed, a.layers, a.quant, experts_only=a.experts_only, mtp=a.mtp,
+                    ple_rows=a.ple_rows)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)"
              if a.size == "big" or a.arch in CONFIG_ONLY else "")

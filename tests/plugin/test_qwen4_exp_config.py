@@ -69,3 +69,20 @@ def test_readers_count_every_layer_and_the_ple_tables(ckpt):
         assert info.host_table_bytes == tables and 1.0 <= tables / estimate < 1.1
     model = describe_model(info, tp=1, max_model_len=4096)
     assert model.top_k == s["K"] and model.host_table_bytes == info.host_table_bytes and model.fmt == "bf16"
+
+
+def test_fewer_ple_rows_shrink_only_the_tables(tmp_path):
+    """The decode benchmark's Qwen3.8 (`benchmarks/e2e_decode.py --arch qwen4_exp --ple-rows N`): the release's widths
+    with an n-gram vocabulary base of N rows, so the FP8 table's dummy fill fits a 125 GiB host; everything else as
+    written without it. An architecture without PLE tables refuses the override."""
+    full = make_checkpoint("qwen4_exp", str(tmp_path / "full"), size="big", layers=4)
+    small = make_checkpoint("qwen4_exp", str(tmp_path / "small"), size="big", layers=4, ple_rows=2_000_000)
+    raw_full, raw_small = (json.load(open(f"{p}/config.json")) for p in (full, small))
+    assert raw_small.pop("ngram_vocab_size_base") == 2_000_000
+    assert raw_full.pop("ngram_vocab_size_base") == SHAPES["big"]["ple_base"]
+    assert raw_small == raw_full
+    info = read_checkpoint(small)
+    assert info.host_table_bytes == 2_000_000 * SHAPES["big"]["H"]  # one FP8 byte a weight: ~4.8 GiB
+    assert info.expert_bytes == read_checkpoint(full).expert_bytes
+    with pytest.raises(ValueError, match="no per-layer embedding"):
+        make_checkpoint("qwen3_next", str(tmp_path / "q3n"), size="big", layers=2, ple_rows=1000)
