@@ -339,9 +339,9 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
 // rounding), in the order the tile consumes it: per pair-row p and 8-row half h, the 8 weights of
 // input 2p, then the 8 of input 2p + 1 (floats p * 32 + h * 16 + t * 8 + n). The bf16 tile spends a
 // shift and a mask on every pair-row it loads, once per row tile; here the dequantization pays them
-// once per task and the tile (f32_panel_tile: four rows over one block) only loads and multiplies. No segment scales in the tile: one pass over
-// all of K per row tile. Each format writes its panels straight from its codes (q4_f32_panel_block,
-// fp8_f32_panel_block, fp4_f32_panel_block).
+// once per task and the tile (f32_panel_tile: four rows over one block) only loads and multiplies. No
+// segment scales in the tile: one pass over all of K per row tile. Each format writes its panels
+// straight from its codes (q4_f32_panel_block, fp8_f32_panel_block, fp4_f32_panel_block).
 constexpr int kF32PanelMinRows = 4;
 // The 4-bit formats take the panels from one row: their segment path below it dequantizes int4 codes in scalar
 // code and fp4 ones a segment per row tile. 2 Zen4 cores, avx2 tier, Qwen3-30B-A3B layer, M = 1 / 4 ms, segments
