@@ -52,6 +52,10 @@ TABLE = (
     Format("nvfp4", "four_bit", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale",
                                  "w13_weight_scale_2", "w2_weight_scale_2"),
            optional=("w13_input_scale", "w2_input_scale")),
+    # OCP MX FP8 (ModelOptMxFp8FusedMoE, as it creates them: MiniMax-M3's release): e4m3 codes as bf16's shapes,
+    # uint8 e8m0 scales per output row and 32 inputs [E, 2I, H/32] / [E, H, I/32]; weight = code * 2^(scale - 127).
+    # CPU engine only so far (no streamed prefill, no GPU-resident layers).
+    Format("mxfp8", "byte", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"), gpu_path=False),
 )
 
 FORMATS = {f.name: f for f in TABLE}

@@ -35,7 +35,7 @@ CODES = {"fp8_e4m3": 0, "int8": 1}
 BYTE_FORMATS = formats.BYTE
 FOUR_BIT_FORMATS = formats.FOUR_BIT
 HARDWARE_NATIVE = {"fp8_block": (8, 9), "fp8_channel": (8, 9), "int8_channel": (7, 5),
-                   "wna16_int4": (8, 0), "mxfp4": (10, 0), "nvfp4": (10, 0)}  # the MMA the hardware has
+                   "wna16_int4": (8, 0), "mxfp4": (10, 0), "nvfp4": (10, 0), "mxfp8": (10, 0)}  # the MMA the hardware has
 NATIVE_KERNELS = gpu_native.KERNELS  # format -> (first capability, vLLM kernel that computes it)
 GPU_FORMATS = formats.GPU  # formats with a GPU path (streamed or resident)
 
@@ -49,7 +49,7 @@ def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None
     for plain silu only."""
     if format == "bf16":
         return "bf16", "bf16 experts: bf16 GEMM"
-    if format not in BYTE_FORMATS + FOUR_BIT_FORMATS:
+    if format not in GPU_FORMATS:
         return "cpu", (f"{format} experts have no GPU path in lk_moe (GPU paths: {', '.join(GPU_FORMATS)}); "
                        "they run on the CPU engine")
     if force_fallback is None:

@@ -163,6 +163,9 @@ class MoELayer:
         elif format == "wna16_int4":
             self._impl = _C.Layer.wna16_int4(self._pool, *(tensors[n] for n in names), *opt, activation=activation,
                                              swiglu_limit=float(swiglu_limit), **situ_args)
+        elif format == "mxfp8":
+            self._impl = _C.Layer.mxfp8(self._pool, *(tensors[n] for n in names), activation=activation,
+                                        swiglu_limit=float(swiglu_limit), **situ_args)
         elif format == "fp8_block":
             bn, bk = block_size if block_size is not None else (0, 0)
             self._impl = _C.Layer.fp8_block(self._pool, *(tensors[n] for n in names), activation=activation,

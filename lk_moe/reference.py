@@ -241,6 +241,14 @@ def dequantize_mxfp4(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return v * sf.repeat_interleave(32, dim=-1)[..., :K]
 
 
+def dequantize_mxfp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn [..., N, K] and uint8 e8m0 [..., N, ceil(K/32)] -> fp32 [..., N, K] (exact): code x 2^(s - 127),
+    255 NaN (OCP MX FP8)."""
+    s = scale.to(torch.int32)
+    sf = torch.where(s == 255, torch.tensor(float("nan")), torch.exp2((s - 127).float()))
+    return codes.float() * sf.repeat_interleave(32, dim=-1)[..., :codes.shape[-1]]
+
+
 def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swigluoai", interleaved=True,
                              swiglu_alpha=1.702, swiglu_limit=7.0) -> torch.Tensor:
     """What a user would write in torch for mxfp4 experts: dequantize each routed expert to the

@@ -18,7 +18,7 @@ GiB = 1 << 30
 # quantization method -> lk_moe engine format (the checkpoint's experts as the engine holds them)
 ENGINE_FORMATS = {None: "bf16", "": "bf16", "fp8": "fp8_block", "modelopt/FP8": "fp8_channel",
                   "compressed-tensors": "wna16_int4", "compressed-tensors/mxfp4": "mxfp4", "mxfp4": "mxfp4",
-                  "modelopt_fp4": "nvfp4", "modelopt/NVFP4": "nvfp4"}
+                  "modelopt_fp4": "nvfp4", "modelopt/NVFP4": "nvfp4", "modelopt/MXFP8": "mxfp8", "mxfp8": "mxfp8"}
 
 
 def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):

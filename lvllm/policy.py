@@ -57,6 +57,9 @@ _CHANNEL_FORMATS = {"CompressedTensorsW8A8Fp8MoEMethod": "fp8_channel",
                     "CompressedTensorsW8A8Int8MoEMethod": "int8_channel"}
 
 
+# MXFP8 MoE methods holding w13_weight / w2_weight float8_e4m3fn and w13_weight_scale / w2_weight_scale uint8 e8m0
+# [E, N, K/32] (vLLM 0.33.0's modelopt.py and compressed_tensors_moe_w8a8_mxfp8.py create_weights)
+_MXFP8 = ("ModelOptMxFp8FusedMoE", "CompressedTensorsW8A8Mxfp8MoEMethod")
 # compressed-tensors' MXFP4 MoE methods (weights as gpt-oss's, under `_packed` names until vLLM's own processing)
 _CT_MXFP4 = ("CompressedTensorsW4A4Mxfp4MoEMethod", "CompressedTensorsW4A8Mxfp4MoEMethod")
 
@@ -98,6 +101,11 @@ def engine_format(method) -> tuple:
         # (engine_tensor_names); W4A4 (MXFP4 activations on GPUs with CUTLASS MXFP4) or W4A8 (FP8
         # activations): the engine computes W4A16-style either way, as vLLM's own Marlin fallback does.
         return "mxfp4", None
+    if name in _MXFP8:
+        # OCP MX FP8 (MiniMax-M3's release): the codes and e8m0 scales as the method creates them (its
+        # post-load conversion to Marlin / Humming / TRT-LLM layouts never runs: lvllm takes them first). The engine
+        # computes with bf16 activations, as vLLM's Marlin path on Hopper does; CPU prefill (no GPU path yet).
+        return "mxfp8", None
     if name == "ModelOptNvFp4FusedMoE":
         # quant_algo NVFP4 (W4A4 on GPUs) and W4A16_NVFP4 hold the same weight tensors; the engine
         # computes W4A16-style either way (the activation scales are ignored).
@@ -106,7 +114,7 @@ def engine_format(method) -> tuple:
         f"the MoE quantization method {name} is not supported by lk_moe yet; supported: unquantized "
         "bf16/fp16, FP8 block (Fp8MoEMethod), compressed-tensors FP8 and INT8 per-channel, "
         "compressed-tensors W4A16 int4 (pack-quantized), MXFP4 (gpt-oss, DeepSeek-V4, compressed-tensors), "
-        "ModelOpt NVFP4. "
+        "ModelOpt NVFP4, MXFP8 (ModelOpt, compressed-tensors). "
         "Run this model with LVLLM_MOE_NUMA_ENABLED=0, or list its MoE layers in "
         "LVLLM_GPU_RESIDENT_MOE_LAYERS")
 

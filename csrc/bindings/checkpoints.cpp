@@ -109,6 +109,36 @@ Layer Layer::per_channel(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor&
   return build(std::move(pool), src, E, I, H, act);
 }
 
+// mxfp8: OCP MX FP8 experts as vLLM's ModelOptMxFp8FusedMoE creates them (before its kernel-format conversion):
+// w13_weight / w2_weight float8_e4m3fn [E, 2I, H] / [E, H, I] (gate rows, then up), w13_weight_scale /
+// w2_weight_scale uint8 e8m0 [E, 2I, ceil(H/32)] / [E, H, ceil(I/32)]: weight = code x 2^(scale - 127).
+Layer Layer::mxfp8(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                   const at::Tensor& s13, const at::Tensor& s2, const std::string& activation, double swiglu_limit,
+                   double situ_beta, double situ_linear_beta, double swiglu_alpha) {
+  const ActivationArg act =
+      parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "mxfp8", swiglu_alpha);
+  for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
+    if (t->scalar_type() != at::kFloat8_e4m3fn)
+      throw py::type_error(std::string(name) + " must be float8_e4m3fn for mxfp8, got " + dtype_name(*t));
+  for (auto [t, name] : {std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
+    if (t->scalar_type() != at::kByte)
+      throw py::type_error(std::string(name) + " must be uint8 (e8m0 exponents), got " + dtype_name(*t));
+  if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
+  const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
+  if (E < 1 || I < 1 || H < 1)
+    throw py::value_error("w13_weight must be [E, 2*I, H] with E >= 1, I >= 1, H >= 1, got " + shape_str(w13));
+  if (E > (1 << 20) || H > (1 << 20) || I > (1 << 20))
+    throw py::value_error("expert dimensions are implausibly large: w13_weight " + shape_str(w13));
+  require_shape(w2, "w2_weight", {E, H, I}, ("[E, H, I] = " + dims({E, H, I})).c_str());
+  require_shape(s13, "w13_weight_scale", {E, 2 * I, (H + 31) / 32}, ("[E, 2I, H/32] = " + dims({E, 2 * I, (H + 31) / 32})).c_str());
+  require_shape(s2, "w2_weight_scale", {E, H, (I + 31) / 32}, ("[E, H, I/32] = " + dims({E, H, (I + 31) / 32})).c_str());
+  lk::WeightSource src = contiguous_source(lk::DType::kMXFP8, w13, w2,
+                                          {{&w13, "w13_weight"}, {&w2, "w2_weight"}, {&s13, "w13_weight_scale"},
+                                           {&s2, "w2_weight_scale"}});
+  src.rest = lk::E8m0Scales{s13.data_ptr<uint8_t>(), s2.data_ptr<uint8_t>()};
+  return build(std::move(pool), src, E, I, H, act);
+}
+
 // wna16_int4: compressed-tensors WNA16 int4 experts as vLLM holds them after loading (K-first,
 // see lk::Int4Groups): w13_weight_packed int32 [E, H/8, 2I], w2_weight_packed int32 [E, I/8, H],
 // w13_weight_scale [E, H/gs, 2I], w2_weight_scale [E, I/gs, H] (bf16/fp16), optional zero points
@@ -333,6 +363,10 @@ void def_checkpoints(py::class_<Layer>& layer) {
                   py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0, py::arg("swiglu_alpha") = 1.702)
       .def_static("per_channel", &Layer::per_channel, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
                   py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation"), py::arg("format"),
+                  py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0,
+                  py::arg("swiglu_alpha") = 1.702)
+      .def_static("mxfp8", &Layer::mxfp8, py::arg("pool"), py::arg("w13_weight"), py::arg("w2_weight"),
+                  py::arg("w13_weight_scale"), py::arg("w2_weight_scale"), py::arg("activation") = "silu",
                   py::arg("swiglu_limit") = 0.0, py::arg("situ_beta") = 0.0, py::arg("situ_linear_beta") = 0.0,
                   py::arg("swiglu_alpha") = 1.702)
       .def_static("wna16_int4", &Layer::wna16_int4, py::arg("pool"), py::arg("w13_weight_packed"),

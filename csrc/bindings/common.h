@@ -172,6 +172,9 @@ struct Layer {
                            const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                            const std::string& format, double swiglu_limit, double situ_beta,
                            double situ_linear_beta, double swiglu_alpha);
+  static Layer mxfp8(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
+                     const at::Tensor& s13, const at::Tensor& s2, const std::string& activation, double swiglu_limit,
+                     double situ_beta, double situ_linear_beta, double swiglu_alpha);
   static Layer wna16_int4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                           const at::Tensor& s13, const at::Tensor& s2, std::optional<at::Tensor> z13,
                           std::optional<at::Tensor> z2, const std::string& activation, double swiglu_limit,

@@ -37,7 +37,7 @@ void def_gpu_export(py::class_<Layer>& layer) {
              // Byte-weight layers: (codes, seg) for lk_moe.gpu_dequant: "fp8_e4m3" or "int8", and
              // the inputs per scale (0: one scale per row) for both projections; None otherwise.
              const auto& sh = l.impl->shape();
-             if (sh.format->family != lk::Family::kByteCodes) return py::none();
+             if (sh.format->family != lk::Family::kByteCodes || sh.format->mx) return py::none();
              return py::make_tuple(sh.format->int8_codes ? "int8" : "fp8_e4m3", sh.format->per_row ? 0 : sh.seg1);
            })
       .def("quant_slices",
@@ -54,6 +54,9 @@ void def_gpu_export(py::class_<Layer>& layer) {
                                                  "int8_channel); this layer is ") +
                                      sh.format->name +
                                      (sh.format->family == lk::Family::kBf16 ? " (use packed_slices)" : " (use quant4_slices)"));
+             if (sh.format->mx)
+               throw py::value_error("quant_slices() has no view of mxfp8's e8m0 scales: mxfp8 layers run on the CPU "
+                                     "engine only (no streamed prefill, no GPU-resident layers yet)");
              const int64_t p1 = sh.format->per_row ? lk::kBlockN : sh.kp1 / sh.seg1;
              const int64_t p2 = sh.format->per_row ? lk::kBlockN : sh.kp2 / sh.seg2;
              py::list out;

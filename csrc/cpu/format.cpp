@@ -18,6 +18,7 @@ const Format& format_of(const WeightSource& src) {
     case DType::kINT4: return kWna16Int4Format;
     case DType::kMXFP4: return kMxfp4Format;
     case DType::kNVFP4: return kNvfp4Format;
+    case DType::kMXFP8: return kMxfp8Format;
     default: break;
   }
   throw std::invalid_argument("no expert format holds weights of dtype " + std::to_string(int(src.type)));
@@ -26,7 +27,7 @@ const Format& format_of(const WeightSource& src) {
 const std::vector<const Format*>& all_formats() {
   static const std::vector<const Format*> rows = {&kBf16Format,       &kFp8BlockFormat, &kFp8ChannelFormat,
                                                   &kInt8ChannelFormat, &kWna16Int4Format, &kMxfp4Format,
-                                                  &kNvfp4Format};
+                                                  &kNvfp4Format,      &kMxfp8Format};
   return rows;
 }
 

@@ -49,6 +49,7 @@ struct Format {
   Family family;  // the packed layout family: which kernels run its tasks (kernel_table.h)
   bool int8_codes = false;  // kByteCodes: int8 codes (else fp8 e4m3fn)
   bool per_row = false;     // kByteCodes: one scale per output row (else one per block of the checkpoint)
+  bool mx = false;          // kByteCodes: one e8m0 scale byte per output row and 32 inputs (mxfp8)
   bool nv = false;          // kFp4: NVFP4 (fp8 e4m3fn scales per 16 inputs, fp32 global scales); else MXFP4
   // Decode chunks: the least DecodeWide policy that starts them with wide units; whether LK_INT8_ACT
   // applies (int8 activations, off unless asked for: the 4-bit formats and int8_channel); whether they take 15-bit activations otherwise
@@ -76,7 +77,7 @@ const Format& format_of(const WeightSource& src);
 
 // The table's rows (formats/*.cpp).
 extern const Format kBf16Format, kFp8BlockFormat, kFp8ChannelFormat, kInt8ChannelFormat, kWna16Int4Format,
-    kMxfp4Format, kNvfp4Format;
+    kMxfp4Format, kNvfp4Format, kMxfp8Format;
 
 // Every row, in lk_moe.formats' order (its tests compare the two tables).
 const std::vector<const Format*>& all_formats();

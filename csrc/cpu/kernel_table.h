@@ -24,7 +24,8 @@ namespace lk {
 constexpr int kBlockN = 16;  // outputs per packed block
 constexpr int kPadK = 32;    // input dimension padding (one AMX tile row)
 
-enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6, kNVFP4 = 7 };
+enum class DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kINT8 = 4, kINT4 = 5, kMXFP4 = 6, kNVFP4 = 7,
+                        kMXFP8 = 8 };
 // The packed layout family of a layer's experts (a Format row's), i.e. which kernels run its tasks:
 // bf16 blocks (kernels/bf16.cpp), one-byte codes with fp32 scales (Fp8Weights, kernels/fp8.cpp), 4-bit
 // integer codes (Int4Weights, kernels/int4.cpp), 4-bit float codes (Fp4Weights, kernels/fp4.cpp). A
@@ -63,6 +64,8 @@ struct Fp8Weights {
   int seg = 0;
   bool per_row = false;
   bool int8 = false;  // codes are int8 (exact in bf16) instead of fp8 e4m3fn
+  // mxfp8: one e8m0 scale byte per output row and `seg` (32) inputs instead of `scale`, [kp/32][16] per block
+  const uint8_t* mx_scale = nullptr;
 };
 
 // 4-bit integer weights (compressed-tensors WNA16 int4; conventions in moe_layer.h). A block is 16

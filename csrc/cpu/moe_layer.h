@@ -60,6 +60,12 @@ struct ByteScales {
   const float* s2 = nullptr;   // block: [E, ceil(H/bn), I/bk]; per row: [E, H]
   int bn = 0, bk = 0;          // block: scale block rows x cols; 0 x 0: one scale per row
 };
+// mxfp8 (OCP MX FP8: fp8 e4m3fn codes [E, 2I, H] / [E, H, I]): one e8m0 scale byte (2^(s - 127)) per output row
+// and 32 inputs, [E, 2I, ceil(H/32)] / [E, H, ceil(I/32)].
+struct E8m0Scales {
+  const uint8_t* s13 = nullptr;
+  const uint8_t* s2 = nullptr;
+};
 // wna16_int4 (codes: w13 int32 [E, H/8, 2I], w2 int32 [E, I/8, H], K-first): group scales and zero points.
 struct Int4Groups {
   const uint16_t* s13 = nullptr;  // w13_weight_scale [E, H/gs1, 2I] (bf16 or fp16 bits)
@@ -87,10 +93,10 @@ struct Fp4Blocks {
 // Expert weights as the checkpoint holds them, filled by the checkpoint adapters
 // (bindings/checkpoints.cpp) and read by the layer's format (formats/*.cpp).
 struct WeightSource {
-  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4
+  DType type = DType::kBF16;  // kBF16 / kFP16, or kFP8E4M3 / kINT8 with scales, or kINT4, kMXFP4, kNVFP4, kMXFP8
   const void* w13 = nullptr;  // the codes: [E, 2I, H] (bf16, fp16, one-byte codes; the 4-bit ones above)
   const void* w2 = nullptr;   // [E, H, I]
-  std::variant<std::monostate, ByteScales, Int4Groups, Fp4Blocks> rest;  // none for bf16 / fp16
+  std::variant<std::monostate, ByteScales, Int4Groups, Fp4Blocks, E8m0Scales> rest;  // none for bf16 / fp16
   float clamp_limit = 0;  // Activation::kSiLUClamp: the bound of gate (above) and up (both sides), > 0
   float situ_beta = 0, situ_linear_beta = 0;  // Activation::kSitu: beta > 0; linear_beta > 0, or 0 for none
   float oai_alpha = 1.702f, oai_limit = 7.0f;  // Activation::kSwigluOAI: alpha finite, limit > 0 (gpt-oss's)

@@ -120,7 +120,8 @@ def _layer_counts(cfg: dict) -> tuple:
 # Rough bytes per expert weight by quantization method (scales included); ModelOpt names its
 # algorithm separately: read_checkpoint folds it in ("modelopt/NVFP4").
 _BYTES_PER_WEIGHT = {"fp8": 1.0, "compressed-tensors": 0.5, "mxfp4": 17 / 32, "modelopt_fp4": 0.56,
-                     "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0, "compressed-tensors/mxfp4": 17 / 32}
+                     "modelopt/NVFP4": 0.56, "modelopt/FP8": 1.0, "compressed-tensors/mxfp4": 17 / 32,
+                     "modelopt/MXFP8": 33 / 32, "mxfp8": 33 / 32}
 
 
 def _is_ct_mxfp4(q: dict) -> bool:

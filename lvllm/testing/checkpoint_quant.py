@@ -11,11 +11,11 @@ from typing import Callable, Dict
 import torch
 
 from lk_moe import formats
-from lk_moe.reference import (dequantize_fp8_block, dequantize_mxfp4, dequantize_nvfp4, dequantize_per_channel,
-                              dequantize_wna16_int4)
+from lk_moe.reference import (dequantize_fp8_block, dequantize_mxfp4, dequantize_mxfp8, dequantize_nvfp4,
+                              dequantize_per_channel, dequantize_wna16_int4)
 
 from .quantizers import (MXFP4_GROUP, NVFP4_GROUP, W8A8_CHANNEL, pack_int4, quantize_fp8_block, quantize_int4,
-                         quantize_mxfp4, quantize_nvfp4, quantize_w8a8_channel)
+                         quantize_mxfp4, quantize_mxfp8, quantize_nvfp4, quantize_w8a8_channel)
 
 # The checkpoint's quant names (make_checkpoint's `quant`, the --quant flag) of the engine formats
 # that have a name of their own here; every other row of lk_moe.formats is written under its own
@@ -142,6 +142,28 @@ def _nvfp4_hf_quant_config(qc: dict) -> dict:
                                                          "group_size": qc["group_size"], "exclude_modules": qc["ignore"]}}
 
 
+# ModelOpt MXFP8 (OCP MX FP8), per quantized Linear `name`: name.weight float8_e4m3fn [N, K], name.weight_scale uint8
+# [N, K/32] (e8m0: weight = code * 2^(scale - 127)); no input scales (dynamic activations). vLLM 0.33 reads them as
+# ModelOptMxFp8FusedMoE for the experts (modelopt.py: quant_method "modelopt", quant_algo "MXFP8").
+
+
+def quantize_mxfp8_checkpoint(tensors: Dict[str, torch.Tensor], experts_only: bool = False) -> Dict[str, torch.Tensor]:
+    """Every projection (experts_only: the routed experts only) as ModelOpt MXFP8; router, embeddings, norms,
+    biases and lm_head stay as they are."""
+    def mxfp8(w):
+        q, scale = quantize_mxfp8(w.float())
+        return {"weight": q, "weight_scale": scale}
+    return _quantize_projections(tensors, experts_only, mxfp8)
+
+
+def _mxfp8_config(tensors: Dict[str, torch.Tensor]) -> dict:
+    ignore = sorted(n[:-len(".weight")] for n, t in tensors.items()
+                    if n.endswith(".weight") and t.dim() == 2 and t.dtype != torch.float8_e4m3fn
+                    and not n.startswith("model.embed"))
+    return {"quant_method": "modelopt", "quant_algo": "MXFP8", "kv_cache_scheme": None, "ignore": ignore,
+            "producer": {"name": "modelopt", "version": "0.37.0"}}
+
+
 # compressed-tensors W8A8 per channel (what llm-compressor's FP8_DYNAMIC and INT8 W8A8 presets write,
 # e.g. RedHatAI/Qwen3-30B-A3B-FP8-dynamic, *-quantized.w8a8), per quantized Linear `name`: name.weight
 # float8_e4m3fn or int8 [N, K], name.weight_scale [N, 1] in the model's dtype (compressed-tensors gives a
@@ -211,7 +233,7 @@ def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
     """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
-    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, FP8 / INT8 per channel, DeepSeek-V4's and
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, MXFP8, FP8 / INT8 per channel, DeepSeek-V4's and
     compressed-tensors' MXFP4), read
     from the file's own tensors."""
     if base + "weight_packed" in tensors and tensors[base + "weight_packed"].dtype == torch.uint8:
@@ -225,6 +247,10 @@ def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tens
         # DeepSeek-V4's MXFP4 experts: codes two per byte [N, K/2], e8m0 scales [N, K/32] named "scale"
         N = w.shape[0]
         return decode_mxfp4(w.view(torch.uint8).reshape(N, -1, 16), tensors[base + "scale"].view(torch.uint8))
+    mx = next((tensors[base + n] for n in ("weight_scale", "weight_scale_inv")
+               if base + n in tensors and tensors[base + n].dtype == torch.uint8), None)
+    if w.dtype == torch.float8_e4m3fn and mx is not None:  # MXFP8: e8m0 bytes (MiniMax-M3's under weight_scale_inv)
+        return dequantize_mxfp8(w, mx)
     if base + "weight_scale_inv" in tensors:
         return dequantize_fp8_block(w[None], tensors[base + "weight_scale_inv"][None], block=(128, 128))[0]
     if w.dtype == torch.uint8 and base + "weight_scale_2" in tensors:
@@ -288,6 +314,12 @@ def quantize_checkpoint(tensors: Dict[str, torch.Tensor], quant: str, experts_on
     if fmt in W8A8_CHANNEL:
         tensors = quantize_w8a8_channel_checkpoint(tensors, quant, experts_only=experts_only)
         return tensors, _w8a8_channel_config(tensors, quant), {}
+    if fmt == "mxfp8":
+        tensors = quantize_mxfp8_checkpoint(tensors, experts_only=experts_only)
+        qc = _mxfp8_config(tensors)
+        hf = {"producer": qc["producer"], "quantization": {"quant_algo": "MXFP8", "kv_cache_quant_algo": None,
+                                                           "exclude_modules": qc["ignore"]}}
+        return tensors, qc, {"hf_quant_config.json": hf}
     if quant in ("mxfp4_ct", "mxfp4_ct_a8"):
         return quantize_ct_mxfp4_checkpoint(tensors), ct_mxfp4_config(fp8_activations=quant.endswith("_a8")), {}
     raise ValueError(f"no tiny checkpoint writer for expert format {fmt!r}")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 
 from lk_moe import formats
-from lk_moe.reference import (dequantize_fp8_block, dequantize_mxfp4, dequantize_nvfp4_experts, dequantize_per_channel,
-                              dequantize_wna16_int4)
+from lk_moe.reference import (dequantize_fp8_block, dequantize_mxfp4, dequantize_mxfp8, dequantize_nvfp4_experts,
+                              dequantize_per_channel, dequantize_wna16_int4)
 
-from .quantizers import (pack_int4, quantize_fp8_block, quantize_int4, quantize_mxfp4, quantize_nvfp4,
+from .quantizers import (pack_int4, quantize_fp8_block, quantize_int4, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4,
                          quantize_w8a8_channel)
 
 
@@ -78,9 +78,15 @@ def _nvfp4(w13, w2, optional):
     return (t, *dequantize_nvfp4_experts(t))
 
 
+def _mxfp8(w13, w2, optional):
+    (q13, s13), (q2, s2) = quantize_mxfp8(w13), quantize_mxfp8(w2)
+    t = dict(w13_weight=q13, w2_weight=q2, w13_weight_scale=s13, w2_weight_scale=s2)
+    return t, dequantize_mxfp8(q13, s13), dequantize_mxfp8(q2, s2)
+
+
 QUANTIZE = {"bf16": _bf16, "fp8_block": _fp8_block, "fp8_channel": _channel("fp8_channel"),
             "int8_channel": _channel("int8_channel"), "wna16_int4": _wna16_int4, "mxfp4": _mxfp4,
-            "nvfp4": _nvfp4}
+            "nvfp4": _nvfp4, "mxfp8": _mxfp8}
 
 
 def quantize_experts(fmt: str, w13: torch.Tensor, w2: torch.Tensor, optional: bool = False):

@@ -17,8 +17,8 @@ released shape, config only (serve it with --load-format dummy). tiny: with bf16
 0.33.0's MiniMaxM3SparseForConditionalGeneration loads (`weights`): q/k/v/o projections with per-head q/k norms, on
 the sparse (MoE) layers the indexer's index_q_proj (a head per KV head) and index_k_proj (one head) with their norms,
 the router in fp32 with its selection bias, a shared expert, routed experts w1 (gate) / w3 (up) / w2 (down). Its
-release ships bf16 or MXFP8 experts; the engine has no MXFP8 format (startup stops naming the layer), so the
-generated checkpoints are bf16.
+release ships bf16 or MXFP8 experts: quant "mxfp8" writes the routed experts as the MXFP8 release holds them
+(`mxfp8_release`), the rest bf16.
 """
 from __future__ import annotations
 
@@ -113,3 +113,13 @@ def _decoder_layer(s: dict, w, p: str, moe: bool) -> None:
     w.mlp(f"{m}.shared_experts", H, s["I"])
     for e in range(s["E"]):
         w.mlp(f"{m}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))
+
+
+def mxfp8_release(tensors: dict, qc: dict) -> tuple:
+    """The MXFP8 release's layout of ModelOpt MXFP8 experts (lvllm.testing.checkpoint_quant): each expert projection's
+    e8m0 scales under `weight_scale_inv` (vLLM's MiniMax-M3 loader renames them to ModelOpt's `weight_scale`) and
+    MiniMax's own config tag, {"quant_method": "mxfp8", "ignored_layers": [...]} (vLLM's ModelOptMxFp8Config
+    normalizes it to ModelOpt's schema); no hf_quant_config.json. -> (tensors, quantization_config, extra files)."""
+    renamed = {(n[:-len("weight_scale")] + "weight_scale_inv" if n.endswith(".weight_scale") else n): t
+               for n, t in tensors.items()}
+    return renamed, {"quant_method": "mxfp8", "ignored_layers": qc["ignore"], "kv_cache_quant_algo": None}, {}

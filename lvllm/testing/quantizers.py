@@ -101,6 +101,18 @@ def quantize_mxfp4(w: torch.Tensor):
     return _pack_pairs(codes), (e + 127).to(torch.uint8).contiguous()
 
 
+def quantize_mxfp8(w: torch.Tensor):
+    """fp32 [..., N, K] (K a multiple of 32) -> (float8_e4m3fn [..., N, K], uint8 e8m0 [..., N, K/32]): per 32
+    inputs of a row the power of two 2^(s-127) that takes the group's largest magnitude to at most 448, and the
+    codes of w / 2^(s-127) (OCP MX FP8, as ModelOpt's MXFP8 checkpoints hold it)."""
+    *lead, N, K = w.shape
+    g = w.float().reshape(*lead, N, K // MXFP4_GROUP, MXFP4_GROUP)
+    amax = g.abs().amax(dim=-1).clamp(min=2.0 ** -100)
+    e = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-127, 127)
+    codes = (g / torch.exp2(e)[..., None]).to(torch.float8_e4m3fn).reshape(*lead, N, K)
+    return codes.contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
 def quantize_nvfp4(w: torch.Tensor):
     """fp32 [N, K] -> (uint8 codes [N, K/2], float8_e4m3fn block scales [N, K/16], fp32 global scale []),
     ModelOpt's recipe: global = amax / (6 * 448), block scale = fp8(block amax / 6 / global), code =

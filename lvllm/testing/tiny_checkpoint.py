@@ -876,7 +876,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     elif tensors is not None and quant == "mxfp4":
         tensors = _deepseek_v4_mxfp4(tensors, config)
     elif tensors is not None:
+        experts_only = experts_only or (arch, quant) == ("minimax_m3", "mxfp8")  # its release: MXFP8 experts only
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
+        if (arch, quant) == ("minimax_m3", "mxfp8"):
+            tensors, qc, extra = minimax_m3.mxfp8_release(tensors, qc)
         if qc is not None and arch == "kimi_k25":  # as released: the text model's config carries it
             config["text_config"]["quantization_config"] = qc
         elif qc is not None:

@@ -105,8 +105,8 @@ def test_fp8_bad_tensors_are_named():
     bad = dict(tensors, w13_weight_scale_inv=torch.ones(2, 3, 2))  # 3 row blocks do not tile 2I = 256
     with pytest.raises(ValueError, match="cannot infer the fp8 block size"):
         lk_moe.MoELayer.from_checkpoint("fp8_block", bad)
-    with pytest.raises(ValueError, match="unsupported expert format 'mxfp8'"):
-        lk_moe.MoELayer.from_checkpoint("mxfp8", tensors)
+    with pytest.raises(ValueError, match="unsupported expert format 'mxfp6'"):
+        lk_moe.MoELayer.from_checkpoint("mxfp6", tensors)
     t2, _, _ = make_fp8_experts(2, 192, 96, bn=48, bk=48)  # block width that is no multiple of 32
     with pytest.raises(ValueError, match="fp8 block size 48x48 does not fit"):
         lk_moe.MoELayer.from_checkpoint("fp8_block", t2)

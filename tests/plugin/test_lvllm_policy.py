@@ -122,8 +122,20 @@ def test_modelopt_nvfp4_maps_to_nvfp4():
         with pytest.raises(UnsupportedMoELayer, match=words):
             plan_for("model.layers.3.mlp.experts", method("ModelOptNvFp4FusedMoE"), LAYER, moe_config(**over), ON)
     # the other ModelOpt MoE methods are not nvfp4
-    with pytest.raises(UnsupportedMoELayer, match="ModelOptMxFp8FusedMoE is not supported"):
-        engine_format(method("ModelOptMxFp8FusedMoE"))
+    assert engine_format(method("ModelOptMxFp8FusedMoE")) == ("mxfp8", None)
+
+
+@pytest.mark.parametrize("cls", ["ModelOptMxFp8FusedMoE", "CompressedTensorsW8A8Mxfp8MoEMethod"])
+def test_mxfp8_methods_take_minimax_m3_activation(cls):
+    """MXFP8 experts (MiniMax-M3's release: swigluoai on [gate; up] rows, no biases) on the engine's mxfp8, the
+    tensors under vLLM's own names; a streamed GPU prefill is not there yet (CPU prefill, see gpu_prefill_min_batch)."""
+    from lvllm.policy import gpu_prefill_min_batch
+    p = plan_for("model.layers.3.mlp.experts", method(cls), LAYER, moe_config(activation=Act.SWIGLUOAI_UNINTERLEAVE),
+                 ON)
+    assert (p.kind, p.format) == ("hybrid", "mxfp8") and engine_tensor_names(method(cls)) == {}
+    assert gpu_prefill_min_batch("mxfp8", ON) == 0 < gpu_prefill_min_batch("fp8_block", ON)
+    with pytest.raises(UnsupportedMoELayer, match="expert biases with mxfp8 experts"):
+        plan_for("model.layers.3.mlp.experts", method(cls), LAYER, moe_config(has_bias=True), ON)
 
 
 def test_mxfp4_takes_gpt_oss_activation_and_biases():

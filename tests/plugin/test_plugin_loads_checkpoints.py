@@ -33,7 +33,7 @@ from lvllm.testing.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_load.py")
 # FP8 / NVFP4 / W8A8 attention needs GPU kernels: these checkpoints keep attention in bf16 (experts quantized).
-EXPERTS_ONLY = ("fp8", "nvfp4", "fp8_channel", "int8_channel")
+EXPERTS_ONLY = ("fp8", "nvfp4", "fp8_channel", "int8_channel", "mxfp8")
 CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "bf16", 0, "bf16"),
     ("mixtral", "bf16", 0, "bf16"),
@@ -42,6 +42,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("gpt_oss", "bf16", 0, "mxfp4"),
     ("qwen3_moe", "nvfp4", 0, "nvfp4"),  # ModelOpt NVFP4 (gate/up global scales differ)
     ("qwen3_moe", "fp8_channel", 0, "fp8_channel"),  # compressed-tensors FP8 per channel (FP8-dynamic)
+    ("qwen3_moe", "mxfp8", 0, "mxfp8"),  # ModelOpt MXFP8 (OCP MX FP8: e8m0 scales per row and 32 inputs)
     ("mixtral", "int8_channel", 0, "int8_channel"),  # compressed-tensors INT8 W8A8 per channel
     ("qwen3_moe", "mxfp4_ct", 0, "mxfp4"),  # compressed-tensors MXFP4 experts (Kimi-K3's release format)
     ("qwen3_moe", "mxfp4_ct_a8", 0, "mxfp4"),  # and its W4A8 variant (FP8 activations: vLLM's Mxfp4MoEMethod under it)
@@ -58,6 +59,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
     ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 with dummy weights: swigluoai on [gate; up] rows
     ("minimax_m3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (w1 gate / w3 up through vLLM's own loader)
+    ("minimax_m3", "mxfp8", 1, "mxfp8"),  # and as its MXFP8 release (scales under weight_scale_inv, quant_method mxfp8)
     ("kimi_k3", "dummy", 1, "bf16"),  # Kimi-K3 (config only): KDA + MLA, latent MoE, SituGLU experts (beta 4, linear 25)
     ("qwen4_exp", "dummy", 0, "bf16"),  # Qwen3.8-Flash-Next: GDN + QSA, hyper-connections, PLE, MoE in every layer
     ("qwen4_exp", "bf16", 3, "bf16"),  # and its bf16 checkpoint (transformers' Hub names) through vLLM's loader
@@ -71,7 +73,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
 ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "minimax_m3": "swigluoai", "kimi_k3": "situ"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors), by quant.
-VLLM_METHODS = {"fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
+VLLM_METHODS = {"mxfp8": "ModelOptMxFp8FusedMoE", "fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
                 "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}
 
 

@@ -126,14 +126,6 @@ constexpr Fp4LutBytes make_fp4_lut_bytes() {
   return t;
 }
 
-// e8m0 byte -> 2^(s - 127) as fp32 (s = 0: the subnormal 2^-127; s = 255: NaN).
-inline float e8m0_to_f32(uint8_t s) {
-  const uint32_t u = s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : uint32_t(s) << 23;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 // fp8 e4m3fn scale byte -> fp32 (exact; 0x7F / 0xFF: NaN). NVFP4's per-16-inputs block scale.
 inline float fp8_to_f32(uint8_t s) { return bf16_to_f32(fp8_to_bf16_1(s)); }
 

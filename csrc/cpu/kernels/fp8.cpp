@@ -484,6 +484,62 @@ void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
 }
 #endif
 
+// mxfp8 (e8m0 scales per output row and 32 inputs), every tier: each 32-input segment of the block (pair)
+// dequantized exactly into L1, the tier's bf16 tile over every row tile, the partial sums added times the rows'
+// scales in fp32. The fp8 formats' pieces (fp8_to_bf16, the segment loops of panels.h), one pass per segment.
+inline void mx_scales_16(const uint8_t* e, float* s) {
+  for (int n = 0; n < kBlockN; ++n) s[n] = e8m0_to_f32(e[n]);
+}
+
+void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
+  const int seg = q.seg, nseg = t.kp / seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN, per = size_t(nseg) * kBlockN;
+  float* tot = t.scratch->acc;
+  uint16_t* dg = t.scratch->deq;
+  uint16_t* du = dg + size_t(seg) * kBlockN;
+  float sg[kBlockN], su[kBlockN];
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+    const uint8_t* bu = bg + block_bytes;
+    const uint8_t* eg = q.mx_scale + size_t(j) * 2 * per;
+    const uint8_t* eu = eg + per;
+    memset(tot, 0, size_t(t.m) * 32 * 4);
+    for (int s = 0; s < nseg; ++s) {
+      const size_t off = size_t(s) * seg * kBlockN;
+      fp8_to_bf16(bg + off, dg, seg * kBlockN);
+      fp8_to_bf16(bu + off, du, seg * kBlockN);
+      mx_scales_16(eg + size_t(s) * kBlockN, sg);
+      mx_scales_16(eu + size_t(s) * kBlockN, su);
+      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
+        float* o = tot + size_t(r) * 32;
+        axpy_vec_16(1.0f, cr, sg, o);
+        axpy_vec_16(1.0f, cr + 16, su, o + 16);
+      });
+    }
+    for (int r = 0; r < t.m; ++r)
+      gate_act_16(t, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+  }
+}
+
+void down_mx(const DownTask& t, const Fp8Weights& q) {
+  const int seg = q.seg, nseg = t.kp / seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN, per = size_t(nseg) * kBlockN;
+  uint16_t* d = t.scratch->deq;
+  float sc[kBlockN];
+  for (int j = 0; j < t.nblk; ++j) {
+    const uint8_t* src = q.w + size_t(j) * block_bytes;
+    const uint8_t* e = q.mx_scale + size_t(j) * per;
+    for (int s = 0; s < nseg; ++s) {
+      const void* b[2] = {d, d};
+      fp8_to_bf16(src + size_t(s) * seg * kBlockN, d, seg * kBlockN);
+      mx_scales_16(e + size_t(s) * kBlockN, sc);
+      down_segment(t, b, 1, s * seg, seg, [&](const float* cr, int r) {
+        axpy_vec_16(t.row_weight[r], cr, sc, t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN);
+      });
+    }
+  }
+}
+
 }  // namespace
 
 // FP8 block weights: per `seg` inputs, dequantize the segment of the block (pair) exactly into
@@ -495,6 +551,7 @@ void gate_up_fp8(const GateUpTask& t) {
   const int per = q.per_row ? kBlockN : nseg;  // scales per block
   const size_t block_bytes = size_t(t.kp) * kBlockN;
   float* c = t.scratch->c;
+  if (q.mx_scale) return gate_up_mx(t, q);
   if (kHaveQ8 && t.q8_rows) return gate_up_i8q8(t, q);  // int8 codes with int8 activations
 #if defined(LK_V512)
   if (t.m > kFusedFp8Rows) return gate_up_fp8_panels(t, q);
@@ -562,6 +619,7 @@ void down_fp8(const DownTask& t) {
   uint16_t* d = t.scratch->deq;
   float* c = t.scratch->c;
   const uint16_t* rows[kMaxRows];
+  if (q.mx_scale) return down_mx(t, q);
   if (kHaveQ8 && t.q8_act) return down_i8q8(t, q);  // int8 codes with int8 activations
 #if defined(LK_V512)
   if (t.m > kFusedFp8Rows) return down_fp8_panels(t, q);

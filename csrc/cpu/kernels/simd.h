@@ -71,6 +71,14 @@ inline float bf16_to_f32(uint16_t v) {
   return f;
 }
 
+// e8m0 byte -> 2^(s - 127) as fp32 (s = 0: the subnormal 2^-127; s = 255: NaN): the MX formats' scales.
+inline float e8m0_to_f32(uint8_t s) {
+  const uint32_t u = s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : uint32_t(s) << 23;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
