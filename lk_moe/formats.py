@@ -54,7 +54,7 @@ TABLE = (
            optional=("w13_input_scale", "w2_input_scale")),
     # OCP MX FP8 (ModelOptMxFp8FusedMoE, as it creates them: MiniMax-M3's release): e4m3 codes as bf16's shapes,
     # uint8 e8m0 scales per output row and 32 inputs [E, 2I, H/32] / [E, H, I/32]; weight = code * 2^(scale - 127).
-    # CPU engine only so far (no streamed prefill, no GPU-resident layers).
+    # No GPU path in lk_moe yet (prefill on the CPU engine); a GPU-resident layer stays vLLM's own method.
     Format("mxfp8", "byte", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"), gpu_path=False),
 )
 

@@ -55,8 +55,8 @@ void def_gpu_export(py::class_<Layer>& layer) {
                                      sh.format->name +
                                      (sh.format->family == lk::Family::kBf16 ? " (use packed_slices)" : " (use quant4_slices)"));
              if (sh.format->mx)
-               throw py::value_error("quant_slices() has no view of mxfp8's e8m0 scales: mxfp8 layers run on the CPU "
-                                     "engine only (no streamed prefill, no GPU-resident layers yet)");
+               throw py::value_error("quant_slices() has no view of mxfp8's e8m0 scales: mxfp8 layers have no GPU path in lk_moe "
+                                     "yet (prefill on the CPU engine)");
              const int64_t p1 = sh.format->per_row ? lk::kBlockN : sh.kp1 / sh.seg1;
              const int64_t p2 = sh.format->per_row ? lk::kBlockN : sh.kp2 / sh.seg2;
              py::list out;

@@ -17,7 +17,7 @@ prompts; vLLM profiles the tower at startup), vLLM's own Kimi_K25Config and medi
 DeepSeek-V4 (bf16, and its MXFP4 experts as released against the bf16 twin): mHC residual streams, sliding /
 CSA / HCA compressed attention, a hash-routed first MoE layer, sqrtsoftplus routing, clamped SwiGLU experts
 (the engine's silu_clamp).
-MiniMax-M3 (its text model, bf16): swigluoai experts on [gate; up] rows (vLLM's swigluoai_uninterleave), block-
+MiniMax-M3 (its text model, bf16, and its MXFP8 experts as released against the bf16 twin): swigluoai experts on [gate; up] rows (vLLM's swigluoai_uninterleave), block-
 sparse attention with a lightning indexer, dense first layer; the fp32 oracle is transformers' MiniMax-M3 text model
 (MiniMaxM3VLForCausalLM) with the checkpoint's tensors renamed and fused its way (tests/e2e/oracle.py).
 Qwen3.8-Flash-Next (Qwen4Exp, bf16): Gated-DeltaNet layers and a gated attention layer with a sparse indexer (QSA),
@@ -55,8 +55,9 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;
 # vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16);
-# Kimi-K2.5's int4 experts (compressed-tensors W4A16 group 32, its quantization_config in text_config).
-NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16")]
+# Kimi-K2.5's int4 experts (compressed-tensors W4A16 group 32, its quantization_config in text_config); MiniMax-M3's
+# MXFP8 experts as released (the engine's mxfp8: CPU prefill; vLLM's own MXFP8 MoE on Hopper is Humming / Marlin).
+NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8")]
 
 
 # Switch on with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=<arch>_resident): what the plugin changes besides the
