@@ -492,32 +492,20 @@ inline void mx_scales_16(const uint8_t* e, float* s) {
 }
 
 void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
-  const int seg = q.seg, nseg = t.kp / seg;
-  const size_t block_bytes = size_t(t.kp) * kBlockN, per = size_t(nseg) * kBlockN;
-  float* tot = t.scratch->acc;
-  uint16_t* dg = t.scratch->deq;
-  uint16_t* du = dg + size_t(seg) * kBlockN;
-  float sg[kBlockN], su[kBlockN];
+  const int seg = q.seg;
+  const size_t block_bytes = size_t(t.kp) * kBlockN, per = size_t(t.kp / seg) * kBlockN;
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
     const uint8_t* eg = q.mx_scale + size_t(j) * 2 * per;
     const uint8_t* eu = eg + per;
-    memset(tot, 0, size_t(t.m) * 32 * 4);
-    for (int s = 0; s < nseg; ++s) {
+    gate_up_row_scaled_segments(t, j, seg, [&](int s, uint16_t* dg, uint16_t* du, float* sg, float* su) {
       const size_t off = size_t(s) * seg * kBlockN;
       fp8_to_bf16(bg + off, dg, seg * kBlockN);
       fp8_to_bf16(bu + off, du, seg * kBlockN);
       mx_scales_16(eg + size_t(s) * kBlockN, sg);
       mx_scales_16(eu + size_t(s) * kBlockN, su);
-      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
-        float* o = tot + size_t(r) * 32;
-        axpy_vec_16(1.0f, cr, sg, o);
-        axpy_vec_16(1.0f, cr + 16, su, o + 16);
-      });
-    }
-    for (int r = 0; r < t.m; ++r)
-      gate_act_16(t, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    });
   }
 }
 

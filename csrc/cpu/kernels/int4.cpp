@@ -640,24 +640,13 @@ void gate_up_q4(const GateUpTask& t) {
       continue;
     }
 #endif
-    uint16_t* dg = t.scratch->deq;
-    uint16_t* du = dg + seg * kBlockN;
-    float sg[16], su[16];
-    memset(tot, 0, size_t(t.m) * 32 * 4);
-    for (int s = 0; s < nseg; ++s) {  // dequantize each group once, reuse it for every row tile
+    gate_up_row_scaled_segments(t, j, seg, [&](int s, uint16_t* dg, uint16_t* du, float* sg, float* su) {
       const size_t off = size_t(s) * seg * kBlockN / 2;
       q4_dequant_seg(bg + off, zg ? zg + s * 8 : nullptr, dg, seg);
       q4_dequant_seg(bu + off, zu ? zu + s * 8 : nullptr, du, seg);
       scales_16(scg + s * kBlockN, q.fp16_scale, sg);
       scales_16(scu + s * kBlockN, q.fp16_scale, su);
-      gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
-        float* o = tot + size_t(r) * 32;
-        axpy_vec_16(1.0f, cr, sg, o);
-        axpy_vec_16(1.0f, cr + 16, su, o + 16);
-      });
-    }
-    for (int r = 0; r < t.m; ++r)
-      gate_act_16(t, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+    });
   }
 }
 

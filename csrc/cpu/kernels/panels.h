@@ -429,6 +429,29 @@ void gate_up_segment(const GateUpTask& t, const uint16_t* dg, const uint16_t* du
   }
 }
 
+// Block pair j of a gate/up task over segments of `seg` inputs with one scale per output row and segment (int4
+// groups, mxfp8): prep(s, dg, du, sg, su) dequantizes segment s of the gate and up blocks into dg / du (bf16, 16 x seg
+// each) and their 16 row scales into sg / su; each row's partial sums are added times the scales in fp32 (totals in
+// the task's acc scratch), then activated into act.
+template <typename Prep>
+void gate_up_row_scaled_segments(const GateUpTask& t, int j, int seg, Prep&& prep) {
+  float* tot = t.scratch->acc;
+  uint16_t* dg = t.scratch->deq;
+  uint16_t* du = dg + size_t(seg) * kBlockN;
+  float sg[kBlockN], su[kBlockN];
+  memset(tot, 0, size_t(t.m) * 32 * 4);
+  for (int s = 0; s < t.kp / seg; ++s) {  // dequantize each segment once, reuse it for every row tile
+    prep(s, dg, du, sg, su);
+    gate_up_segment(t, dg, du, s * seg, seg, [&](const float* cr, int r) {
+      float* o = tot + size_t(r) * 32;
+      axpy_vec_16(1.0f, cr, sg, o);
+      axpy_vec_16(1.0f, cr + 16, su, o + 16);
+    });
+  }
+  for (int r = 0; r < t.m; ++r)
+    gate_act_16(t, tot + size_t(r) * 32, tot + size_t(r) * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+}
+
 template <typename Add>
 void down_segment(const DownTask& t, const void* const* b, int nb, int k0, int len, Add&& add) {
   float* c = t.scratch->c;
