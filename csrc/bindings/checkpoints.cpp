@@ -17,6 +17,13 @@ lk::WeightSource contiguous_source(lk::DType type, const at::Tensor& w13, const 
   return src;
 }
 
+// Each of `tensors` (named as vLLM names them) of dtype `want`, else a TypeError: "<name> must be <what>, got ...".
+void require_dtype(std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors, at::ScalarType want,
+                   const std::string& what) {
+  for (auto [t, name] : tensors)
+    if (t->scalar_type() != want) throw py::type_error(std::string(name) + " must be " + what + ", got " + dtype_name(*t));
+}
+
 }  // namespace
 
 // Checks shared by the byte-quantized formats: weights of `code` dtype shaped [E, 2I, H] and
@@ -25,11 +32,8 @@ std::array<int64_t, 3> Layer::check_byte_weights(const at::Tensor& w13, const at
                                                  const at::Tensor& s2, at::ScalarType code,
                                                  const std::string& code_what, const char* s13_name,
                                                  const char* s2_name) {
-  for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
-    if (t->scalar_type() != code)
-      throw py::type_error(std::string(name) + " must be " + code_what + ", got " + dtype_name(*t));
-  for (auto [t, name] : {std::pair{&s13, s13_name}, std::pair{&s2, s2_name}})
-    if (t->scalar_type() != at::kFloat) throw py::type_error(std::string(name) + " must be float32, got " + dtype_name(*t));
+  require_dtype({{&w13, "w13_weight"}, {&w2, "w2_weight"}}, code, code_what);
+  require_dtype({{&s13, s13_name}, {&s2, s2_name}}, at::kFloat, "float32");
   if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
   const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
   if (E < 1 || I < 1 || H < 1)
@@ -117,12 +121,8 @@ Layer Layer::mxfp8(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                    double situ_beta, double situ_linear_beta, double swiglu_alpha) {
   const ActivationArg act =
       parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "mxfp8", swiglu_alpha);
-  for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
-    if (t->scalar_type() != at::kFloat8_e4m3fn)
-      throw py::type_error(std::string(name) + " must be float8_e4m3fn for mxfp8, got " + dtype_name(*t));
-  for (auto [t, name] : {std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
-    if (t->scalar_type() != at::kByte)
-      throw py::type_error(std::string(name) + " must be uint8 (e8m0 exponents), got " + dtype_name(*t));
+  require_dtype({{&w13, "w13_weight"}, {&w2, "w2_weight"}}, at::kFloat8_e4m3fn, "float8_e4m3fn for mxfp8");
+  require_dtype({{&s13, "w13_weight_scale"}, {&s2, "w2_weight_scale"}}, at::kByte, "uint8 (e8m0 exponents)");
   if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
   const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
   if (E < 1 || I < 1 || H < 1)
@@ -214,12 +214,8 @@ Layer Layer::mxfp4(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                    double situ_linear_beta) {
   const ActivationArg act =
       parse_activation(activation, limit, situ_beta, situ_linear_beta, "mxfp4", alpha);
-  for (auto [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}})
-    if (t->scalar_type() != at::kByte)
-      throw py::type_error(std::string(name) + " must be uint8 (two e2m1 codes per byte), got " + dtype_name(*t));
-  for (auto [t, name] : {std::pair{&s13, "w13_weight_scale"}, std::pair{&s2, "w2_weight_scale"}})
-    if (t->scalar_type() != at::kByte)
-      throw py::type_error(std::string(name) + " must be uint8 (e8m0 exponents), got " + dtype_name(*t));
+  require_dtype({{&w13, "w13_weight"}, {&w2, "w2_weight"}}, at::kByte, "uint8 (two e2m1 codes per byte)");
+  require_dtype({{&s13, "w13_weight_scale"}, {&s2, "w2_weight_scale"}}, at::kByte, "uint8 (e8m0 exponents)");
   if (w13.dim() != 3 || w13.size(0) < 1 || w13.size(1) < 2 || w13.size(1) % 2 || w13.size(2) < 1)
     throw py::value_error("w13_weight must be [E, 2*I, H/2] (uint8, two e2m1 codes per byte), got " + shape_str(w13));
   const int64_t E = w13.size(0), R13 = w13.size(1), C13 = w13.size(2);

@@ -107,6 +107,9 @@ def _checkpoint(fmt):
         return make_int4_experts(3, 256, 128, 32, asym=True)[0]
     if fmt == "nvfp4":
         return make_nvfp4(3, 256, 128)[0]
+    if fmt == "mxfp8":
+        from .test_mxfp8 import make_mxfp8_experts
+        return make_mxfp8_experts(3, 256, 128)[0]
     return make_mxfp4(3, 256, 128)[0]
 
 
