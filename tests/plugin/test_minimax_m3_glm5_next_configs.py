@@ -148,3 +148,26 @@ def test_vllm_drafts_glm5_next_mtp_from_the_release_layout_only(tmp_path):
         assert (over.model_type == "glm5_next_mtp") is drafted, (arch, over.model_type)
         if drafted:
             assert over.architectures == ["Glm5NextMTPModel"] and over.n_predict == 1
+
+
+def test_minimax_m3_mxfp8_release_is_read_as_mxfp8(tmp_path):
+    """MiniMax-M3's MXFP8 release (`--quant mxfp8`): the routed experts' e4m3 codes with e8m0 scales under
+    weight_scale_inv, MiniMax's own config tag, the rest bf16; vLLM's quantization config parser takes it as ModelOpt
+    MXFP8 and doctor / auto-fit as the engine's mxfp8 at 33/32 bytes a weight."""
+    import torch
+    from safetensors.torch import load_file
+    from vllm.model_executor.layers.quantization.modelopt import ModelOptMxFp8Config
+    path = make_checkpoint("minimax_m3", str(tmp_path / "m3"), quant="mxfp8")
+    qc = json.load(open(f"{path}/config.json"))["quantization_config"]
+    assert qc["quant_method"] == "mxfp8" and all(".experts." not in n for n in qc["ignored_layers"])
+    t = load_file(f"{path}/model.safetensors")
+    codes = {n for n, v in t.items() if v.dtype == torch.float8_e4m3fn}
+    assert codes and all(".block_sparse_moe.experts." in n for n in codes)
+    assert all(t[n[:-len("weight")] + "weight_scale_inv"].dtype == torch.uint8 for n in codes)
+    cfg = ModelOptMxFp8Config.from_config(qc)
+    assert cfg.get_name() == "modelopt_mxfp8" and cfg.is_checkpoint_mxfp8_serialized
+    info = read_checkpoint(path)
+    assert info.quant_method == "mxfp8" and describe_model(info, tp=1, max_model_len=4096).fmt == "mxfp8"
+    s = minimax_m3.SHAPES["tiny"]
+    weights = (s["L"] - s["dense"]) * s["E"] * 3 * s["H"] * s["I"]
+    assert info.expert_bytes == weights * 33 // 32
