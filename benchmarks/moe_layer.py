@@ -41,7 +41,8 @@ import lk_moe  # noqa: E402
 from lvllm.hugepages import huge_page_text  # noqa: E402
 from lvllm.threads import plan_threads  # noqa: E402
 from lk_moe.reference import (moe_torch_baseline, moe_torch_baseline_channel, moe_torch_baseline_fp8,  # noqa: E402
-                               moe_torch_baseline_mxfp4, moe_torch_baseline_nvfp4, moe_torch_baseline_wna16,
+                               moe_torch_baseline_mxfp4, moe_torch_baseline_mxfp8, moe_torch_baseline_nvfp4,
+                               moe_torch_baseline_wna16,
                                random_routing)
 
 PHASE_KEYS = ("gate_up", "down", "gate_up_spread", "down_spread")  # MoELayer.last_phase_us
@@ -99,6 +100,20 @@ def make_fp8_tensors(E, H, I, seed=0, block=128):
     s2 = torch.rand(E, H // block, I // block, generator=g) * 1e-3 + 1e-4
     return dict(w13_weight=q13.view(torch.float8_e4m3fn), w2_weight=q2.view(torch.float8_e4m3fn),
                 w13_weight_scale_inv=s13, w2_weight_scale_inv=s2)
+
+
+def make_mxfp8_tensors(E, H, I, seed=0):
+    """mxfp8 tensors as vLLM's ModelOptMxFp8FusedMoE creates them: random finite e4m3 codes (one random expert copied,
+    fast to build) and e8m0 scales of released checkpoints' range (lvllm.dummy_weights)."""
+    from lvllm.dummy_weights import E8M0_HIGH, E8M0_LOW
+    g = torch.Generator().manual_seed(seed)
+    c13, c2 = random_fp8_codes(2 * I, H, g), random_fp8_codes(H, I, g)
+    def scales(r, c):
+        return torch.randint(E8M0_LOW, E8M0_HIGH + 1, (r, c // 32), generator=g, dtype=torch.uint8)
+    return dict(w13_weight=c13.expand(E, -1, -1).contiguous().view(torch.float8_e4m3fn),
+                w2_weight=c2.expand(E, -1, -1).contiguous().view(torch.float8_e4m3fn),
+                w13_weight_scale=scales(2 * I, H).expand(E, -1, -1).contiguous(),
+                w2_weight_scale=scales(H, I).expand(E, -1, -1).contiguous())
 
 
 def make_channel_tensors(fmt, E, H, I, seed=0):
@@ -177,6 +192,7 @@ def bench_shape(name, args, results):
     int4 = args.format == "wna16_int4"
     fp4 = args.format == "mxfp4"
     nv = args.format == "nvfp4"
+    mx8 = args.format == "mxfp8"
     gs = args.group_size
     if fp4:  # quantized bytes read per expert: codes + e8m0 scales + bf16 biases
         expert_bytes = 3 * H * I // 2 + 3 * H * I // 32 + (2 * I + H) * 2
@@ -184,6 +200,8 @@ def bench_shape(name, args, results):
         expert_bytes = 3 * H * I // 2 + 3 * H * I // 16 + 12
     elif int4:  # quantized bytes read per expert: codes + bf16 scales (+ 4-bit zero points)
         expert_bytes = 3 * H * I // 2 + 3 * H * I // gs * 2 + (3 * H * I // gs // 2 if args.asym else 0)
+    elif mx8:  # codes + e8m0 scales per 32 inputs
+        expert_bytes = 3 * H * I + 3 * H * I // 32
     else:
         expert_bytes = 3 * H * I * (1 if fp8 or channel else 2)
     if args.max_experts:
@@ -218,6 +236,10 @@ def bench_shape(name, args, results):
         tensors = make_channel_tensors(args.format, E, H, I)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint(args.format, tensors, pool=pool)  # noqa: E731
         baseline = lambda x, ids, w: moe_torch_baseline_channel(x, tensors, ids, w)  # noqa: E731
+    elif mx8:
+        tensors = make_mxfp8_tensors(E, H, I)
+        build = lambda pool: lk_moe.MoELayer.from_checkpoint("mxfp8", tensors, pool=pool)  # noqa: E731
+        baseline = lambda x, ids, w: moe_torch_baseline_mxfp8(x, tensors, ids, w)  # noqa: E731
     elif fp8:
         tensors = make_fp8_tensors(E, H, I)
         build = lambda pool: lk_moe.MoELayer.from_checkpoint("fp8_block", tensors, pool=pool)  # noqa: E731
@@ -367,7 +389,7 @@ def main():
                    help="decode rotates over packed copies until this many bytes (defeats the LLC)")
     p.add_argument("--max-copies", type=int, default=4)
     p.add_argument("--format", default="bf16", choices=["bf16", "fp8_block", "fp8_channel", "int8_channel",
-                                                        "wna16_int4", "mxfp4", "nvfp4"])
+                                                        "wna16_int4", "mxfp4", "nvfp4", "mxfp8"])
     p.add_argument("--group-size", type=int, default=128, help="wna16_int4: scale group size")
     p.add_argument("--asym", action="store_true", help="wna16_int4: asymmetric (zero points)")
     p.add_argument("--decode-units", default="",

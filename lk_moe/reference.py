@@ -249,6 +249,15 @@ def dequantize_mxfp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * sf.repeat_interleave(32, dim=-1)[..., :codes.shape[-1]]
 
 
+def moe_torch_baseline_mxfp8(x, tensors, topk_ids, topk_weights) -> torch.Tensor:
+    """What a user would write in torch for mxfp8 experts: dequantize each routed expert to the activations' dtype,
+    then the bf16 baseline's GEMMs."""
+    q13, q2 = tensors["w13_weight"], tensors["w2_weight"]
+    s13, s2 = tensors["w13_weight_scale"], tensors["w2_weight_scale"]
+    return _dequantizing_baseline(x, topk_ids, topk_weights, lambda e: (
+        dequantize_mxfp8(q13[e], s13[e]).to(x.dtype), dequantize_mxfp8(q2[e], s2[e]).to(x.dtype)))
+
+
 def moe_torch_baseline_mxfp4(x, tensors, topk_ids, topk_weights, activation="swigluoai", interleaved=True,
                              swiglu_alpha=1.702, swiglu_limit=7.0) -> torch.Tensor:
     """What a user would write in torch for mxfp4 experts: dequantize each routed expert to the
