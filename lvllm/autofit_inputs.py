@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional, Tuple
 
+from lk_moe import formats
+
 from .autofit import Machine, Model, Request, plan, slot_bytes
 from .cli.checkpoint_info import expert_shape, experts_per_token, info_from_config, moe_layer_indices, read_checkpoint
 from .cli.doctor import _meminfo
@@ -35,8 +37,9 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
                  top_k=experts_per_token(cfg, 8), hidden=H,
                  expert_intermediate=I, layer_expert_bytes=layer, other_bytes=info.other_bytes,
                  kv_bytes_per_token=kv_bytes_per_token(cfg, max_model_len, tp, kv_dtype_bytes), fmt=fmt,
-                 slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation),
-                 host_table_bytes=info.host_table_bytes)
+                 # a format without a GPU path (mxfp8): prefill on the CPU, no cache slots
+                 slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation) if fmt in formats.GPU else 0,
+                 gpu_prefill=fmt in formats.GPU, host_table_bytes=info.host_table_bytes)
 
 
 def describe_machine(gpu_gib: float, util: float, host_gib: float = 0, probe: bool = True):
