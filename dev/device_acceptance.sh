@@ -27,6 +27,7 @@
 #   bash dev/device_acceptance.sh harden1   # engine-hardening + format tests (every tier), prefill vs bf16
 #   bash dev/device_acceptance.sh prefill1  # prefill vs bf16 on the DeepSeek-V3 shape
 #   bash dev/device_acceptance.sh prefill2  # every format vs bf16 on the amx tier, Qwen3-30B-A3B and DeepSeek-V3 shapes
+#   bash dev/device_acceptance.sh mxfp8     # the mxfp8 format's tests on every tier, its decode vs fp8_block
 # The vLLM 0.33.0 pin on the single H200 (after the payload parts; see dev/README.md):
 #   bash dev/device_acceptance.sh pin1      # install, wheel, versions, doctor, vllm serve e2e, tests/gpu
 #   bash dev/device_acceptance.sh pin2      # install, wheel, versions, doctor, vllm serve e2e, the demo
@@ -274,7 +275,7 @@ grep -h 'read bandwidth\|^## \|^ *1 \|phases' \$OUT/moe_layer.log" ;;
     body="$verdict; $cpu_tests tests/engine/test_nan_activations.py tests/engine/test_submit_lifetime.py \
 tests/engine/test_validation.py tests/engine/test_chunk_splits.py tests/engine/test_fp8_block.py tests/engine/test_channel_formats.py \
 tests/engine/test_wna16.py tests/engine/test_mxfp4.py tests/engine/test_nvfp4.py tests/engine/test_fp4_q15.py \
-tests/engine/test_moe_layer.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log
+tests/engine/test_mxfp8.py tests/engine/test_moe_layer.py > \$OUT/cpu_tests.log 2>&1; verdict \$OUT/cpu_tests.log
 timeout $left python3 benchmarks/prefill_formats.py --tokens 64,256,1024 --isa avx512_bf16,amx --rounds 3 \
 > \$OUT/prefill.log 2>&1; cat \$OUT/prefill.log" ;;
   prefill1)  # CPU prefill of every format against bf16 on the DeepSeek-V3 shape (16 experts), two fastest tiers
@@ -286,6 +287,13 @@ timeout $left python3 benchmarks/prefill_formats.py --tokens 64,256,1024 --isa a
     body="for s in qwen3-30b-a3b deepseek-v3; do timeout \$((LVLLM_DEVICE_DEADLINE - \$(date +%s) - 10)) python3 \
 benchmarks/prefill_formats.py --shape \$s --tokens 64,256,1024 --isa amx --rounds 3 > \$OUT/prefill_\$s.log 2>&1
 tail -28 \$OUT/prefill_\$s.log; done" ;;
+  mxfp8)  # the mxfp8 format (MiniMax-M3's MXFP8 release) on every tier of the AMX host (the dev VM has AVX2 only):
+          # its engine tests, then decode and prefill against fp8_block on the host's best tier
+    export LVLLM_DEVICE_NO_VLLM=1
+    body="$verdict; $cpu_tests tests/engine/test_mxfp8.py tests/engine/test_formats.py -k mxfp8 > \$OUT/mxfp8_tests.log 2>&1
+verdict \$OUT/mxfp8_tests.log
+for f in fp8_block mxfp8; do timeout 120 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1,4,64 \
+--threads all --reps 15 --rounds 2 2>&1 | grep -E '^##|read bandwidth|^ +[0-9]+ '; done" ;;
   probe1)  # 4-bit decode: compute ceiling (hot) and per-thread scaling (cold) against bf16 and int8
     export LVLLM_DEVICE_NO_VLLM=1
     body="timeout $left bash -c 'for f in mxfp4 nvfp4 wna16_int4 int8_channel bf16; do python3 benchmarks/moe_layer.py \
