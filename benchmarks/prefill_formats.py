@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lk_moe  # noqa: E402
 from lk_moe.reference import random_routing  # noqa: E402
 from benchmarks.moe_layer import (SHAPES, make_channel_tensors, make_fp8_tensors, make_mxfp4_tensors,  # noqa: E402
-                                  make_nvfp4_tensors, make_wna16_tensors, make_weights)
+                                  make_mxfp8_tensors, make_nvfp4_tensors, make_wna16_tensors, make_weights)
 
 FORMATS = ("bf16", "fp8_block", "fp8_channel", "int8_channel", "wna16_int4-g32", "wna16_int4-g128-asym",
-           "mxfp4", "nvfp4")
+           "mxfp4", "nvfp4", "mxfp8")
 
 
 INT_VARIANTS = ("+int", "+int8")
@@ -71,6 +71,8 @@ def build(fmt: str, E: int, H: int, I: int, pool):
         return lk_moe.MoELayer.from_checkpoint(fmt, make_mxfp4_tensors(E, H, I), pool=pool, activation="swigluoai")
     if fmt == "nvfp4":
         return lk_moe.MoELayer.from_checkpoint(fmt, make_nvfp4_tensors(E, H, I), pool=pool)
+    if fmt == "mxfp8":
+        return lk_moe.MoELayer.from_checkpoint(fmt, make_mxfp8_tensors(E, H, I), pool=pool)
     raise SystemExit(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
 
 

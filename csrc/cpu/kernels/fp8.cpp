@@ -74,30 +74,61 @@ inline void dequant_bf16(const Fp8Weights& q, const uint8_t* src, uint16_t* dst,
 // pair-row and 8-row half, pshufb splits the 16 code bytes into the even inputs' 8 and the odd ones';
 // fp8 codes go through fp16 (fp8x16_to_f16_div256, the 256 riding on the scale), int8 codes are
 // sign-extended and converted.
-inline void fp8_f32_panel_block(const Fp8Weights& q, const uint8_t* src, const float* sc, int kp, float* dst) {
+// Pair-rows [p0, p1) of a block of codes into its panel, times sv[h] (rows 8h .. 8h + 7; fp8 codes come out 1/256
+// of their value, the 256 rides on the scale).
+inline void f32_panel_pairs(const uint8_t* src, int p0, int p1, const __m256* sv, bool int8, float* dst) {
   const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int p = p0; p < p1; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(src + size_t(p) * 32 + 16 * h)), split);
+      __m256 w0, w1;
+      if (int8) {
+        w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+      } else {
+        const __m256i f16 = fp8x16_to_f16_div256(b);
+        w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
+        w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
+      }
+      float* d = dst + size_t(p) * 32 + 16 * h;
+      _mm256_storeu_ps(d, _mm256_mul_ps(w0, sv[h]));
+      _mm256_storeu_ps(d + 8, _mm256_mul_ps(w1, sv[h]));
+    }
+}
+
+inline void fp8_f32_panel_block(const Fp8Weights& q, const uint8_t* src, const float* sc, int kp, float* dst) {
   const float unit = q.int8 ? 1.0f : 256.0f;
   const int chunk = q.per_row ? kp : q.seg;
   for (int k0 = 0; k0 < kp; k0 += chunk) {
     const float s = q.per_row ? unit : unit * sc[k0 / q.seg];
     const __m256 sv[2] = {q.per_row ? _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_set1_ps(s)) : _mm256_set1_ps(s),
                           q.per_row ? _mm256_mul_ps(_mm256_loadu_ps(sc + 8), _mm256_set1_ps(s)) : _mm256_set1_ps(s)};
-    for (int p = k0 / 2; p < tmin(k0 + chunk, kp) / 2; ++p)
-      for (int h = 0; h < 2; ++h) {
-        const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(src + size_t(p) * 32 + 16 * h)), split);
-        __m256 w0, w1;
-        if (q.int8) {
-          w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-          w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-        } else {
-          const __m256i f16 = fp8x16_to_f16_div256(b);
-          w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
-          w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
+    f32_panel_pairs(src, k0 / 2, tmin(k0 + chunk, kp) / 2, sv, q.int8, dst);
+  }
+}
+
+// mxfp8: one block into its panel, each 32-input segment times its 16 rows' e8m0 scales (powers of two: exact). A
+// segment with a scale of 2^120 or more (whose 256x would overflow) is converted value by value.
+inline void mx_f32_panel_block(const uint8_t* src, const uint8_t* e8, int kp, float* dst) {
+  for (int s = 0; s < kp / 32; ++s) {
+    const uint8_t* e = e8 + size_t(s) * kBlockN;
+    float sc[kBlockN];
+    bool huge = false;
+    for (int n = 0; n < kBlockN; ++n) {
+      sc[n] = e8m0_to_f32(e[n]);
+      huge |= e[n] >= 247 && e[n] != 255;
+    }
+    if (huge) {
+      for (int p = 16 * s; p < 16 * (s + 1); ++p)  // panel float p * 32 + 16h + 8t + n: row 8h + n, input 2p + t
+        for (int i = 0; i < 32; ++i) {
+          const int h = i / 16, t = (i / 8) % 2, n = i % 8;
+          dst[size_t(p) * 32 + i] = bf16_to_f32(fp8_to_bf16_1(src[size_t(p) * 32 + 2 * (8 * h + n) + t])) * sc[8 * h + n];
         }
-        float* d = dst + size_t(p) * 32 + 16 * h;
-        _mm256_storeu_ps(d, _mm256_mul_ps(w0, sv[h]));
-        _mm256_storeu_ps(d + 8, _mm256_mul_ps(w1, sv[h]));
-      }
+      continue;
+    }
+    for (int n = 0; n < kBlockN; ++n) sc[n] *= 256.0f;
+    const __m256 sv[2] = {_mm256_loadu_ps(sc), _mm256_loadu_ps(sc + 8)};
+    f32_panel_pairs(src, 16 * s, 16 * (s + 1), sv, false, dst);
   }
 }
 #endif
@@ -484,9 +515,9 @@ void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
 }
 #endif
 
-// mxfp8 (e8m0 scales per output row and 32 inputs), every tier: each 32-input segment of the block (pair)
-// dequantized exactly into L1, the tier's bf16 tile over every row tile, the partial sums added times the rows'
-// scales in fp32. The fp8 formats' pieces (fp8_to_bf16, the segment loops of panels.h), one pass per segment.
+// mxfp8 (e8m0 scales per output row and 32 inputs): on avx2 from kF32PanelMinRows rows the fp32 panels (scales
+// folded in, exact); otherwise, every tier, each 32-input segment of the block (pair) dequantized exactly into L1,
+// the tier's bf16 tile over every row tile, the partial sums added times the rows' scales in fp32.
 inline void mx_scales_16(const uint8_t* e, float* s) {
   for (int n = 0; n < kBlockN; ++n) s[n] = e8m0_to_f32(e[n]);
 }
@@ -499,6 +530,16 @@ void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
     const uint8_t* bu = bg + block_bytes;
     const uint8_t* eg = q.mx_scale + size_t(j) * 2 * per;
     const uint8_t* eu = eg + per;
+#if defined(LK_F32_PANELS)
+    if (t.m >= kF32PanelMinRows) {  // avx2: the pair whole into fp32 panels, scales folded in (as fp8_block)
+      mx_f32_panel_block(bg, eg, t.kp, f32_panel_of(*t.scratch, t.kp, 0));
+      mx_f32_panel_block(bu, eu, t.kp, f32_panel_of(*t.scratch, t.kp, 1));
+      uint16_t* act = t.act + j * kBlockN;
+      gate_up_f32_panel(t, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr, 2 * block_bytes,
+                        [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
+      continue;
+    }
+#endif
     gate_up_row_scaled_segments(t, j, seg, [&](int s, uint16_t* dg, uint16_t* du, float* sg, float* su) {
       const size_t off = size_t(s) * seg * kBlockN;
       fp8_to_bf16(bg + off, dg, seg * kBlockN);
@@ -512,6 +553,12 @@ void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
 void down_mx(const DownTask& t, const Fp8Weights& q) {
   const int seg = q.seg, nseg = t.kp / seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN, per = size_t(nseg) * kBlockN;
+#if defined(LK_F32_PANELS)
+  if (t.m >= kF32PanelMinRows)
+    return down_f32_panels(t, q.w, block_bytes, [&](int blk, float* dst) {
+      mx_f32_panel_block(q.w + size_t(blk) * block_bytes, q.mx_scale + size_t(blk) * per, t.kp, dst);
+    });
+#endif
   uint16_t* d = t.scratch->deq;
   float sc[kBlockN];
   for (int j = 0; j < t.nblk; ++j) {
