@@ -230,7 +230,7 @@ def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig, target_la
     return LayerPlan(prefix, idx, "hybrid", fmt, block, draft=draft)
 
 
-# Engine formats whose routed experts can be streamed to the GPU for prefill (every engine format
+# Engine formats whose routed experts can be streamed to the GPU for prefill (every engine format but mxfp8
 # today: the byte formats travel as one-byte codes + fp32 scales, the 4-bit formats as the engine's
 # 4-bit blocks, both dequantized to bf16 on the GPU).
 GPU_PREFILL_FORMATS = formats.GPU
@@ -238,7 +238,6 @@ GPU_PREFILL_FORMATS = formats.GPU
 
 def gpu_prefill_min_batch(fmt: Optional[str], cfg: LvllmConfig) -> int:
     """LVLLM_GPU_PREFILL_MIN_BATCH_SIZE for a hybrid layer of engine format `fmt`: 0 (prefill on the
-    CPU) for a format without a GPU path (none of the engine's formats today). lvllm.runtime would
-    log that once per model and format (`WorkerRuntime.note_planned`): the model still runs, with
-    CPU prefill there."""
+    CPU) for a format without a GPU path (mxfp8 today). lvllm.runtime logs that once per model and format
+    (`WorkerRuntime.note_planned`): the model still runs, with CPU prefill there."""
     return cfg.gpu_prefill_min_batch if fmt in GPU_PREFILL_FORMATS else 0
