@@ -25,9 +25,9 @@ const Format& format_of(const WeightSource& src) {
 }
 
 const std::vector<const Format*>& all_formats() {
-  static const std::vector<const Format*> rows = {&kBf16Format,       &kFp8BlockFormat, &kFp8ChannelFormat,
-                                                  &kInt8ChannelFormat, &kWna16Int4Format, &kMxfp4Format,
-                                                  &kNvfp4Format,      &kMxfp8Format};
+  static const std::vector<const Format*> rows = {&kBf16Format,        &kFp8BlockFormat,  &kFp8ChannelFormat,
+                                                  &kInt8ChannelFormat, &kMxfp8Format,     &kWna16Int4Format,
+                                                  &kMxfp4Format,       &kNvfp4Format};
   return rows;
 }
 

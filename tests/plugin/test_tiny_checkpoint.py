@@ -201,7 +201,7 @@ def test_w8a8_channel_checkpoint_as_vllm_reads_it(tmp_path, quant, moe_scheme):
     assert cfg.get_scheme_dict(experts, "model.layers.1.mlp.experts.0.up_proj")["weights"] == scheme["weights"]
 
 
-@pytest.mark.parametrize("quant", ["fp8", "w4a16", "nvfp4", "fp8_channel", "int8_channel"])
+@pytest.mark.parametrize("quant", ["fp8", "w4a16", "nvfp4", "fp8_channel", "int8_channel", "mxfp8"])
 def test_dequantized_twin_holds_the_decoded_experts(tmp_path, quant):
     """The e2e reference for quantized experts: a bf16 checkpoint whose experts are the decoded
     quantized ones (bf16-rounded), everything else unchanged, loadable as a plain bf16 model."""
