@@ -133,7 +133,8 @@ def test_mxfp8_methods_take_minimax_m3_activation(cls):
     p = plan_for("model.layers.3.mlp.experts", method(cls), LAYER, moe_config(activation=Act.SWIGLUOAI_UNINTERLEAVE),
                  ON)
     assert (p.kind, p.format) == ("hybrid", "mxfp8") and engine_tensor_names(method(cls)) == {}
-    assert gpu_prefill_min_batch("mxfp8", ON) == 0 < gpu_prefill_min_batch("fp8_block", ON)
+    prefill_on = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "1024"})
+    assert gpu_prefill_min_batch("mxfp8", prefill_on) == 0 and gpu_prefill_min_batch("fp8_block", prefill_on) == 1024
     with pytest.raises(UnsupportedMoELayer, match="expert biases with mxfp8 experts"):
         plan_for("model.layers.3.mlp.experts", method(cls), LAYER, moe_config(has_bias=True), ON)
 
