@@ -27,13 +27,14 @@ void require_dtype(std::initializer_list<std::pair<const at::Tensor*, const char
 }  // namespace
 
 // Checks shared by the byte-quantized formats: weights of `code` dtype shaped [E, 2I, H] and
-// [E, H, I], fp32 scales, everything CPU-contiguous. Returns {E, I, H}. Names in errors are vLLM's.
+// [E, H, I], scales of `scale` dtype (fp32; mxfp8's uint8), everything CPU-contiguous. Returns {E, I, H}. Names in errors are vLLM's.
 std::array<int64_t, 3> Layer::check_byte_weights(const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& s13,
                                                  const at::Tensor& s2, at::ScalarType code,
                                                  const std::string& code_what, const char* s13_name,
-                                                 const char* s2_name) {
+                                                 const char* s2_name, at::ScalarType scale,
+                                                 const std::string& scale_what) {
   require_dtype({{&w13, "w13_weight"}, {&w2, "w2_weight"}}, code, code_what);
-  require_dtype({{&s13, s13_name}, {&s2, s2_name}}, at::kFloat, "float32");
+  require_dtype({{&s13, s13_name}, {&s2, s2_name}}, scale, scale_what);
   if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
   const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
   if (E < 1 || I < 1 || H < 1)
@@ -121,15 +122,8 @@ Layer Layer::mxfp8(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, 
                    double situ_beta, double situ_linear_beta, double swiglu_alpha) {
   const ActivationArg act =
       parse_activation(activation, swiglu_limit, situ_beta, situ_linear_beta, "mxfp8", swiglu_alpha);
-  require_dtype({{&w13, "w13_weight"}, {&w2, "w2_weight"}}, at::kFloat8_e4m3fn, "float8_e4m3fn for mxfp8");
-  require_dtype({{&s13, "w13_weight_scale"}, {&s2, "w2_weight_scale"}}, at::kByte, "uint8 (e8m0 exponents)");
-  if (w13.dim() != 3 || w13.size(1) % 2) throw py::value_error("w13_weight must be [E, 2*I, H], got " + shape_str(w13));
-  const int64_t E = w13.size(0), I = w13.size(1) / 2, H = w13.size(2);
-  if (E < 1 || I < 1 || H < 1)
-    throw py::value_error("w13_weight must be [E, 2*I, H] with E >= 1, I >= 1, H >= 1, got " + shape_str(w13));
-  if (E > (1 << 20) || H > (1 << 20) || I > (1 << 20))
-    throw py::value_error("expert dimensions are implausibly large: w13_weight " + shape_str(w13));
-  require_shape(w2, "w2_weight", {E, H, I}, ("[E, H, I] = " + dims({E, H, I})).c_str());
+  const auto [E, I, H] = check_byte_weights(w13, w2, s13, s2, at::kFloat8_e4m3fn, "float8_e4m3fn for mxfp8",
+                                            "w13_weight_scale", "w2_weight_scale", at::kByte, "uint8 (e8m0 exponents)");
   require_shape(s13, "w13_weight_scale", {E, 2 * I, (H + 31) / 32}, ("[E, 2I, H/32] = " + dims({E, 2 * I, (H + 31) / 32})).c_str());
   require_shape(s2, "w2_weight_scale", {E, H, (I + 31) / 32}, ("[E, H, I/32] = " + dims({E, H, (I + 31) / 32})).c_str());
   lk::WeightSource src = contiguous_source(lk::DType::kMXFP8, w13, w2,

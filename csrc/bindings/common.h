@@ -163,7 +163,8 @@ struct Layer {
   static std::array<int64_t, 3> check_byte_weights(const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& s13,
                                                    const at::Tensor& s2, at::ScalarType code,
                                                    const std::string& code_what, const char* s13_name,
-                                                   const char* s2_name);
+                                                   const char* s2_name, at::ScalarType scale = at::kFloat,
+                                                   const std::string& scale_what = "float32");
   static Layer fp8_block(std::shared_ptr<lk::ThreadPool> pool, const at::Tensor& w13, const at::Tensor& w2,
                          const at::Tensor& s13, const at::Tensor& s2, const std::string& activation,
                          int64_t block_n, int64_t block_k, double swiglu_limit, double situ_beta,
