@@ -101,7 +101,7 @@ class SlotStore:
         if path == "native":
             self.native = hybrid.native or gpu_native.NativeExperts(layer.format, layer._impl.padded_dims, parts,
                                                                    activation=layer.activation)
-        impl = "torch" if layer.format in gpu_dequant.FOUR_BIT_FORMATS else ("auto" if path == "fallback" else "torch")
+        impl = "torch" if layer.format in gpu_dequant.TORCH_DEQUANT_FORMATS else ("auto" if path == "fallback" else "torch")
         if impl == "auto":
             impl = "kernel" if gpu_dequant.kernel_usable() else "torch"
         self.layout = hybrid.copy_layout or GpuCopyLayout(layer, impl)

@@ -10,6 +10,9 @@ code * scale rounded once.
 
 4-bit formats (wna16_int4, mxfp4, nvfp4): plain torch ops (`dequant4_blocks`, any device) on the
 engine's own 4-bit blocks (Layer.quant4_slices), so half a byte per weight crosses PCIe.
+
+mxfp8: plain torch ops (`dequant_mx_blocks`) on the byte blocks with their e8m0 scales, one per row and
+32 inputs (Layer.quant_slices), so one byte and 1/32 per weight cross PCIe.
 """
 from __future__ import annotations
 
@@ -28,12 +31,15 @@ CODES = {"fp8_e4m3": 0, "int8": 1}
 # that vLLM 0.33.0's fused-MoE kernels compute natively from their codes, with the first capability
 # each runs on: fp8_block and fp8_channel from sm_89 (FP8 tensor-core MMA), int8_channel and
 # wna16_int4 from sm_80 (W8A16 / W4A16: bf16 MMA on weights converted in registers). Below that, and
-# for the FP4 formats everywhere, the fallback: dequantize to bf16 on the GPU (byte formats: this
-# module's kernel; 4-bit formats: `dequant4_blocks`), then the bf16 GEMM. mxfp4/nvfp4 have no native
+# for the FP4 formats and mxfp8 everywhere, the fallback: dequantize to bf16 on the GPU (fp8 / int8 codes
+# with fp32 scales: this module's kernel; 4-bit formats and mxfp8: torch ops), then the bf16 GEMM. mxfp4/nvfp4 have no native
 # path: FP4 MMA needs sm_100+, and vLLM's FP4 MoE kernels want their own swizzled scale layouts, which
-# lk_moe does not build. LK_FORCE_GPU_FALLBACK=1 (or force_fallback=True) forces the fallback.
+# lk_moe does not build; mxfp8 has none wired either (its MMA with e8m0 block scales needs sm_100+).
+# LK_FORCE_GPU_FALLBACK=1 (or force_fallback=True) forces the fallback.
 BYTE_FORMATS = formats.BYTE
 FOUR_BIT_FORMATS = formats.FOUR_BIT
+MX_BYTE_FORMATS = ("mxfp8",)  # byte codes with e8m0 scales per row and 32 inputs
+TORCH_DEQUANT_FORMATS = FOUR_BIT_FORMATS + MX_BYTE_FORMATS  # dequantized by torch ops: no CUDA kernel
 HARDWARE_NATIVE = {"fp8_block": (8, 9), "fp8_channel": (8, 9), "int8_channel": (7, 5),
                    "wna16_int4": (8, 0), "mxfp4": (10, 0), "nvfp4": (10, 0), "mxfp8": (10, 0)}  # the MMA the hardware has
 NATIVE_KERNELS = gpu_native.KERNELS  # format -> (first capability, vLLM kernel that computes it)
@@ -63,8 +69,10 @@ def gpu_path(format: str, capability=None, force_fallback: Optional[bool] = None
         return "fallback", (f"{format}: the native kernel path computes silu only, this layer's activation is "
                             f"{activation} (dequantize to bf16 on the GPU + bf16 GEMM)")
     if format not in NATIVE_KERNELS:
-        return "fallback", (f"{format}: no native GPU kernel wired into lk_moe (FP4 MMA needs sm_100+, and vLLM's "
-                            "FP4 MoE kernels want their own scale layouts); dequantize to bf16 on the GPU + bf16 GEMM")
+        why = ("MXFP8 MMA needs sm_100+" if format in MX_BYTE_FORMATS
+               else "FP4 MMA needs sm_100+, and vLLM's FP4 MoE kernels want their own scale layouts")
+        return "fallback", (f"{format}: no native GPU kernel wired into lk_moe ({why}); dequantize to bf16 on the "
+                            "GPU + bf16 GEMM")
     need, kernel = NATIVE_KERNELS[format]
     if capability is None or tuple(capability) < need:
         have = "no GPU" if capability is None else f"sm_{capability[0]}{capability[1]}"
@@ -319,32 +327,36 @@ def dequant4_blocks(format: str, codes: torch.Tensor, scales: torch.Tensor, zero
 DEQUANT4_GROUP_WEIGHTS = 1 << 26
 
 
-def _expert_groups(slices, max_weights: int):
-    """[e0, e1) ranges over the experts (dim 0 of every tensor) of <= max_weights weights each (>= 1 expert)."""
+def _expert_groups(slices, max_weights: int, weights_per_byte: int = 2):
+    """[e0, e1) ranges over the experts (dim 0 of every tensor) of <= max_weights weights each (>= 1 expert);
+    the first tensor of each slice holds the codes, `weights_per_byte` weights a byte."""
     experts = slices[0][0].shape[0]
     if experts == 0:
         return [(0, 0)]
-    per_expert = sum(c[0].numel() * 2 for c, _, _ in slices)  # two 4-bit weights a byte
+    per_expert = sum(sl[0][0].numel() * weights_per_byte for sl in slices)
     step = max(1, max_weights // max(per_expert, 1))
     return [(e0, min(e0 + step, experts)) for e0 in range(0, experts, step)]
 
 
-def _dequant4_grouped(format, slices, g, to_rows, max_weights):
+def _grouped(slices, blocks, to_rows, max_weights, weights_per_byte):
+    """to_rows([blocks(slice's tensors cut to experts [e0, e1)) per slice]) over groups of experts of
+    <= max_weights weights (default DEQUANT4_GROUP_WEIGHTS), filling one result (no second full-size copy)."""
     max_weights = DEQUANT4_GROUP_WEIGHTS if max_weights is None else max_weights
-
-    def cut(t, e0, e1):
-        return None if t is None else t[e0:e1]
-    groups = _expert_groups(slices, max_weights)
+    groups = _expert_groups(slices, max_weights, weights_per_byte)
     out = None
     for e0, e1 in groups:
-        rows = to_rows([dequant4_blocks(format, c[e0:e1], s[e0:e1], cut(z, e0, e1), cut(g, e0, e1))
-                        for c, s, z in slices])
+        rows = to_rows([blocks(*(None if t is None else t[e0:e1] for t in sl)) for sl in slices])
         if len(groups) == 1:
             return rows
-        if out is None:  # the result, filled group by group (no second full-size copy)
+        if out is None:
             out = torch.empty((groups[-1][1],) + tuple(rows.shape[1:]), dtype=rows.dtype, device=rows.device)
         out[e0:e1].copy_(rows)
     return out
+
+
+def _dequant4_grouped(format, slices, g, to_rows, max_weights):
+    return _grouped([(c, s, z, g) for c, s, z in slices], lambda c, s, z, gs: dequant4_blocks(format, c, s, z, gs),
+                    to_rows, max_weights, weights_per_byte=2)
 
 
 def dequant4_w13(format: str, slices, global_scales: Optional[torch.Tensor] = None,
@@ -362,3 +374,34 @@ def dequant4_w2(format: str, slices, global_scales: Optional[torch.Tensor] = Non
     global_scales fp32 [e] -> bf16 [e, h_pad, kp2]. Experts go in groups of <= max_weights weights."""
     g = None if global_scales is None else global_scales.reshape(-1, 1, 1, 1)
     return _dequant4_grouped(format, slices, g, rows_w2, max_weights)
+
+
+# -- mxfp8: e4m3 codes in the byte formats' block layout (see the top), e8m0 scales [..., kp/32, 16] (one per
+# row and 32 inputs, as Layer.quant_slices gives them). Each value is code x 2^(s - 127) rounded to bf16 once:
+# exact (4 significant bits, in bf16's range) except where it falls among bf16's subnormals (below 2^-126);
+# the CPU engine computes with the same codes in bf16 and applies the power of two to fp32 sums.
+def dequant_mx_blocks(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """mxfp8 blocks -> bf16 [..., 16, kp]: codes uint8 [..., kp/2, 16, 2] (byte (k/2, n, k&1): row n,
+    input k), scales uint8 [..., kp/32, 16] with the codes' leading dims. Plain torch, any device."""
+    if codes.dtype != torch.uint8 or codes.dim() < 3 or tuple(codes.shape[-2:]) != (16, 2):
+        raise ValueError(f"codes must be uint8 [..., kp/2, 16, 2], got {codes.dtype} {list(codes.shape)}")
+    lead, kp = tuple(codes.shape[:-3]), codes.shape[-3] * 2
+    if kp % 32 or scales.dtype != torch.uint8 or tuple(scales.shape) != lead + (kp // 32, 16):
+        raise ValueError(f"mxfp8 scales must be uint8 {list(lead + (kp // 32, 16))} for codes {list(codes.shape)} "
+                         f"(kp a multiple of 32), got {scales.dtype} {list(scales.shape)}")
+    rows = codes.transpose(-3, -2).contiguous().view(torch.float8_e4m3fn).reshape(*lead, 16, kp // 32, 32)
+    s = _lookup(_E8M0_BF16, scales).transpose(-1, -2).unsqueeze(-1)  # [..., 16, kp/32, 1]
+    out = torch.empty(rows.shape, dtype=torch.bfloat16, device=codes.device)
+    torch.mul(rows.to(torch.bfloat16), s, out=out)  # e4m3 -> bf16 is exact; the product rounds once
+    return out.flatten(-2)
+
+
+def dequant_mx_w13(slices, max_weights: Optional[int] = None) -> torch.Tensor:
+    """Per NUMA slice (codes uint8 [e, nbi, 2, kp1/2, 16, 2], scales uint8 [e, nbi, 2, kp1/32, 16]) -> bf16
+    [e, 2*kp2, kp1]. Experts go in groups of <= max_weights weights (default DEQUANT4_GROUP_WEIGHTS)."""
+    return _grouped(slices, dequant_mx_blocks, rows_w13, max_weights, weights_per_byte=1)
+
+
+def dequant_mx_w2(slices, max_weights: Optional[int] = None) -> torch.Tensor:
+    """Per NUMA slice (codes uint8 [e, nbh, kp2/2, 16, 2], scales uint8 [e, nbh, kp2/32, 16]) -> bf16 [e, h_pad, kp2]."""
+    return _grouped(slices, dequant_mx_blocks, rows_w2, max_weights, weights_per_byte=1)

@@ -13,7 +13,9 @@ Formats with a GPU path (`lk_moe.gpu_dequant.GPU_FORMATS`): bf16 (the packed bf1
 are permuted into plain matrices); the byte formats fp8_block, fp8_channel, int8_channel: their
 one-byte codes and fp32 scales travel as the engine keeps them (about half the bytes of bf16), are
 dequantized on the GPU to bf16 (code x scale rounded to bf16 once: the fallback kernel of
-lk_moe.gpu_dequant, or its torch twin) and computed by the same bf16 GEMMs; and the 4-bit formats
+lk_moe.gpu_dequant, or its torch twin) and computed by the same bf16 GEMMs; mxfp8 the same with its
+e8m0 scales (one byte per row and 32 inputs), dequantized by torch ops (gpu_dequant.dequant_mx_blocks);
+and the 4-bit formats
 wna16_int4, mxfp4, nvfp4: their 4-bit codes, scales (int4 zero points, mxfp4 biases, nvfp4 global
 scales) travel as the engine keeps them (about a quarter of the bytes of bf16) and are dequantized to
 bf16 on the GPU by plain torch ops (lk_moe.gpu_dequant.dequant4_blocks); mxfp4 layers keep their
@@ -60,7 +62,7 @@ def quant4_parts(layer: MoELayer) -> tuple:
 def gpu_sources(layer: MoELayer) -> list:
     """Per NUMA slice, the host tensors one expert's GPU copy is made of, in transfer order, each
     with the expert as dim 0: bf16 (w13, w2) packed blocks; byte formats (w13 codes, w13 scales,
-    w2 codes, w2 scales); 4-bit formats the layer's `quant4_parts`, and for nvfp4 one more entry
+    w2 codes, w2 scales; mxfp8's scales e8m0 bytes); 4-bit formats the layer's `quant4_parts`, and for nvfp4 one more entry
     after the slices: the per-expert global scales (w13 [E, 2], w2 [E]). ValueError for a format
     without a GPU path."""
     fmt = layer.format
@@ -84,7 +86,7 @@ def _bytes_per_expert(t: torch.Tensor) -> int:
 
 def streamed_expert_bytes(layer: MoELayer) -> int:
     """Bytes one expert of `layer` takes over PCIe (and in a staging slot) on the streamed GPU path:
-    the engine's packed, block-padded copy (byte formats: codes + fp32 scales; 4-bit formats: codes,
+    the engine's packed, block-padded copy (byte formats: codes + fp32 scales, mxfp8 e8m0 ones; 4-bit formats: codes,
     scales, zero points or biases, nvfp4 global scales)."""
     return sum(_bytes_per_expert(t) for srcs in gpu_sources(layer) for t in srcs)
 
@@ -112,7 +114,7 @@ class GpuCopyLayout:
     a multiple of 4 bytes, so each lies 4-byte aligned.
 
     dequant_impl (byte formats): "kernel", "torch" or "auto" (lk_moe.gpu_dequant.dequantize); the 4-bit
-    formats are dequantized by plain torch ops ("torch"; "kernel" is refused)."""
+    formats and mxfp8 are dequantized by plain torch ops ("torch"; "kernel" is refused)."""
 
     def __init__(self, layer: MoELayer, dequant_impl: str = "torch"):
         self.format = layer.format
@@ -122,12 +124,14 @@ class GpuCopyLayout:
         if dequant_impl not in gpu_dequant.IMPLS:
             raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {dequant_impl!r}")
         self.four_bit = self.format in gpu_dequant.FOUR_BIT_FORMATS
+        self.mx = self.format in gpu_dequant.MX_BYTE_FORMATS
         self.parts = quant4_parts(layer) if self.four_bit else ()
         self.num_slices = layer.num_slices
-        if self.four_bit and dequant_impl == "kernel":
+        torch_only = self.format in gpu_dequant.TORCH_DEQUANT_FORMATS
+        if torch_only and dequant_impl == "kernel":
             raise ValueError(f"{self.format} experts have no dequantization kernel: they are dequantized by torch "
                              "ops on the GPU (dequant='auto' or 'torch')")
-        self.dequant_impl = "torch" if self.four_bit else dequant_impl if self.codes is not None else None
+        self.dequant_impl = "torch" if torch_only else dequant_impl if self.codes is not None else None
         for srcs in self.sources:
             for t in srcs:
                 if _bytes_per_expert(t) % 4:
@@ -171,12 +175,16 @@ class GpuCopyLayout:
     def unpack(self, per_slice):
         """Per NUMA slice, one chunk's tensors (shaped like `gpu_sources`, n experts, on one device) ->
         plain bf16 w13 [n, 2*kp2, kp1], w2 [n, h_pad, kp2]. Byte formats: each weight code x scale
-        rounded to bf16 once (lk_moe.gpu_dequant); 4-bit formats: see gpu_dequant.dequant4_blocks."""
+        rounded to bf16 once (lk_moe.gpu_dequant; mxfp8: dequant_mx_blocks); 4-bit formats: see
+        gpu_dequant.dequant4_blocks."""
         if self.four_bit:
             slices = [dict(zip(self.parts, v)) for v in per_slice[:self.num_slices]]
             g13, g2 = per_slice[self.num_slices] if self.format == "nvfp4" else (None, None)
             return (gpu_dequant.dequant4_w13(self.format, [(p["w13"], p["s13"], p.get("z13")) for p in slices], g13),
                     gpu_dequant.dequant4_w2(self.format, [(p["w2"], p["s2"], p.get("z2")) for p in slices], g2))
+        if self.mx:
+            return (gpu_dequant.dequant_mx_w13([(v[0], v[1]) for v in per_slice]),
+                    gpu_dequant.dequant_mx_w2([(v[2], v[3]) for v in per_slice]))
         if self.codes is None:
             return unpack_w13([v[0] for v in per_slice]), unpack_w2([v[1] for v in per_slice])
         return (gpu_dequant.dequant_w13([(v[0], v[1]) for v in per_slice], self.kp1, self.seg, self.codes,
@@ -252,7 +260,7 @@ class HybridMoE:
         io: the CPU path's pinned buffers, shared by the layers of one model (made if omitted).
         dequant (byte formats): "auto" (the CUDA fallback kernel where it runs on this GPU, else its
         torch twin, with a warning), "kernel" or "torch" (forced). Both give the same bf16 bits.
-        4-bit formats: "auto" or "torch" (plain torch ops on the GPU; they have no kernel).
+        4-bit formats and mxfp8: "auto" or "torch" (plain torch ops on the GPU; they have no kernel).
         force_fallback: the quantized formats' path choice (default LK_FORCE_GPU_FALLBACK), see
         lk_moe.gpu_dequant.gpu_path: True forces the fallback; otherwise a format with a native kernel
         on this GPU takes it (lk_moe.gpu_native), and a failure of that kernel at construction raises
@@ -284,7 +292,7 @@ class HybridMoE:
                     self.format, self.layer._impl.padded_dims,
                     quant4_parts(self.layer) if self.format in gpu_dequant.FOUR_BIT_FORMATS else (),
                     activation=self.layer.activation)
-            if self.format in gpu_dequant.FOUR_BIT_FORMATS:  # torch ops; GpuCopyLayout refuses "kernel"
+            if self.format in gpu_dequant.TORCH_DEQUANT_FORMATS:  # torch ops; GpuCopyLayout refuses "kernel"
                 impl = "torch" if dequant == "auto" else dequant
             else:
                 impl = self._pick_dequant(dequant) if self.gpu_path == "fallback" else "torch"

@@ -72,9 +72,9 @@ class Model:
     host_table_bytes: int = 0          # tables vLLM keeps in host RAM itself (V4.1's Engram, Qwen4Exp's PLE), all ranks
 
 
-# Formats the cache holds dequantized to bf16 (lk_moe.expert_cache: vLLM's fused-MoE kernel has no FP4 path
-# here); the other formats keep their codes and scales in the slots.
-BF16_SLOT_FORMATS = ("nvfp4", "mxfp4")
+# Formats the cache holds dequantized to bf16 (lk_moe.expert_cache: vLLM's fused-MoE kernel has no FP4 or MXFP8
+# path here); the other formats keep their codes and scales in the slots.
+BF16_SLOT_FORMATS = ("nvfp4", "mxfp4", "mxfp8")
 
 
 # The activations the cache's GPU kernel computes (lk_moe.expert_cache.KERNEL_ACTIVATIONS): vLLM's fused-MoE

@@ -37,7 +37,7 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
                  top_k=experts_per_token(cfg, 8), hidden=H,
                  expert_intermediate=I, layer_expert_bytes=layer, other_bytes=info.other_bytes,
                  kv_bytes_per_token=kv_bytes_per_token(cfg, max_model_len, tp, kv_dtype_bytes), fmt=fmt,
-                 # a format without a GPU path (mxfp8): prefill on the CPU, no cache slots
+                 # a format without a GPU path (none today): prefill on the CPU, no cache slots
                  slot_bytes=slot_bytes(fmt, layer // max(1, experts), H, I, activation) if fmt in formats.GPU else 0,
                  gpu_prefill=fmt in formats.GPU, host_table_bytes=info.host_table_bytes)
 

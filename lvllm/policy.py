@@ -104,7 +104,8 @@ def engine_format(method) -> tuple:
     if name in _MXFP8:
         # OCP MX FP8 (MiniMax-M3's release): the codes and e8m0 scales as the method creates them (its
         # post-load conversion to Marlin / Humming / TRT-LLM layouts never runs: lvllm takes them first). The engine
-        # computes with bf16 activations, as vLLM's Marlin path on Hopper does; CPU prefill (no GPU path yet).
+        # computes with bf16 activations, as vLLM's Marlin path on Hopper does; streamed GPU prefill and resident
+        # layers dequantize the codes to bf16 on the GPU (lk_moe.gpu_dequant.dequant_mx_blocks).
         return "mxfp8", None
     if name == "ModelOptNvFp4FusedMoE":
         # quant_algo NVFP4 (W4A4 on GPUs) and W4A16_NVFP4 hold the same weight tensors; the engine
@@ -230,14 +231,14 @@ def plan_for(prefix: str, method, layer, moe_config, cfg: LvllmConfig, target_la
     return LayerPlan(prefix, idx, "hybrid", fmt, block, draft=draft)
 
 
-# Engine formats whose routed experts can be streamed to the GPU for prefill (every engine format but mxfp8
-# today: the byte formats travel as one-byte codes + fp32 scales, the 4-bit formats as the engine's
-# 4-bit blocks, both dequantized to bf16 on the GPU).
+# Engine formats whose routed experts can be streamed to the GPU for prefill (every engine format today: the
+# byte formats travel as one-byte codes + their scales, the 4-bit formats as the engine's 4-bit blocks, both
+# dequantized to bf16 on the GPU where vLLM has no kernel for them).
 GPU_PREFILL_FORMATS = formats.GPU
 
 
 def gpu_prefill_min_batch(fmt: Optional[str], cfg: LvllmConfig) -> int:
     """LVLLM_GPU_PREFILL_MIN_BATCH_SIZE for a hybrid layer of engine format `fmt`: 0 (prefill on the
-    CPU) for a format without a GPU path (mxfp8 today). lvllm.runtime logs that once per model and format
+    CPU) for a format without a GPU path (none today). lvllm.runtime logs that once per model and format
     (`WorkerRuntime.note_planned`): the model still runs, with CPU prefill there."""
     return cfg.gpu_prefill_min_batch if fmt in GPU_PREFILL_FORMATS else 0

@@ -42,36 +42,43 @@ void def_gpu_export(py::class_<Layer>& layer) {
            })
       .def("quant_slices",
            [](const Layer& l) {
-             // Byte-weight layers (fp8_block / fp8_channel / int8_channel): per NUMA slice, views of
-             // the packed codes and their fp32 scales, for streaming them to a GPU (each view keeps
-             // the layer's memory alive). (w13 uint8 [E, nbi, 2, kp1/2, 16, 2], s13 fp32
-             // [E, nbi, 2, P1], w2 uint8 [E, nbh, kp2/2, 16, 2], s2 fp32 [E, nbh, P2], i0, i1, h0, h1):
-             // the codes in the bf16 block layout of packed_slices (one byte per weight), P = 16
-             // (one scale per row) or kp/seg (one per segment of seg inputs, shared by the block's rows).
+             // Byte-weight layers (fp8_block / fp8_channel / int8_channel / mxfp8): per NUMA slice, views
+             // of the packed codes and their scales, for streaming them to a GPU (each view keeps the
+             // layer's memory alive). (w13 uint8 [E, nbi, 2, kp1/2, 16, 2], s13, w2 uint8
+             // [E, nbh, kp2/2, 16, 2], s2, i0, i1, h0, h1): the codes in the bf16 block layout of
+             // packed_slices (one byte per weight); scales fp32 s13 [E, nbi, 2, P1], s2 [E, nbh, P2] with
+             // P = 16 (one scale per row) or kp/seg (one per segment of seg inputs, shared by the block's
+             // rows); mxfp8: uint8 e8m0 s13 [E, nbi, 2, kp1/32, 16], s2 [E, nbh, kp2/32, 16], one per row
+             // and 32 inputs.
              const auto& sh = l.impl->shape();
              if (sh.format->family != lk::Family::kByteCodes)
                throw py::value_error(std::string("quant_slices() is for byte-weight layers (fp8_block, fp8_channel, "
-                                                 "int8_channel); this layer is ") +
+                                                 "int8_channel, mxfp8); this layer is ") +
                                      sh.format->name +
                                      (sh.format->family == lk::Family::kBf16 ? " (use packed_slices)" : " (use quant4_slices)"));
-             if (sh.format->mx)
-               throw py::value_error("quant_slices() has no view of mxfp8's e8m0 scales: mxfp8 layers have no GPU path in lk_moe "
-                                     "yet (prefill on the CPU engine)");
+             const bool mx = sh.format->mx;
              const int64_t p1 = sh.format->per_row ? lk::kBlockN : sh.kp1 / sh.seg1;
              const int64_t p2 = sh.format->per_row ? lk::kBlockN : sh.kp2 / sh.seg2;
+             const std::vector<int64_t> tail1 = mx ? std::vector<int64_t>{sh.kp1 / sh.seg1, lk::kBlockN}
+                                                   : std::vector<int64_t>{p1};
+             const std::vector<int64_t> tail2 = mx ? std::vector<int64_t>{sh.kp2 / sh.seg2, lk::kBlockN}
+                                                   : std::vector<int64_t>{p2};
              py::list out;
              auto keep = l.impl;
              auto u8 = at::TensorOptions().dtype(at::kByte).device(at::kCPU);
-             auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+             auto scale_opts = mx ? u8 : at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
              for (const auto& sl : l.impl->slices()) {
                const int64_t nbi = sl.ib1 - sl.ib0, nbh = sl.hb1 - sl.hb0;
                auto view = [&](const lk::HostBuffer& b, at::IntArrayRef shape, const at::TensorOptions& o) {
                  return torch::from_blob(b.data(), shape, [keep](void*) {}, o);
                };
+               std::vector<int64_t> shape13{sh.experts, nbi, 2}, shape2{sh.experts, nbh};
+               shape13.insert(shape13.end(), tail1.begin(), tail1.end());
+               shape2.insert(shape2.end(), tail2.begin(), tail2.end());
                at::Tensor w13 = view(sl.w13, {sh.experts, nbi, 2, sh.kp1 / 2, 16, 2}, u8);
-               at::Tensor s13 = view(sl.s13, {sh.experts, nbi, 2, p1}, f32);
+               at::Tensor s13 = view(sl.s13, shape13, scale_opts);
                at::Tensor w2 = view(sl.w2, {sh.experts, nbh, sh.kp2 / 2, 16, 2}, u8);
-               at::Tensor s2 = view(sl.s2, {sh.experts, nbh, p2}, f32);
+               at::Tensor s2 = view(sl.s2, shape2, scale_opts);
                out.append(py::make_tuple(w13, s13, w2, s2, sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN,
                                          sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN));
              }

@@ -122,7 +122,8 @@ def arch_runs(tmp_path_factory):
     for arch in [a for a in NEW_ARCHS if a in chosen]:
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
     for arch, quant in [(a, q) for a, q in NEW_QUANTIZED if a in chosen]:
-        specs += [(arch, "cpu", CPU, KV, quant), (arch, "stock", OFF, KV, f"{quant}-twin")]
+        specs += [(arch, "cpu", CPU, KV, quant), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV, quant),
+                  (arch, "stock", OFF, KV, f"{quant}-twin")]
     for arch in [a for a in ALL_RESIDENT if f"{a}_resident" in chosen]:
         if arch not in chosen:
             specs.append((arch, "off", OFF, KV))
@@ -155,12 +156,18 @@ def test_new_architecture_gpu_prefill_and_resident_match_switch_off(arch_runs, a
     check_gpu_run(arch_runs, arch, NEW_ARCHS[arch])
 
 
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
 @pytest.mark.parametrize("arch,quant", NEW_QUANTIZED)
-def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch, quant):
+def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch, quant, mode):
+    """CPU prefill; GPU prefill (the quantized experts streamed and dequantized on the GPU) with the first MoE
+    layer GPU-resident (vLLM's own kernel for the format)."""
     _only_selected(arch)
-    on = _get(arch_runs, f"{arch}-{quant}-cpu")
+    on = _get(arch_runs, f"{arch}-{quant}-{mode}")
     assert "lk_moe: hybrid MoE layers" in on["log"]
-    _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} switch on vs bf16 twin")
+    if mode == "gpu":
+        assert f"GPU-resident [{NEW_ARCHS[arch]}]" in on["log"]
+    where = "switch on" if mode == "cpu" else "gpu-prefill+resident"
+    _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} {where} vs bf16 twin")
 
 
 @pytest.mark.parametrize("arch", list(ALL_RESIDENT))

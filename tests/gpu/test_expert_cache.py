@@ -201,10 +201,10 @@ def test_layers_share_one_count_buffer_sized_at_load(experts):
 
 
 # format, zero points, slot kind, relative RMS limit of the GPU side against the dequantized checkpoint:
-# fp8 W8A8 quantizes the activations to fp8 (2^-4, tests/gpu/test_native.py); W8A16 / W4A16 and nvfp4's
-# bf16 slots (each weight rounded to bf16 once) keep bf16 activations (3 * 2^-8).
+# fp8 W8A8 quantizes the activations to fp8 (2^-4, tests/gpu/test_native.py); W8A16 / W4A16 and the bf16 slots
+# of nvfp4 (each weight rounded to bf16 once) and mxfp8 (exact in bf16) keep bf16 activations (3 * 2^-8).
 QUANTIZED = [("fp8_block", False, "native", 2.0 ** -4), ("int8_channel", False, "native", 3 * U),
-             ("wna16_int4", True, "native", 3 * U), ("nvfp4", False, "bf16", 3 * U)]
+             ("wna16_int4", True, "native", 3 * U), ("nvfp4", False, "bf16", 3 * U), ("mxfp8", False, "bf16", 3 * U)]
 
 
 @pytest.mark.parametrize("fmt,zero_points,kind,limit", QUANTIZED, ids=[q[0] for q in QUANTIZED])

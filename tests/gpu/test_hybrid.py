@@ -104,22 +104,23 @@ def test_two_layers_on_two_streams(experts):
     _check(ob, x, w13b, w2b, ids, w)
 
 
-# -- quantized formats: byte formats (fp8_block, fp8_channel, int8_channel: codes + fp32 scales) and
-# 4-bit formats (wna16_int4, mxfp4, nvfp4: the engine's 4-bit blocks + scales, zero points, biases,
-# global scales) travel as the engine keeps them, are dequantized on the GPU to bf16 (byte formats: the
-# fallback kernel, or its torch twin; 4-bit formats: plain torch ops) and computed by the bf16 GEMMs
-# (mxfp4: with its biases and swigluoai).
+# -- quantized formats: byte formats (fp8_block, fp8_channel, int8_channel: codes + fp32 scales; mxfp8:
+# codes + e8m0 scales) and 4-bit formats (wna16_int4, mxfp4, nvfp4: the engine's 4-bit blocks + scales,
+# zero points, biases, global scales) travel as the engine keeps them, are dequantized on the GPU to bf16
+# (fp32-scaled byte formats: the fallback kernel, or its torch twin; mxfp8 and the 4-bit formats: plain
+# torch ops) and computed by the bf16 GEMMs (mxfp4: with its biases and swigluoai).
 
 from lk_moe import gpu_dequant  # noqa: E402
 from lk_moe.hybrid import GpuCopyLayout, streamed_expert_bytes  # noqa: E402
 
 from ..gpu_layout.test_gpu_4bit_layout import make_4bit_layer  # noqa: E402
+from ..gpu_layout.test_gpu_mxfp8_layout import make_layer as make_mxfp8_layer  # noqa: E402
 from ..gpu_layout.test_gpu_quant_layout import assert_close_to_dequantized_checkpoint  # noqa: E402
 from ..gpu_layout.test_gpu_quant_layout import make_layer as make_byte_layer  # noqa: E402
 
 BYTE_QFORMATS = ["fp8_block", "fp8_channel", "int8_channel"]
 FOUR_BIT = ["wna16_int4", "mxfp4", "nvfp4"]
-QFORMATS = BYTE_QFORMATS + FOUR_BIT
+QFORMATS = BYTE_QFORMATS + ["mxfp8"] + FOUR_BIT
 
 
 def make_quant_layer(fmt, E, H, I, pool=None, seed=0):
@@ -128,6 +129,9 @@ def make_quant_layer(fmt, E, H, I, pool=None, seed=0):
     if fmt in FOUR_BIT:
         layer, _, d13, d2, act = make_4bit_layer(fmt, E, H, I, pool=pool, seed=seed)
         return layer, d13, d2, act
+    if fmt == "mxfp8":
+        layer, _, d13, d2 = make_mxfp8_layer(E, H, I, pool=pool, seed=seed)
+        return layer, d13, d2, {}
     layer, _, d13, d2 = make_byte_layer(fmt, E, H, I, pool=pool, seed=seed)
     return layer, d13, d2, {}
 
@@ -168,8 +172,9 @@ def _bf16_expert_bytes(layer):
 
 
 def _max_ratio(fmt):
-    """Streamed bytes per expert / bf16's: one byte per weight + scales; 4-bit: half a byte + scales."""
-    return 0.3 if fmt in FOUR_BIT else 0.51
+    """Streamed bytes per expert / bf16's: one byte per weight + scales (mxfp8: 1/32 byte a weight); 4-bit: half a
+    byte + scales."""
+    return 0.3 if fmt in FOUR_BIT else 0.52 if fmt == "mxfp8" else 0.51
 
 
 @pytest.mark.parametrize("dequant", ["auto", "torch"])
@@ -190,10 +195,10 @@ def test_quant_streamed(quant_layers, forced_fallback, fmt, M, dequant):
     assert h.streamer.bytes_copied - before == (E if routed * 2 >= E else routed) * h.expert_bytes
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
 def test_fp4_fallback_without_forcing(quant_layers, monkeypatch, fmt):
-    """Without LK_FORCE_GPU_FALLBACK the FP4 formats take the fallback too (no native FP4 kernel wired;
-    FP4 MMA would need sm_100+). wna16_int4 is native from sm_80: tests/gpu/test_native.py."""
+    """Without LK_FORCE_GPU_FALLBACK the FP4 formats and mxfp8 take the fallback too (no native kernel wired;
+    FP4 / MXFP8 MMA would need sm_100+). wna16_int4 is native from sm_80: tests/gpu/test_native.py."""
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "0")
     layer, d13, d2, act = quant_layers[fmt]
     h = HybridMoE(None, None, layer=layer, max_tokens=64, top_k=K, gpu_min_batch=64)
@@ -238,7 +243,7 @@ def test_quant_linked_stack_mixed_formats(quant_layers, experts, forced_fallback
     w13, w2, bf16_layer = experts
     stack = [quant_layers["fp8_block"], (bf16_layer, w13, w2, None), quant_layers["mxfp4"],
              quant_layers["int8_channel"], quant_layers["nvfp4"], quant_layers["wna16_int4"],
-             quant_layers["fp8_channel"]]
+             quant_layers["fp8_channel"], quant_layers["mxfp8"]]
     biggest = max(streamed_expert_bytes(lay) for lay, *_ in stack)
     ring = ExpertStreamer(slot_bytes=3 * biggest, slots=2)
     layers = [HybridMoE(None, None, layer=lay, max_tokens=8, top_k=K, gpu_min_batch=32, streamer=ring)
@@ -247,7 +252,7 @@ def test_quant_linked_stack_mixed_formats(quant_layers, experts, forced_fallback
         a.link_next(b)
     x, ids, w = _inputs(300, 6)
     n = len(stack)
-    for order in (range(n), [0, 2, 1, 4, 3, 6, 5, 5]):
+    for order in (range(n), [0, 2, 1, 4, 3, 7, 6, 5, 5]):
         for i in order:
             out = layers[i](x.cuda(), ids.cuda(), w.cuda())
             lay, ref13, ref2, act = stack[i]

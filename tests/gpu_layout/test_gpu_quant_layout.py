@@ -282,7 +282,7 @@ def test_gpu_path_of_the_byte_formats(monkeypatch):
         path, why = gpu_dequant.gpu_path(fmt, capability=(9, 0), force_fallback=True)
         assert path == "fallback" and "LK_FORCE_GPU_FALLBACK=1" in why
     # the 4-bit formats: test_gpu_4bit_layout.test_gpu_path_of_the_4bit_formats
-    assert gpu_dequant.GPU_FORMATS == ("bf16",) + BYTE_FORMATS + ("wna16_int4", "mxfp4", "nvfp4")
+    assert gpu_dequant.GPU_FORMATS == ("bf16",) + BYTE_FORMATS + ("mxfp8", "wna16_int4", "mxfp4", "nvfp4")
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "1")
     assert gpu_dequant.gpu_path("fp8_block", capability=(9, 0))[0] == "fallback"
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "0")

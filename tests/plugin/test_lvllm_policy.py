@@ -128,13 +128,13 @@ def test_modelopt_nvfp4_maps_to_nvfp4():
 @pytest.mark.parametrize("cls", ["ModelOptMxFp8FusedMoE", "CompressedTensorsW8A8Mxfp8MoEMethod"])
 def test_mxfp8_methods_take_minimax_m3_activation(cls):
     """MXFP8 experts (MiniMax-M3's release: swigluoai on [gate; up] rows, no biases) on the engine's mxfp8, the
-    tensors under vLLM's own names; a streamed GPU prefill is not there yet (CPU prefill, see gpu_prefill_min_batch)."""
+    tensors under vLLM's own names; prefill streamed to the GPU like every other format's."""
     from lvllm.policy import gpu_prefill_min_batch
     p = plan_for("model.layers.3.mlp.experts", method(cls), LAYER, moe_config(activation=Act.SWIGLUOAI_UNINTERLEAVE),
                  ON)
     assert (p.kind, p.format) == ("hybrid", "mxfp8") and engine_tensor_names(method(cls)) == {}
     prefill_on = from_env({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE": "1024"})
-    assert gpu_prefill_min_batch("mxfp8", prefill_on) == 0 and gpu_prefill_min_batch("fp8_block", prefill_on) == 1024
+    assert gpu_prefill_min_batch("mxfp8", prefill_on) == 1024 == gpu_prefill_min_batch("fp8_block", prefill_on)
     with pytest.raises(UnsupportedMoELayer, match="expert biases with mxfp8 experts"):
         plan_for("model.layers.3.mlp.experts", method(cls), LAYER, moe_config(has_bias=True), ON)
 
