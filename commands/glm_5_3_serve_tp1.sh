@@ -5,8 +5,10 @@
 # `lvllm doctor` on the release's shape (42 MoE of 45 layers, a bf16 config with dummy weights) 567 GiB of bf16
 # experts (~284 GiB as FP8) and ~8 GiB of bf16 GPU weights (estimated). Prefill from 1024 tokens streams the
 # experts to the GPU.
-# Shown so far: its tiny checkpoint built and captured its CUDA graphs with the switch on, one H200
-# (docs/results/2026-12-05_h200_session30.log); no decode figure yet, and not the full model.
+# Shown so far: its tiny checkpoints (text-only and the release layout) switch on vs off, CPU prefill, GPU prefill +
+# resident, MTP drafts in the release layout (one H100, docs/results/2026-12-06_h100_session36.log); the release shape
+# in FP8 with dummy weights, 9 of 45 layers: 60.0 tok/s at 1 request = 0.85 of the host-bandwidth bound, 6.59 GiB of
+# GPU weights against stock's 46.15 (2026-12-06_h100_session37.log). Not the full model.
 #
 # Usage: bash commands/glm_5_3_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1

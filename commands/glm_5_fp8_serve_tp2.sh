@@ -6,7 +6,8 @@
 # experts, so ~675 GiB as FP8 (each rank holds half of every expert), and ~25.5 GiB of bf16 GPU weights (about half
 # as FP8, split over the ranks). Prefill from 1024 tokens streams the FP8 experts to the GPUs.
 # Shown so far: the tiny GLM-5 checkpoint, switch on vs off, CPU and GPU prefill with a resident layer, one H200
-# (docs/results/2026-12-03_h200_session20.log); not this script's topology or the full model.
+# (docs/results/2026-12-03_h200_session20.log, again in 2026-12-03_h200_session21.log); not this script's topology or
+# the full model.
 #
 # Usage: bash commands/glm_5_fp8_serve_tp2.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 2

@@ -5,9 +5,10 @@
 # pinned host RAM by default: from `lvllm doctor` on the release's shape (40 MoE layers, a config with dummy
 # weights) 150 GiB of bf16 experts, 47.7 GiB of tables and ~4.3 GiB of GPU weights (estimated), so >= 256 GB RAM
 # for bf16 experts and >= 160 GB for FP8 ones (8-bit: half the expert bytes; NVFP4: a quarter).
-# Shown so far: its tiny checkpoint through vLLM 0.33's construction and loader with the switch on, on the CPU;
-# not yet run on a GPU with the switch on (README: supported models). Prefill from 1024 tokens streams the experts
-# to the GPU.
+# Shown so far: its tiny checkpoint switch on vs off, CPU prefill and GPU prefill + resident (H200, compared with the
+# suite's check after a run cut before pytest's own: docs/results/2026-12-05_h200_session33.log), MTP drafts
+# (2026-12-05_h100_session34.log); not at full size.
+# Prefill from 1024 tokens streams the experts to the GPU.
 #
 # Usage: bash commands/qwen3_8_flash_next_serve_tp1.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 1
