@@ -234,6 +234,27 @@ def probes_disagree(probes, decode_gbs: float) -> str:
     return f"; the probes differ {hi / lo:.2f}x (a noisy host): {decode_gbs / hi:.2f} of the higher one"
 
 
+def decode4_lines(mode: str, r: dict, experts: int, top_k: int, bytes_per_token: int) -> list:
+    """Decode at 4 requests against the bandwidth bound of the same run: a step of 4 tokens reads the union of their
+    experts, taken as 4 tokens routed independently and uniformly draw it (exact in expectation for the -ru modes;
+    dummy weights may route the requests alike, which reads less and can pass 1.0); with the engine's own step time
+    against the read bandwidth when it was measured."""
+    tok_s, bw = r.get("decode_tok_s_4"), r.get("read_bw_gbs")
+    if speculative(mode) or not (tok_s and bw and r.get("bound_tok_s")):
+        return []
+    from lvllm.speculation import expected_distinct_experts
+    union = expected_distinct_experts(experts, top_k, 4) / top_k  # a step's expert bytes, in one token's
+    bound = r["bound_tok_s"] * 4 / union
+    lines = [f"{mode} decode @4 = {tok_s / bound:.2f} of the bandwidth bound ({bound:.1f} tok/s: a step of 4 "
+             f"independently routed tokens reads {union:.2f}x one token's experts)"]
+    eng = r.get("engine_ms_per_step_4")
+    if eng:
+        gbs = union * bytes_per_token / eng / 1e6
+        lines.append(f"{mode} decode @4 step {4e3 / tok_s:.2f} ms: engine {eng:.2f} ms at {gbs:.1f} GB/s = "
+                     f"{gbs / bw:.2f} of the read bandwidth (for that union)")
+    return lines
+
+
 def speculative(mode: str) -> bool:
     """Whether a mode drafts tokens (any speculative variant)."""
     return any(re.fullmatch(SPEC_VARIANT, v) for v in mode.split("-")[1:])
@@ -568,6 +589,8 @@ def main() -> int:
             print(f"{m} engine called directly in the serving process (no GPU, {r['engine_direct_layers']} layers, "
                   f"M = 1): {d:.2f} ms a step = {bytes_per_token / d / 1e6 / r['read_bw_gbs']:.2f} of the read "
                   f"bandwidth{inside}")
+        for line in decode4_lines(m, r, experts, K, bytes_per_token):
+            print(line)
         if r.get("census_1"):
             print(f"{m} CPUs during decode @1: {cpu_census.summary(r['census_1'], os.cpu_count())}")
             for t in r["census_1"][:8]:

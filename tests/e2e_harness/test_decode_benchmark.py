@@ -293,3 +293,20 @@ def test_probes_that_disagree_are_named_with_the_ratio_to_the_higher_one():
     assert probes_disagree([106.5, 106.3], 100.0) == ""
     note = probes_disagree([50.5, 110.2], 1.20 * 80.4)
     assert "2.18x" in note and "0.88 of the higher one" in note
+
+
+def test_decode_at_4_requests_against_the_bound_of_their_expert_union():
+    """Qwen3-Next's 512 experts, top-10: 4 independently routed tokens read 3.88x one token's experts, so the bound
+    at 4 requests is 4 / 3.88 times the bound at 1; the engine's step against the read bandwidth for that union;
+    speculative modes and rows without the figures get no line."""
+    from e2e_decode import decode4_lines
+    r = dict(decode_tok_s_4=80.0, read_bw_gbs=100.0, bound_tok_s=90.0, engine_ms_per_step_4=40.0)
+    union = 512 * (1 - (1 - 10 / 512) ** 4) / 10
+    lines = decode4_lines("hybrid", r, 512, 10, 10**9)
+    bound = 90.0 * 4 / union
+    assert f"= {80.0 / bound:.2f} of the bandwidth bound ({bound:.1f} tok/s" in lines[0] and f"{union:.2f}x" in lines[0]
+    gbs = union * 1e9 / 40.0 / 1e6
+    assert f"engine 40.00 ms at {gbs:.1f} GB/s = {gbs / 100:.2f} of the read bandwidth" in lines[1]
+    assert decode4_lines("hybrid-ng3", r, 512, 10, 10**9) == []
+    assert decode4_lines("hybrid", dict(r, decode_tok_s_4=None), 512, 10, 10**9) == []
+    assert len(decode4_lines("hybrid", dict(r, engine_ms_per_step_4=None), 512, 10, 10**9)) == 1
