@@ -14,8 +14,9 @@ K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonVi
 int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
 MXFP4 experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision
 tower in the config only: serve it with --language-model-only), glm5_next_vl (GLM-5.3-Flash as released: glm5_next's
-text model under model.language_model., the vision tower in the config only, --language-model-only), qwen4_exp
-(Qwen3.8-Flash-Next) and glm5_next (GLM-5.3's text model) (tiny with bf16 weights; big config only, glm5_next's also in
+text model under model.language_model., the vision tower in the config only, --language-model-only), qwen4_exp_vl
+(Qwen3.8-Flash-Next's vision-language layout: qwen4_exp's text model under model.language_model., the vision tower in
+the config only, --language-model-only), qwen4_exp (Qwen3.8-Flash-Next) and glm5_next (GLM-5.3's text model) (tiny with bf16 weights; big config only, glm5_next's also in
 its release's block fp8) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the quantized
 layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
 transformers' own MXFP4 dequantization).
@@ -34,17 +35,17 @@ from typing import Dict
 
 import torch
 
-from . import deepseek_v41, glm5_next, glm5_next_vl, kimi_k3, minimax_m3, qwen4_exp
+from . import deepseek_v41, glm5_next, glm5_next_vl, kimi_k3, minimax_m3, qwen4_exp, qwen4_exp_vl
 from .checkpoint_quant import QUANTS, ct_mxfp4_config, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "glm4_moe", "mixtral", "gpt_oss", "minimax_m2", "qwen3_next", "glm_moe_dsa",
          "qwen3_5_moe", "qwen3_5_moe_vl", "deepseek_v4", "deepseek_v41", "kimi_k25", "kimi_k3", "minimax_m3",
-         "glm5_next", "glm5_next_vl", "qwen4_exp")
+         "glm5_next", "glm5_next_vl", "qwen4_exp", "qwen4_exp_vl")
 # Architectures with their own module for config and shapes; those without a `weights` writer there (CONFIG_ONLY)
 # are written as config + tokenizer only (serve with --load-format dummy)
 CONFIG_MODULES = {"deepseek_v41": deepseek_v41, "kimi_k3": kimi_k3, "minimax_m3": minimax_m3, "glm5_next": glm5_next,
-                  "glm5_next_vl": glm5_next_vl, "qwen4_exp": qwen4_exp}
+                  "glm5_next_vl": glm5_next_vl, "qwen4_exp": qwen4_exp, "qwen4_exp_vl": qwen4_exp_vl}
 CONFIG_ONLY = tuple(a for a, m in CONFIG_MODULES.items() if not hasattr(m, "weights"))
 # Vision-language releases: the text model's weights under model.language_model., a vision tower beside it.
 VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
@@ -52,11 +53,13 @@ VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 TEXT_PREFIX = {"qwen3_5_moe_vl": ("model.language_model", "lm_head"),
                "kimi_k25": ("language_model.model", "language_model.lm_head"),
                "minimax_m3": (f"{minimax_m3.TEXT}model", f"{minimax_m3.TEXT}lm_head"),
-               "glm5_next_vl": (glm5_next_vl.TEXT.rstrip("."), "lm_head")}
+               "glm5_next_vl": (glm5_next_vl.TEXT.rstrip("."), "lm_head"),
+               "qwen4_exp_vl": (qwen4_exp_vl.TEXT.rstrip("."), "lm_head")}
 # Their tokenizer's vision tokens (ids right after SPECIAL's) and image / video processor settings.
 # Qwen3-VL's: image, video, vision start, vision end; 16-pixel patches, 2 frames, 2 x 2 merge, mean = std = 0.5.
 VISION_SPECIAL = {"qwen3_5_moe_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"],
                   "kimi_k3": [kimi_k3.IMAGE_PLACEHOLDER], "glm5_next_vl": glm5_next_vl.VISION_TOKENS,
+                  "qwen4_exp_vl": qwen4_exp_vl.VISION_TOKENS,
                   # Kimi-K2.5's media tokens (vLLM's image placeholder is begin, content, pad, end)
                   "kimi_k25": ["<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>",
                                "<|kimi_k25_video_placeholder|>"]}
@@ -87,7 +90,7 @@ VL_PROCESSOR_FILES = {
 VL_PROCESSOR_FILES["kimi_k3"] = VL_PROCESSOR_FILES["kimi_k25"]  # K3's processor is K2.5's fused MoonViT one
 # Vision-language releases written without their vision tower's weights: served with --language-model-only (vLLM
 # skips the tower, as a text-only deployment of the release does)
-LANGUAGE_MODEL_ONLY = ("minimax_m3", "glm5_next_vl")
+LANGUAGE_MODEL_ONLY = ("minimax_m3", "glm5_next_vl", "qwen4_exp_vl")
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
 BLOCK_SPARSE = ("mixtral", "minimax_m2", "minimax_m3")
 

@@ -22,7 +22,9 @@ sparse attention with a lightning indexer, dense first layer; the fp32 oracle is
 (MiniMaxM3VLForCausalLM) with the checkpoint's tensors renamed and fused its way (tests/e2e/oracle.py).
 Qwen3.8-Flash-Next (Qwen4Exp, bf16): Gated-DeltaNet layers and a gated attention layer with a sparse indexer (QSA),
 four hyper-connection residual streams, per-layer n-gram embedding (PLE) tables in pinned host memory, a MoE with a
-gated shared expert in every layer; transformers' own model is the fp32 oracle.
+gated shared expert in every layer; transformers' own model is the fp32 oracle; and in its vision-language layout
+(qwen4_exp_vl: Qwen4ExpForConditionalGeneration, the text model under model.language_model., served with
+--language-model-only).
 GLM-5.3 (Glm5NextForCausalLM, bf16): Kimi Delta Attention layers and an indexed NoPE sparse MLA layer, mHC residual
 streams, a dense first layer, grouped sigmoid routing with a shared expert, silu experts clamped at swiglu_limit (the
 engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under the checkpoint's lm_head.
@@ -50,7 +52,7 @@ from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, che
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
-             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "glm5_next": 1, "glm5_next_vl": 1}
+             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "qwen4_exp_vl": 0, "glm5_next": 1, "glm5_next_vl": 1}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;

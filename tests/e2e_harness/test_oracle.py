@@ -300,10 +300,11 @@ def test_prompts_leave_out_the_tokenizers_special_tokens(tmp_path):
     assert prompts(2048, [50], seed=1, avoid=special_token_ids(qwen)) == [[rng.randrange(3, 2048) for _ in range(50)]]
 
 
-@pytest.mark.parametrize("arch", ["glm5_next", "glm5_next_vl", "qwen4_exp", "minimax_m3"])
+@pytest.mark.parametrize("arch", ["glm5_next", "glm5_next_vl", "qwen4_exp", "qwen4_exp_vl", "minimax_m3"])
 def test_the_newest_text_models_have_an_fp32_truth(arch, tmp_path):
     """GLM-5.3 (transformers implements its text model without a causal-LM head: the checkpoint's lm_head over
-    Glm5NextTextModel), Qwen3.8-Flash-Next (Qwen4ExpForCausalLM) and MiniMax-M3 (vLLM's checkpoint renamed and fused
+    Glm5NextTextModel), Qwen3.8-Flash-Next (Qwen4ExpForCausalLM; its vision-language layout the whole
+    Qwen4ExpForConditionalGeneration, the tower at transformers' initialisation) and MiniMax-M3 (vLLM's checkpoint renamed and fused
     into MiniMaxM3VLForCausalLM, loaded strictly): every weight loaded, in fp32, and the teacher-forced rows causal (a
     shorter prompt's rows are the longer one's first rows)."""
     from safetensors.torch import load_file

@@ -65,6 +65,7 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("qwen4_exp", "bf16", 3, "bf16"),  # and its bf16 checkpoint (transformers' Hub names) through vLLM's loader
     ("qwen4_exp", "fp8", 3, "fp8_block"),  # and with FP8 block experts
     ("qwen4_exp", "nvfp4", 3, "nvfp4"),  # and ModelOpt NVFP4 ones
+    ("qwen4_exp_vl", "bf16", 3, "bf16"),  # its vision-language layout (Qwen4ExpForConditionalGeneration), text only
     ("deepseek_v3", "bf16", 1, "bf16"),  # MLA (vLLM's reference CPU_MLA backend), grouped sigmoid routing
     ("deepseek_v3", "fp8", 1, "fp8_block"),  # as DeepSeek-V3 / R1 are released
     ("deepseek_v3", "w4a16", 1, "wna16_int4"),  # Kimi-K2-Thinking's int4 experts on its DeepSeek-V3 architecture

@@ -278,6 +278,7 @@ def lend_deepseek_v4_mtp_parts():
 LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
                 "minimax_m3": lend_unquantized_moe_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts,
+                "qwen4_exp_vl": lend_qwen4_exp_cpu_parts,
                 "kimi_k3": lend_kimi_k3_cpu_parts}
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
 
@@ -320,7 +321,7 @@ def main():
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512,
                          language_model_only=arch in LANGUAGE_MODEL_ONLY)
     engram = {}
-    if arch == "qwen4_exp":  # see lend_qwen4_exp_cpu_parts
+    if arch in ("qwen4_exp", "qwen4_exp_vl"):  # see lend_qwen4_exp_cpu_parts
         from vllm.config import EngramConfig
         engram = dict(engram_config=EngramConfig(cpu_offload=False))
     vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"),
