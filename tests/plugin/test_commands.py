@@ -21,7 +21,7 @@ REQUIRED = ["deepseek_v3_fp8_serve_tp1", "deepseek_v3_fp8_serve_tp2", "deepseek_
             "kimi_k2_int4_serve_tp2", "kimi_k25_int4_serve_tp2", "kimi_k3_serve_tp2", "deepseek_v4_flash_serve_tp2",
             "mixtral_8x22b_serve_tp1", "gpt_oss_120b_serve_tp1", "demo_tiny_serve_tp1", "deepseek_v41_serve_tp1",
             "deepseek_v41_serve_tp2", "qwen3_8_flash_next_serve_tp1", "glm_5_fp8_serve_tp2", "glm_5_3_serve_tp1",
-            "minimax_m3_mxfp8_serve_tp2", "qwen3_6_35b_a3b_serve_tp1"]
+            "minimax_m3_mxfp8_serve_tp2", "qwen3_6_35b_a3b_serve_tp1", "kimi_k25_int4_serve_tp1", "kimi_k3_serve_tp1"]
 
 
 # What each script runs (for those older than the shared launcher: what their standalone scripts of
@@ -53,6 +53,8 @@ OLD = {
     "glm_5_3_serve_tp1": ("--served-model-name glm-5.3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.90", "1024", False, None),
     "qwen3_5_moe_serve_tp2": ("--tensor-parallel-size 2 --served-model-name qwen3.5-moe --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", False, None),
     "minimax_m3_mxfp8_serve_tp2": ("--tensor-parallel-size 2 --served-model-name minimax-m3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "1024", False, None),
+    "kimi_k25_int4_serve_tp1": ("--served-model-name kimi-k2.5 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "0", False, None),
+    "kimi_k3_serve_tp1": ("--served-model-name kimi-k3 --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.92", "1024", False, None),
     "qwen3_6_35b_a3b_serve_tp1": ("--served-model-name qwen3.6-35b-a3b --max-model-len 32768 --max-num-seqs 4 --gpu-memory-utilization 0.90", "2048", False, None),
 }
 
