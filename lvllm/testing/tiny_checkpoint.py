@@ -179,10 +179,12 @@ SHAPES = {
         "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=2304),
     },
     # Kimi-K2.5 / K2.6: DeepSeek-V3's text model beside a MoonViT 3-D vision tower (transformers'
-    # Kimi_K25VisionConfig defaults for big); vis_pos: the learned position grid's side
+    # Kimi_K25VisionConfig defaults for big); vis_pos: the learned position grid's side. big: Kimi-K2's text shape
+    # over DeepSeek-V3's (384 experts, 64 heads, one dense layer, one routing group, its vocabulary)
     "kimi_k25": {
         "tiny": dict(vis_depth=1, vis_H=64, vis_I=128, vis_heads=2, vis_pos=8),
-        "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=64),
+        "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=64, E=384, nh=64, dense=1, groups=1,
+                    topk_groups=1, V=163840),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
