@@ -13,7 +13,7 @@ GB = 10 ** 9
 
 # Bytes per routed-expert parameter in each engine format (codes + scales as the checkpoints store them).
 PARAM_BYTES = {"bf16": 2.0, "fp8_block": 1 + 4 / 128 ** 2, "fp8_channel": 1.0005, "int8_channel": 1.0005,
-               "wna16_int4": 0.5 + 2 / 128, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
+               "wna16_int4": 0.5 + 2 / 128, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "mxfp8": 1 + 1 / 32}
 
 
 def moe_model(name, moe_layers, E, K, H, I, other, kv_per_token, fmt="bf16", activation="silu"):
@@ -41,9 +41,15 @@ def deepseek_v4_flash():  # clamped silu: no cache slots (kv: MLA-like upper bou
                      activation="silu_clamp")
 
 
+def minimax_m3_mxfp8(layers=20):  # its release's MXFP8 experts, swigluoai (cache slots in bf16), fewer layers
+    return moe_model("MiniMax-M3", layers, 128, 4, 6144, 3072, int(10 * GB), layers * 4 * 128 * 2 * 2, "mxfp8",
+                     activation="swigluoai")
+
+
 GPUS = {"24 GB": 24 * GB, "48 GB": 48 * GB, "80 GB": 80 * GB, "141 GB": 141 * GB}
 HOSTS = {"64 GiB": 64 * GiB, "128 GiB": 128 * GiB, "256 GiB": 256 * GiB, "1024 GiB": 1024 * GiB}
-MODELS = [qwen3_30b(f) for f in PARAM_BYTES] + [gpt_oss_120b(), deepseek_v3_fp8(), deepseek_v4_flash()]
+MODELS = [qwen3_30b(f) for f in PARAM_BYTES] + [gpt_oss_120b(), deepseek_v3_fp8(), deepseek_v4_flash(),
+                                                minimax_m3_mxfp8()]
 
 
 def h200_host(gpu=141 * GB, host=125 * GiB, **kw):
@@ -188,11 +194,12 @@ def test_fp4_experts_keep_whole_layers_where_their_bf16_slots_would_hold_too_few
     assert big.resident_layers == 36 or big.cache_bytes > 0
 
 
-def test_fp4_slots_are_bf16_and_the_native_formats_keep_their_bytes():
-    for fmt, factor in (("mxfp4", 4), ("nvfp4", 4), ("fp8_block", 1), ("wna16_int4", 1), ("bf16", 1)):
+def test_fp4_and_mxfp8_slots_are_bf16_and_the_native_formats_keep_their_bytes():
+    for fmt, in_bf16 in (("mxfp4", True), ("nvfp4", True), ("mxfp8", True), ("fp8_block", False),
+                         ("wna16_int4", False), ("bf16", False)):
         expert = int(3 * 2048 * 768 * PARAM_BYTES[fmt])
         got = slot_bytes(fmt, expert, 2048, 768)
-        assert got == (3 * 2048 * 768 * 2 if factor == 4 else expert), fmt
+        assert got == (3 * 2048 * 768 * 2 if in_bf16 else expert), fmt
 
 
 def test_explicit_settings_win():
