@@ -37,7 +37,8 @@ TABLE = (
     Format("int8_channel", "byte", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")),
     # OCP MX FP8 (ModelOptMxFp8FusedMoE, as it creates them: MiniMax-M3's release): e4m3 codes as bf16's shapes,
     # uint8 e8m0 scales per output row and 32 inputs [E, 2I, H/32] / [E, H, I/32]; weight = code * 2^(scale - 127).
-    # No GPU path in lk_moe yet (prefill on the CPU engine); a GPU-resident layer stays vLLM's own method.
+    # The GPU paths dequantize it by torch ops (lk_moe.gpu_dequant.dequant_mx_blocks); a GPU-resident layer stays
+    # vLLM's own method.
     Format("mxfp8", "byte", ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")),
     # compressed-tensors WNA16 int4, K-first: packed int32 [E, H/8, 2I] / [E, I/8, H], bf16/fp16 scales
     # [E, H/gs, 2I] / [E, I/gs, H], optional zero points [E, H/gs, 2I/8] / [E, I/gs, H/8] (asymmetric).

@@ -31,10 +31,11 @@ CODES = {"fp8_e4m3": 0, "int8": 1}
 # that vLLM 0.33.0's fused-MoE kernels compute natively from their codes, with the first capability
 # each runs on: fp8_block and fp8_channel from sm_89 (FP8 tensor-core MMA), int8_channel and
 # wna16_int4 from sm_80 (W8A16 / W4A16: bf16 MMA on weights converted in registers). Below that, and
-# for the FP4 formats and mxfp8 everywhere, the fallback: dequantize to bf16 on the GPU (fp8 / int8 codes
-# with fp32 scales: this module's kernel; 4-bit formats and mxfp8: torch ops), then the bf16 GEMM. mxfp4/nvfp4 have no native
-# path: FP4 MMA needs sm_100+, and vLLM's FP4 MoE kernels want their own swizzled scale layouts, which
-# lk_moe does not build; mxfp8 has none wired either (its MMA with e8m0 block scales needs sm_100+).
+# for the FP4 formats and mxfp8 everywhere, the fallback: dequantize to bf16 on the GPU (fp8 / int8
+# codes with fp32 scales: this module's kernel; 4-bit formats and mxfp8: torch ops), then the bf16
+# GEMM. mxfp4/nvfp4 have no native path: FP4 MMA needs sm_100+, and vLLM's FP4 MoE kernels want their
+# own swizzled scale layouts, which lk_moe does not build; mxfp8 has none wired either (its MMA with
+# e8m0 block scales needs sm_100+).
 # LK_FORCE_GPU_FALLBACK=1 (or force_fallback=True) forces the fallback.
 BYTE_FORMATS = formats.BYTE
 FOUR_BIT_FORMATS = formats.FOUR_BIT

@@ -15,11 +15,10 @@ one-byte codes and fp32 scales travel as the engine keeps them (about half the b
 dequantized on the GPU to bf16 (code x scale rounded to bf16 once: the fallback kernel of
 lk_moe.gpu_dequant, or its torch twin) and computed by the same bf16 GEMMs; mxfp8 the same with its
 e8m0 scales (one byte per row and 32 inputs), dequantized by torch ops (gpu_dequant.dequant_mx_blocks);
-and the 4-bit formats
-wna16_int4, mxfp4, nvfp4: their 4-bit codes, scales (int4 zero points, mxfp4 biases, nvfp4 global
-scales) travel as the engine keeps them (about a quarter of the bytes of bf16) and are dequantized to
-bf16 on the GPU by plain torch ops (lk_moe.gpu_dequant.dequant4_blocks); mxfp4 layers keep their
-biases and activation (swigluoai) on the GPU too.
+and the 4-bit formats wna16_int4, mxfp4, nvfp4: their 4-bit codes, scales (int4 zero points, mxfp4
+biases, nvfp4 global scales) travel as the engine keeps them (about a quarter of the bytes of bf16) and
+are dequantized to bf16 on the GPU by plain torch ops (lk_moe.gpu_dequant.dequant4_blocks); mxfp4
+layers keep their biases and activation (swigluoai) on the GPU too.
 
 Where vLLM has a fused-MoE kernel for the format on this GPU (lk_moe.gpu_native: fp8_block and
 fp8_channel from sm_89, int8_channel and wna16_int4 from sm_80), the same streamed bytes are instead
@@ -62,8 +61,8 @@ def quant4_parts(layer: MoELayer) -> tuple:
 def gpu_sources(layer: MoELayer) -> list:
     """Per NUMA slice, the host tensors one expert's GPU copy is made of, in transfer order, each
     with the expert as dim 0: bf16 (w13, w2) packed blocks; byte formats (w13 codes, w13 scales,
-    w2 codes, w2 scales; mxfp8's scales e8m0 bytes); 4-bit formats the layer's `quant4_parts`, and for nvfp4 one more entry
-    after the slices: the per-expert global scales (w13 [E, 2], w2 [E]). ValueError for a format
+    w2 codes, w2 scales; mxfp8's scales e8m0 bytes); 4-bit formats the layer's `quant4_parts`, and
+    for nvfp4 one more entry after the slices: the per-expert global scales (w13 [E, 2], w2 [E]). ValueError for a format
     without a GPU path."""
     fmt = layer.format
     if fmt == "bf16":
@@ -86,8 +85,8 @@ def _bytes_per_expert(t: torch.Tensor) -> int:
 
 def streamed_expert_bytes(layer: MoELayer) -> int:
     """Bytes one expert of `layer` takes over PCIe (and in a staging slot) on the streamed GPU path:
-    the engine's packed, block-padded copy (byte formats: codes + fp32 scales, mxfp8 e8m0 ones; 4-bit formats: codes,
-    scales, zero points or biases, nvfp4 global scales)."""
+    the engine's packed, block-padded copy (byte formats: codes + fp32 scales, mxfp8 e8m0 ones; 4-bit
+    formats: codes, scales, zero points or biases, nvfp4 global scales)."""
     return sum(_bytes_per_expert(t) for srcs in gpu_sources(layer) for t in srcs)
 
 
