@@ -11,6 +11,7 @@ with --load-format dummy). tiny: glm5_next's tiny text model and bf16 weights, r
 from __future__ import annotations
 
 from . import glm5_next
+from .hub_layout import under_text_prefix
 
 VISION = {"tiny": dict(depth=1, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=128,
                        projection_intermediate_size=256),
@@ -38,19 +39,14 @@ def config(s: dict, vocab: int) -> dict:
                 vision_config=vision, tie_word_embeddings=False, torch_dtype="bfloat16", **ids)
 
 
-def release_name(name: str) -> str:
-    """A text model tensor's name in the release: model.* under model.language_model., lm_head as it is."""
-    return TEXT + name[len("model."):] if name.startswith("model.") else name
-
-
 def weights(s: dict, vocab: int, w) -> None:
     """glm5_next's tiny text model and lm_head (the same values), under the release's names."""
     glm5_next.weights(s, vocab, w)
-    w.t = {release_name(k): t for k, t in w.t.items()}
+    w.t = under_text_prefix(w.t, TEXT)
 
 
 def mtp_weights(s: dict, w, n: int, target: dict) -> None:
     """glm5_next's MTP layers (after the decoder layers) under the release's names."""
     text_target = {"model." + k[len(TEXT):] if k.startswith(TEXT) else k: t for k, t in target.items()}
     glm5_next.mtp_weights(s, w, n, text_target)
-    w.t = {release_name(k): t for k, t in w.t.items()}
+    w.t = under_text_prefix(w.t, TEXT)

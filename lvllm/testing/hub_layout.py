@@ -82,3 +82,9 @@ def fresh_copy(target: Dict[str, torch.Tensor], src: str, dst: str, g: torch.Gen
                skip: Callable[[str], bool] = lambda name: False) -> Dict[str, torch.Tensor]:
     """The target's tensors under prefix `src` (but those `skip` names) renamed to `dst`, each fresh_like its twin."""
     return {dst + n[len(src):]: fresh_like(t, g) for n, t in target.items() if n.startswith(src) and not skip(n)}
+
+
+def under_text_prefix(tensors: Dict[str, torch.Tensor], text: str = "model.language_model.") -> Dict[str, torch.Tensor]:
+    """A text model's tensors as a vision-language release keeps them: model.* under `text`, the rest (lm_head, mtp.*)
+    as they are."""
+    return {(text + k[len("model."):] if k.startswith("model.") else k): t for k, t in tensors.items()}

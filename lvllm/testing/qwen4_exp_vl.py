@@ -12,6 +12,7 @@ tiny text model and bf16 weights, renamed."""
 from __future__ import annotations
 
 from . import qwen4_exp
+from .hub_layout import under_text_prefix
 
 VISION = {"tiny": dict(depth=1, hidden_size=64, num_heads=2, intermediate_size=128, num_position_embeddings=64),
           "big": dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, num_position_embeddings=2304)}
@@ -34,12 +35,7 @@ def config(s: dict, vocab: int) -> dict:
                 vision_config=vision, tie_word_embeddings=False, torch_dtype="bfloat16", **ids)
 
 
-def release_name(name: str) -> str:
-    """A text model tensor's name in this layout: model.* under model.language_model., the rest as it is."""
-    return TEXT + name[len("model."):] if name.startswith("model.") else name
-
-
 def weights(s: dict, vocab: int, w) -> None:
     """qwen4_exp's tiny text model and lm_head (the same values), under this layout's names."""
     qwen4_exp.weights(s, vocab, w)
-    w.t = {release_name(k): t for k, t in w.t.items()}
+    w.t = under_text_prefix(w.t, TEXT)
