@@ -62,8 +62,8 @@ def gpu_sources(layer: MoELayer) -> list:
     """Per NUMA slice, the host tensors one expert's GPU copy is made of, in transfer order, each
     with the expert as dim 0: bf16 (w13, w2) packed blocks; byte formats (w13 codes, w13 scales,
     w2 codes, w2 scales; mxfp8's scales e8m0 bytes); 4-bit formats the layer's `quant4_parts`, and
-    for nvfp4 one more entry after the slices: the per-expert global scales (w13 [E, 2], w2 [E]). ValueError for a format
-    without a GPU path."""
+    for nvfp4 one more entry after the slices: the per-expert global scales (w13 [E, 2], w2 [E]).
+    ValueError for a format without a GPU path."""
     fmt = layer.format
     if fmt == "bf16":
         return [tuple(s[:2]) for s in layer._impl.packed_slices()]

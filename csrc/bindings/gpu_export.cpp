@@ -57,12 +57,12 @@ void def_gpu_export(py::class_<Layer>& layer) {
                                      sh.format->name +
                                      (sh.format->family == lk::Family::kBf16 ? " (use packed_slices)" : " (use quant4_slices)"));
              const bool mx = sh.format->mx;
-             const int64_t p1 = sh.format->per_row ? lk::kBlockN : sh.kp1 / sh.seg1;
-             const int64_t p2 = sh.format->per_row ? lk::kBlockN : sh.kp2 / sh.seg2;
-             const std::vector<int64_t> tail1 = mx ? std::vector<int64_t>{sh.kp1 / sh.seg1, lk::kBlockN}
-                                                   : std::vector<int64_t>{p1};
-             const std::vector<int64_t> tail2 = mx ? std::vector<int64_t>{sh.kp2 / sh.seg2, lk::kBlockN}
-                                                   : std::vector<int64_t>{p2};
+             // a block's scales after the leading dims: mxfp8 [kp/seg, 16], else [16] or [kp/seg]
+             auto scale_dims = [&](std::vector<int64_t> dims, int64_t kp, int seg) {
+               if (mx) dims.insert(dims.end(), {kp / seg, lk::kBlockN});
+               else dims.push_back(sh.format->per_row ? lk::kBlockN : kp / seg);
+               return dims;
+             };
              py::list out;
              auto keep = l.impl;
              auto u8 = at::TensorOptions().dtype(at::kByte).device(at::kCPU);
@@ -72,13 +72,10 @@ void def_gpu_export(py::class_<Layer>& layer) {
                auto view = [&](const lk::HostBuffer& b, at::IntArrayRef shape, const at::TensorOptions& o) {
                  return torch::from_blob(b.data(), shape, [keep](void*) {}, o);
                };
-               std::vector<int64_t> shape13{sh.experts, nbi, 2}, shape2{sh.experts, nbh};
-               shape13.insert(shape13.end(), tail1.begin(), tail1.end());
-               shape2.insert(shape2.end(), tail2.begin(), tail2.end());
                at::Tensor w13 = view(sl.w13, {sh.experts, nbi, 2, sh.kp1 / 2, 16, 2}, u8);
-               at::Tensor s13 = view(sl.s13, shape13, scale_opts);
+               at::Tensor s13 = view(sl.s13, scale_dims({sh.experts, nbi, 2}, sh.kp1, sh.seg1), scale_opts);
                at::Tensor w2 = view(sl.w2, {sh.experts, nbh, sh.kp2 / 2, 16, 2}, u8);
-               at::Tensor s2 = view(sl.s2, shape2, scale_opts);
+               at::Tensor s2 = view(sl.s2, scale_dims({sh.experts, nbh}, sh.kp2, sh.seg2), scale_opts);
                out.append(py::make_tuple(w13, s13, w2, s2, sl.ib0 * lk::kBlockN, sl.ib1 * lk::kBlockN,
                                          sl.hb0 * lk::kBlockN, sl.hb1 * lk::kBlockN));
              }

@@ -196,7 +196,7 @@ def test_quant_streamed(quant_layers, forced_fallback, fmt, M, dequant):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
-def test_fp4_fallback_without_forcing(quant_layers, monkeypatch, fmt):
+def test_fp4_and_mxfp8_fallback_without_forcing(quant_layers, monkeypatch, fmt):
     """Without LK_FORCE_GPU_FALLBACK the FP4 formats and mxfp8 take the fallback too (no native kernel wired;
     FP4 / MXFP8 MMA would need sm_100+). wna16_int4 is native from sm_80: tests/gpu/test_native.py."""
     monkeypatch.setenv("LK_FORCE_GPU_FALLBACK", "0")

@@ -321,7 +321,7 @@ def main():
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512,
                          language_model_only=arch in LANGUAGE_MODEL_ONLY)
     engram = {}
-    if arch in ("qwen4_exp", "qwen4_exp_vl"):  # see lend_qwen4_exp_cpu_parts
+    if ARCH_LENDERS.get(arch) is lend_qwen4_exp_cpu_parts:  # its PLE tables in plain memory, see there
         from vllm.config import EngramConfig
         engram = dict(engram_config=EngramConfig(cpu_offload=False))
     vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"),
