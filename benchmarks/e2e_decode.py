@@ -234,6 +234,30 @@ def probes_disagree(probes, decode_gbs: float) -> str:
     return f"; the probes differ {hi / lo:.2f}x (a noisy host): {decode_gbs / hi:.2f} of the higher one"
 
 
+def decode1_split_lines(mode: str, r: dict, stock, bytes_per_token: int) -> list:
+    """A decode step at 1 request split three ways: the engine's expert time (measured inside the serving process),
+    the GPU's share, and what is left: the hand-offs (signals, copies, the graph breaks around the CPU call). The
+    GPU's share is stock vLLM's whole step on the same checkpoint when the run has one: it holds every layer's GPU
+    work plus the routed experts' (which the hybrid step does not run there), so it is an upper bound and the
+    hand-offs a lower one."""
+    if "engine_ms_per_step_1" not in r or not r.get("decode_tok_s_1"):
+        return []
+    step_ms, eng = 1e3 / r["decode_tok_s_1"], r["engine_ms_per_step_1"]
+    lines = [f"{mode} decode @1 step {step_ms:.2f} ms: engine {eng:.2f} ms ({eng / step_ms:.0%}; of it "
+             f"{r['engine_queue_ms_per_step_1']:.2f} ms waiting for the pool) at {bytes_per_token / eng / 1e6:.1f} "
+             f"GB/s = {bytes_per_token / eng / 1e6 / r['read_bw_gbs']:.2f} of the read bandwidth; the other "
+             f"{step_ms - eng:.2f} ms: GPU work and hand-offs"]
+    if speculative(mode) or not (stock and stock.get("decode_tok_s_1")):
+        return lines
+    gpu_ms = 1e3 / stock["decode_tok_s_1"]
+    rest = step_ms - eng - gpu_ms
+    lines.append(f"{mode} decode @1 step split: engine {eng:.2f} ms ({eng / step_ms:.0%}), GPU at most {gpu_ms:.2f} ms "
+                 f"({gpu_ms / step_ms:.0%}; stock's whole step, its experts included), hand-offs and graph breaks at "
+                 f"least {max(rest, 0.0):.2f} ms ({max(rest, 0.0) / step_ms:.0%})"
+                 + ("" if rest >= 0 else f" (the parts overlap by {-rest:.2f} ms)"))
+    return lines
+
+
 def decode4_lines(mode: str, r: dict, experts: int, top_k: int, bytes_per_token: int) -> list:
     """Decode at 4 requests against the bandwidth bound of the same run: a step of 4 tokens reads the union of their
     experts, taken as 4 tokens routed independently and uniformly draw it (exact in expectation for the -ru modes;
@@ -576,12 +600,8 @@ def main() -> int:
             print(f"{m} decode @1 = {r['decode_tok_s_1'] / r['bound_tok_s']:.2f} of the bandwidth bound "
                   f"({r['bound_tok_s']:.1f} tok/s at {r['read_bw_gbs']:.1f} GB/s, probes {r['read_bw_before_after']})"
                   + probes_disagree(r['read_bw_before_after'], r['decode_tok_s_1'] / r['bound_tok_s'] * r['read_bw_gbs']))
-        if "engine_ms_per_step_1" in r:
-            step_ms, eng = 1e3 / r["decode_tok_s_1"], r["engine_ms_per_step_1"]
-            print(f"{m} decode @1 step {step_ms:.2f} ms: engine {eng:.2f} ms ({eng / step_ms:.0%}; of it "
-                  f"{r['engine_queue_ms_per_step_1']:.2f} ms waiting for the pool) at "
-                  f"{bytes_per_token / eng / 1e6:.1f} GB/s = {bytes_per_token / eng / 1e6 / r['read_bw_gbs']:.2f} of "
-                  f"the read bandwidth; the other {step_ms - eng:.2f} ms: GPU work and hand-offs")
+        for line in decode1_split_lines(m, r, results.get("stock"), bytes_per_token):
+            print(line)
         if r.get("engine_direct_ms_1"):
             d = r["engine_direct_ms_1"]
             inside = (f"; inside decode {r['engine_ms_per_step_1']:.2f} ms = {r['engine_ms_per_step_1'] / d:.2f}x"

@@ -310,3 +310,20 @@ def test_decode_at_4_requests_against_the_bound_of_their_expert_union():
     assert decode4_lines("hybrid-ng3", r, 512, 10, 10**9) == []
     assert decode4_lines("hybrid", dict(r, decode_tok_s_4=None), 512, 10, 10**9) == []
     assert len(decode4_lines("hybrid", dict(r, engine_ms_per_step_4=None), 512, 10, 10**9)) == 1
+
+
+def test_decode_at_1_request_is_split_into_engine_gpu_and_hand_offs():
+    """A 10 ms step (100 tok/s) with 6 ms in the engine, stock at 400 tok/s (2.5 ms a step, the GPU's share at most):
+    at least 1.5 ms of hand-offs; without stock's row only the engine line; a stock step longer than what the engine
+    leaves is said to overlap, never a negative hand-off."""
+    from e2e_decode import decode1_split_lines
+    r = dict(decode_tok_s_1=100.0, engine_ms_per_step_1=6.0, engine_queue_ms_per_step_1=0.1, read_bw_gbs=100.0)
+    lines = decode1_split_lines("hybrid", r, {"decode_tok_s_1": 400.0}, 10**8)
+    assert "step 10.00 ms: engine 6.00 ms (60%" in lines[0] and "the other 4.00 ms" in lines[0]
+    assert lines[1] == ("hybrid decode @1 step split: engine 6.00 ms (60%), GPU at most 2.50 ms (25%; stock's whole "
+                        "step, its experts included), hand-offs and graph breaks at least 1.50 ms (15%)")
+    assert len(decode1_split_lines("hybrid", r, None, 10**8)) == 1
+    assert len(decode1_split_lines("hybrid-ng3", r, {"decode_tok_s_1": 400.0}, 10**8)) == 1
+    slow = decode1_split_lines("hybrid", r, {"decode_tok_s_1": 200.0}, 10**8)[1]
+    assert "at least 0.00 ms (0%) (the parts overlap by 1.00 ms)" in slow
+    assert decode1_split_lines("hybrid", {"decode_tok_s_1": 100.0}, None, 1) == []
