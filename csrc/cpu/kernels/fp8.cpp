@@ -143,14 +143,14 @@ inline void mx_f32_panel_block(const uint8_t* src, const uint8_t* e8, int kp, fl
 // fp8_channel 0.72 / 0.83, int8_channel 0.73 / 0.92 (bf16: 1.04 / 1.17; M=1 0.46-0.56 ms against
 // bf16's 0.70 for half the bytes, so per-forward costs weigh more there than the conversion does).
 constexpr int kFusedFp8Rows = 4;
-template <int NB, int CODES>
+template <int NB, int CODES, int SEG = kSegNone>
 void dot_rows_codes(int mr, const uint16_t* const* a, const void* const* b, int kp, float* c, int seg,
                     const float* const* scale) {
   switch (mr) {
-    case 1: dot_tile<1, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
-    case 2: dot_tile<2, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
-    case 3: dot_tile<3, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
-    default: dot_tile<4, NB, CODES>(a, b, kp, c, {}, seg, scale); break;
+    case 1: dot_tile<1, NB, CODES, SEG>(a, b, kp, c, {}, seg, scale); break;
+    case 2: dot_tile<2, NB, CODES, SEG>(a, b, kp, c, {}, seg, scale); break;
+    case 3: dot_tile<3, NB, CODES, SEG>(a, b, kp, c, {}, seg, scale); break;
+    default: dot_tile<4, NB, CODES, SEG>(a, b, kp, c, {}, seg, scale); break;
   }
 }
 template <int NB>
@@ -515,11 +515,16 @@ void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
 }
 #endif
 
-// mxfp8 (e8m0 scales per output row and 32 inputs): on avx2 from kF32PanelMinRows rows the fp32 panels (scales
-// folded in, exact); otherwise, every tier, each 32-input segment of the block (pair) dequantized exactly into L1,
-// the tier's bf16 tile over every row tile, the partial sums added times the rows' scales in fp32.
+// mxfp8 (e8m0 scales per output row and 32 inputs): on the AVX-512 tiers up to kFusedFp8Rows rows (decode) the codes
+// converted in registers as fp8_block's, each segment's partial sums times its 16 rows' scales in the tile (fp32,
+// converted once per block); on avx2 from kF32PanelMinRows rows the fp32 panels (scales folded in, exact);
+// otherwise each 32-input segment of the block (pair) dequantized exactly into L1, the tier's bf16 tile over every
+// row tile, the partial sums added times the rows' scales in fp32.
 inline void mx_scales_16(const uint8_t* e, float* s) {
   for (int n = 0; n < kBlockN; ++n) s[n] = e8m0_to_f32(e[n]);
+}
+inline void mx_scales_block(const uint8_t* e, int nseg, float* s) {
+  for (int i = 0; i < nseg; ++i) mx_scales_16(e + size_t(i) * kBlockN, s + size_t(i) * kBlockN);
 }
 
 void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
@@ -530,6 +535,20 @@ void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
     const uint8_t* bu = bg + block_bytes;
     const uint8_t* eg = q.mx_scale + size_t(j) * 2 * per;
     const uint8_t* eu = eg + per;
+#if defined(LK_V512)
+    if (t.m <= kFusedFp8Rows) {
+      float* sg = reinterpret_cast<float*>(t.scratch->deq);
+      float* su = sg + per;
+      mx_scales_block(eg, t.kp / seg, sg);
+      mx_scales_block(eu, t.kp / seg, su);
+      const void* b[2] = {bg, bu};
+      const float* sc[2] = {sg, su};
+      dot_rows_codes<2, kCodesFp8, kSegVector>(t.m, t.x_rows, b, t.kp, t.scratch->c, seg, sc);
+      for (int r = 0; r < t.m; ++r)
+        gate_act_16(t, t.scratch->c + r * 32, t.scratch->c + r * 32 + 16, t.act + size_t(r) * t.act_ld + j * kBlockN);
+      continue;
+    }
+#endif
 #if defined(LK_F32_PANELS)
     if (t.m >= kF32PanelMinRows) {  // avx2: the pair whole into fp32 panels, scales folded in (as fp8_block)
       mx_f32_panel_block(bg, eg, t.kp, f32_panel_of(*t.scratch, t.kp, 0));
@@ -558,6 +577,22 @@ void down_mx(const DownTask& t, const Fp8Weights& q) {
     return down_f32_panels(t, q.w, block_bytes, [&](int blk, float* dst) {
       mx_f32_panel_block(q.w + size_t(blk) * block_bytes, q.mx_scale + size_t(blk) * per, t.kp, dst);
     });
+#endif
+#if defined(LK_V512)
+  if (t.m <= kFusedFp8Rows) {
+    const uint16_t* rows[kFusedFp8Rows];
+    for (int r = 0; r < t.m; ++r) rows[r] = t.act + size_t(r) * t.act_ld;
+    float* sc = reinterpret_cast<float*>(t.scratch->deq);
+    for (int j = 0; j < t.nblk; ++j) {
+      const void* b[2] = {q.w + size_t(j) * block_bytes, nullptr};
+      const float* scs[2] = {sc, sc};
+      mx_scales_block(q.mx_scale + size_t(j) * per, nseg, sc);
+      dot_rows_codes<1, kCodesFp8, kSegVector>(t.m, rows, b, t.kp, t.scratch->c, seg, scs);
+      for (int r = 0; r < t.m; ++r)
+        axpy_16(t.row_weight[r], t.scratch->c + r * 32, t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN);
+    }
+    return;
+  }
 #endif
   uint16_t* d = t.scratch->deq;
   float sc[kBlockN];
