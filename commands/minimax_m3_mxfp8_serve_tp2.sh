@@ -7,7 +7,7 @@
 # streams the MXFP8 experts to the GPUs (dequantized to bf16 there: no MXFP8 kernel below sm_100).
 # Shown so far (tiny checkpoints in the release layout, one H100): switch on vs off, CPU prefill, GPU prefill +
 # resident, MTP drafts (docs/results/2026-12-05_h100_session35.log); the MXFP8 experts against their bf16 twin with
-# CPU prefill (2026-12-06_h100_session38.log). Not run at full size.
+# CPU prefill and with streamed GPU prefill + resident (2026-12-06_h100_session39.log). Not run at full size.
 #
 # Usage: bash commands/minimax_m3_mxfp8_serve_tp2.sh /path/to/checkpoint [extra vllm serve arguments]
 # Check the machine first: lvllm doctor --model /path/to/checkpoint --tp 2
