@@ -180,11 +180,11 @@ SHAPES = {
     },
     # Kimi-K2.5 / K2.6: DeepSeek-V3's text model beside a MoonViT 3-D vision tower (transformers'
     # Kimi_K25VisionConfig defaults for big); vis_pos: the learned position grid's side. big: Kimi-K2's text shape
-    # over DeepSeek-V3's (384 experts, 64 heads, one dense layer, one routing group, its vocabulary)
+    # over DeepSeek-V3's (384 experts, 64 heads, one dense layer, one routing group, its vocabulary and routed scaling)
     "kimi_k25": {
         "tiny": dict(vis_depth=1, vis_H=64, vis_I=128, vis_heads=2, vis_pos=8),
         "big": dict(vis_depth=27, vis_H=1152, vis_I=4304, vis_heads=16, vis_pos=64, E=384, nh=64, dense=1, groups=1,
-                    topk_groups=1, V=163840),
+                    topk_groups=1, V=163840, route_scale=2.827),
     },
     "mixtral": {
         "tiny": dict(H=512, L=4, nh=8, nkv=4, hd=64, E=8, K=2, I=512, V=2048),
@@ -208,7 +208,7 @@ def _config(arch: str, s: dict, vocab: int) -> dict:
         return dict(common, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
                     num_key_value_heads=s["nh"], intermediate_size=s["dense_I"], moe_intermediate_size=s["I"],
                     n_routed_experts=s["E"], n_shared_experts=s["shared"], num_experts_per_tok=s["K"],
-                    routed_scaling_factor=2.5, n_group=s["groups"], topk_group=s["topk_groups"],
+                    routed_scaling_factor=s.get("route_scale", 2.5), n_group=s["groups"], topk_group=s["topk_groups"],
                     topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, moe_layer_freq=1,
                     first_k_dense_replace=s["dense"], q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"],
                     qk_nope_head_dim=s["nope"], qk_rope_head_dim=s["rope"], v_head_dim=s["v"],

@@ -312,3 +312,14 @@ def test_mtp_layer_is_one_more_decoder_layer_of_the_family(tmp_path, arch):
         shaped = {n: v for n, v in shaped.items() if not n.startswith("hc_")}
     assert all(n.startswith(block) for n in set(added) - mtp_only)
     assert {n[len(block):]: s for n, s in added.items() if n not in mtp_only} == shaped
+
+
+def test_kimi_k25_big_is_kimi_k2s_text_shape(tmp_path):
+    """Kimi-K2.5's --size big text model is Kimi-K2's (moonshotai/Kimi-K2-Instruct's config.json): 384 experts top-8,
+    64 heads, one dense layer, one routing group, vocabulary 163840, routed scaling 2.827; transformers' own config
+    class reads it."""
+    path = make_checkpoint("kimi_k25", str(tmp_path / "big"), size="big", layers=2)
+    text = transformers.AutoConfig.from_pretrained(path).text_config
+    assert (text.n_routed_experts, text.num_experts_per_tok, text.num_attention_heads) == (384, 8, 64)
+    assert (text.first_k_dense_replace, text.n_group, text.topk_group, text.vocab_size) == (1, 1, 1, 163840)
+    assert text.routed_scaling_factor == pytest.approx(2.827)
