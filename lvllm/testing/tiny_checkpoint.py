@@ -17,9 +17,9 @@ tower in the config only: serve it with --language-model-only), glm5_next_vl (GL
 text model under model.language_model., the vision tower in the config only, --language-model-only), qwen4_exp_vl
 (Qwen3.8-Flash-Next's vision-language layout: qwen4_exp's text model under model.language_model., the vision tower in
 the config only, --language-model-only), qwen4_exp (Qwen3.8-Flash-Next) and glm5_next (GLM-5.3's text model) (tiny
-with bf16 weights; big config only, glm5_next's also in its release's block fp8) (bf16; --quant fp8, w4a16, nvfp4, fp8_channel, int8_channel or mxfp4_ct for the quantized
-layouts) and gpt_oss (MXFP4 experts with biases, as released; the layout was checked against
-transformers' own MXFP4 dequantization).
+with bf16 weights; big config only, glm5_next's also in its release's block fp8) (bf16; --quant fp8, w4a16, nvfp4,
+fp8_channel, int8_channel or mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released;
+the layout was checked against transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
 experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.
