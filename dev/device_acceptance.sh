@@ -288,12 +288,15 @@ timeout $left python3 benchmarks/prefill_formats.py --tokens 64,256,1024 --isa a
 benchmarks/prefill_formats.py --shape \$s --tokens 64,256,1024 --isa amx --rounds 3 > \$OUT/prefill_\$s.log 2>&1
 tail -28 \$OUT/prefill_\$s.log; done" ;;
   mxfp8)  # the mxfp8 format (MiniMax-M3's MXFP8 release) on every tier of the AMX host (the dev VM has AVX2 only):
-          # its engine tests, then decode and prefill against fp8_block on the host's best tier
+          # its engine tests, then decode against fp8_block on the host's best tier, then prefill against bf16 and
+          # fp8_block on the AVX-512 tiers (its exact bf16 panels)
     export LVLLM_DEVICE_NO_VLLM=1
     body="$verdict; $cpu_tests tests/engine/test_mxfp8.py tests/engine/test_formats.py -k mxfp8 > \$OUT/mxfp8_tests.log 2>&1
 verdict \$OUT/mxfp8_tests.log
 for f in fp8_block mxfp8; do timeout 120 python3 benchmarks/moe_layer.py --format \$f --shapes qwen3-30b-a3b --tokens 1,4,64 \
---threads all --reps 15 --rounds 2 2>&1 | grep -E '^##|read bandwidth|^ +[0-9]+ '; done" ;;
+--threads all --reps 15 --rounds 2 2>&1 | grep -E '^##|read bandwidth|^ +[0-9]+ '; done
+timeout 150 python3 benchmarks/prefill_formats.py --shape qwen3-30b-a3b --tokens 64,256,1024 --isa amx,avx512_bf16,avx512 \
+--formats bf16,fp8_block,mxfp8 --rounds 3 2>&1 | grep -v '^ *\$'" ;;
   probe1)  # 4-bit decode: compute ceiling (hot) and per-thread scaling (cold) against bf16 and int8
     export LVLLM_DEVICE_NO_VLLM=1
     body="timeout $left bash -c 'for f in mxfp4 nvfp4 wna16_int4 int8_channel bf16; do python3 benchmarks/moe_layer.py \

@@ -517,9 +517,10 @@ void down_fp8_panels(const DownTask& t, const Fp8Weights& q) {
 
 // mxfp8 (e8m0 scales per output row and 32 inputs): on the AVX-512 tiers up to kFusedFp8Rows rows (decode) the codes
 // converted in registers as fp8_block's, each segment's partial sums times its 16 rows' scales in the tile (fp32,
-// converted once per block); on avx2 from kF32PanelMinRows rows the fp32 panels (scales folded in, exact);
-// otherwise each 32-input segment of the block (pair) dequantized exactly into L1, the tier's bf16 tile over every
-// row tile, the partial sums added times the rows' scales in fp32.
+// converted once per block), and more rows on exact bf16 panels (mx_bf16_panel_block); on avx2 from
+// kF32PanelMinRows rows the fp32 panels (scales folded in, exact); otherwise (and for scales whose products leave
+// bf16's range) each 32-input segment of the block (pair) dequantized exactly into L1, the tier's bf16 tile over
+// every row tile, the partial sums added times the rows' scales in fp32.
 inline void mx_scales_16(const uint8_t* e, float* s) {
   for (int n = 0; n < kBlockN; ++n) s[n] = e8m0_to_f32(e[n]);
 }
@@ -527,9 +528,56 @@ inline void mx_scales_block(const uint8_t* e, int nseg, float* s) {
   for (int i = 0; i < nseg; ++i) mx_scales_16(e + size_t(i) * kBlockN, s + size_t(i) * kBlockN);
 }
 
+#if defined(LK_V512)
+// mxfp8 prefill on the AVX-512 tiers: code x 2^(e - 127) has a bf16 code's 8 significant bits, so a block dequantizes
+// exactly into a bf16 panel while every product stays in bf16's normal range (codes span 2^-9 .. 448: scale bytes
+// kMxPanelMinE .. kMxPanelMaxE); the bf16 path's tiles (AMX, or the vector tiles) then run over all of K with no
+// segment scales. A task with any scale outside that range (or a NaN scale, 255) keeps the per-segment path.
+constexpr int kMxPanelMinE = 10, kMxPanelMaxE = 245;
+inline bool mx_panels_exact(const uint8_t* e, size_t n) {
+  bool ok = true;
+  for (size_t i = 0; i < n; ++i) ok &= e[i] >= kMxPanelMinE && e[i] <= kMxPanelMaxE;
+  return ok;
+}
+
+// One block of codes (its e8m0 scales e8, [kp / 32][16]) into its bf16 panel: per pair-row the 32 codes as bf16
+// (rows in the 32-bit lanes: input 2p in the low word, 2p + 1 in the high one), each half times its rows' scales in
+// fp32 (exact), the bf16 bits taken back.
+inline void mx_bf16_panel_block(const uint8_t* src, const uint8_t* e8, int kp, uint16_t* dst) {
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
+  for (int s = 0; s < kp / 32; ++s) {
+    const __m128i e = _mm_loadu_si128((const __m128i*)(e8 + size_t(s) * kBlockN));
+    const __m512 sv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(e), 23));  // 2^(e - 127)
+    for (int p = 16 * s; p < 16 * (s + 1); ++p) {
+      const __m512i w = fp8x32_to_bf16(_mm256_loadu_si256((const __m256i*)(src + size_t(p) * 32)));
+      const __m512 lo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), sv);
+      const __m512 hi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(w, hi_mask)), sv);
+      _mm512_storeu_si512((void*)(dst + size_t(p) * 32),
+                          _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
+                                          _mm512_and_si512(_mm512_castps_si512(hi), hi_mask)));
+    }
+  }
+}
+#endif
+
 void gate_up_mx(const GateUpTask& t, const Fp8Weights& q) {
   const int seg = q.seg;
   const size_t block_bytes = size_t(t.kp) * kBlockN, per = size_t(t.kp / seg) * kBlockN;
+#if defined(LK_V512)
+  if (t.m > kFusedFp8Rows && mx_panels_exact(q.mx_scale, size_t(t.nblk) * 2 * per)) {
+    for (int j = 0; j < t.nblk; ++j) {
+      const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
+      const uint8_t* eg = q.mx_scale + size_t(j) * 2 * per;
+      mx_bf16_panel_block(bg, eg, t.kp, panel_of(*t.scratch, t.kp, 0));
+      mx_bf16_panel_block(bg + block_bytes, eg + per, t.kp, panel_of(*t.scratch, t.kp, 1));
+      uint16_t* act = t.act + j * kBlockN;
+      gate_up_panel<kSegNone>(t, j, 0, nullptr, nullptr, j + 1 < t.nblk ? bg + 2 * block_bytes : nullptr,
+                              2 * block_bytes,
+                              [&](float* g, int r) { gate_act_16(t, g, g + 16, act + size_t(r) * t.act_ld); });
+    }
+    return;
+  }
+#endif
   for (int j = 0; j < t.nblk; ++j) {
     const uint8_t* bg = q.w + size_t(j) * 2 * block_bytes;
     const uint8_t* bu = bg + block_bytes;
@@ -590,6 +638,18 @@ void down_mx(const DownTask& t, const Fp8Weights& q) {
       dot_rows_codes<1, kCodesFp8, kSegVector>(t.m, rows, b, t.kp, t.scratch->c, seg, scs);
       for (int r = 0; r < t.m; ++r)
         axpy_16(t.row_weight[r], t.scratch->c + r * 32, t.out_acc + size_t(t.out_row[r]) * t.out_ld + j * kBlockN);
+    }
+    return;
+  }
+  if (mx_panels_exact(q.mx_scale, size_t(t.nblk) * per)) {
+    for (int j = 0; j < t.nblk; j += 2) {
+      const int nb = tmin(2, t.nblk - j);
+      for (int h = 0; h < nb; ++h)
+        mx_bf16_panel_block(q.w + size_t(j + h) * block_bytes, q.mx_scale + size_t(j + h) * per, t.kp,
+                            panel_of(*t.scratch, t.kp, h));
+      const size_t next_bytes = size_t(tmax(0, tmin(2, t.nblk - j - 2))) * block_bytes;
+      down_panel<kSegNone>(t, j, nb, 0, nullptr, nullptr, 1.0f, next_bytes ? q.w + size_t(j + 2) * block_bytes : nullptr,
+                           next_bytes);
     }
     return;
   }
