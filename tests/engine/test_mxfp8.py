@@ -115,3 +115,16 @@ def test_mxfp8_bad_tensors_are_named():
         lk_moe.MoELayer.from_checkpoint("mxfp8", dict(tensors, w13_weight_scale=tensors["w13_weight_scale"][:, :, :4].contiguous()))
     with pytest.raises(ValueError, match="interleaved gate/up rows"):
         lk_moe.MoELayer.from_checkpoint("mxfp8", tensors, interleaved=True)
+
+
+def test_panel_scale_range_keeps_every_product_exact_in_bf16():
+    """The AVX-512 prefill panels (csrc/cpu/kernels/fp8.cpp mx_bf16_panel_block) store code x 2^(e - 127) as bf16 for
+    scale bytes 10..246: every e4m3 code times every such scale is a normal bf16 number, exactly; one step past either
+    end is not (so those tasks keep the per-segment path)."""
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    codes = codes[torch.isfinite(codes) & (codes != 0)]
+    for e in range(10, 247):
+        p = codes * 2.0 ** (e - 127)
+        assert torch.equal(p.bfloat16().float(), p) and bool((p.abs() >= 2.0 ** -126).all()), e
+    assert not bool(((codes * 2.0 ** (9 - 127)).abs() >= 2.0 ** -126).all())
+    assert not bool(torch.isfinite((codes * 2.0 ** (247 - 127)).bfloat16()).all())

@@ -533,7 +533,7 @@ inline void mx_scales_block(const uint8_t* e, int nseg, float* s) {
 // exactly into a bf16 panel while every product stays in bf16's normal range (codes span 2^-9 .. 448: scale bytes
 // kMxPanelMinE .. kMxPanelMaxE); the bf16 path's tiles (AMX, or the vector tiles) then run over all of K with no
 // segment scales. A task with any scale outside that range (or a NaN scale, 255) keeps the per-segment path.
-constexpr int kMxPanelMinE = 10, kMxPanelMaxE = 245;
+constexpr int kMxPanelMinE = 10, kMxPanelMaxE = 246;
 inline bool mx_panels_exact(const uint8_t* e, size_t n) {
   bool ok = true;
   for (size_t i = 0; i < n; ++i) ok &= e[i] >= kMxPanelMinE && e[i] <= kMxPanelMaxE;
