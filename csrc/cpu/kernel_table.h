@@ -47,7 +47,11 @@ struct KernelScratch {
   uint16_t* deq;       // >= 2 x 16 x max(Kp1, Kp2, kMaxSeg) fp32: dequantized weight segments, or two
                        // whole blocks: bf16 and their fp32 group scales (AVX-512), or fp32 (avx2)
   float* acc;          // >= kMaxRowsPerTask x 32 floats: per-row sums across segments
+  float* f32;          // >= (2 x 16 + kF32PanelRows) x max(Kp1, Kp2) floats: the avx512 tier's fp32 panels of
+                       // two blocks and a row tile's fp32 activations (quantized formats; others: null)
 };
+
+constexpr int kF32PanelRows = 12;       // rows of the avx512 tier's fp32 panel tile
 
 constexpr int kMaxSeg = 256;            // largest quantization block along the input dimension
 constexpr int kMaxRowsPerTask = 128;    // rows of one gate/up task (the engine's piece size)

@@ -26,7 +26,8 @@ constexpr int kWideGroup = 8;          // blocks per unit for prefill-sized chun
 // Pool shared-buffer slots (one job runs at a time, so they are reused by every layer).
 enum SharedSlot { kCounts, kActiveExpert, kActiveBegin, kSlotToken, kSlotWeight, kPieces, kAct, kXbf16, kXq8, kActq8 };
 // Per-worker buffer slots.
-enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowSums, kQ8RowPtrs };
+enum WorkerSlot { kTileC, kPanel, kOutAcc, kRowPtrs, kRepackRow, kDequant, kRowSums, kQ8RowPtrs, kF32Panels };
+static_assert(kF32Panels < kWorkerBufferSlots && kActq8 < kSharedBufferSlots, "buffer slots");
 
 int round_up(int v, int a) { return (v + a - 1) / a * a; }
 
@@ -445,6 +446,8 @@ KernelScratch ForwardJob::scratch(WorkerCtx& ctx, const MoEShape& sh) {
   const size_t kp = size_t(std::max({sh.kp1, sh.kp2, kMaxSeg}));
   ks.deq = quant ? static_cast<uint16_t*>(ctx.buffer(kDequant, size_t(2) * kBlockN * kp * 4 + 64)) : nullptr;
   ks.acc = quant ? static_cast<float*>(ctx.buffer(kRowSums, size_t(kMaxRowsPerTask) * 32 * 4)) : nullptr;
+  // (reserved on every tier: pages no tier touches are never committed)
+  ks.f32 = quant ? static_cast<float*>(ctx.buffer(kF32Panels, size_t(2 * kBlockN + kF32PanelRows) * kp * 4)) : nullptr;
   return ks;
 }
 

@@ -9,7 +9,7 @@
 namespace lk {
 namespace {
 
-enum { kProbeSlot = 7 };  // per-worker buffer slot
+enum { kProbeSlot = kWorkerBufferSlots - 1 };  // a per-worker buffer slot of its own
 
 class ReadJob : public Job {
  public:

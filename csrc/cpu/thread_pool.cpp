@@ -119,9 +119,9 @@ ThreadPool::ThreadPool(const PoolConfig& cfg) : cfg_(cfg) {
   place_memory_ = topo_.numa_from_sysfs && cfg.sysfs_root == "/sys" && node_ids_.size() > 1;
 
   worker_buffers_.resize(ctx_.size());
-  for (auto& b : worker_buffers_) b.resize(8);
+  for (auto& b : worker_buffers_) b.resize(kWorkerBufferSlots);
   for (size_t t = 0; t < ctx_.size(); ++t) ctx_[t].buffers = &worker_buffers_[t];
-  shared_buffers_.resize(16);
+  shared_buffers_.resize(kSharedBufferSlots);
   workers_.reserve(ctx_.size());
   for (size_t t = 0; t < ctx_.size(); ++t) workers_.emplace_back(&ThreadPool::worker_main, this, int(t));
 }

@@ -31,6 +31,9 @@ struct PoolConfig {
 
 class ThreadPool;
 
+constexpr int kWorkerBufferSlots = 16;  // per-worker scratch slots (WorkerCtx::buffer)
+constexpr int kSharedBufferSlots = 16;  // pool-wide ones (ThreadPool::shared_buffer)
+
 // What one worker knows while running a job.
 struct WorkerCtx {
   int tid = 0;          // 0 .. num_threads-1

@@ -262,3 +262,21 @@ def test_an_unknown_activation_names_the_supported_ones():
     w2 = torch.randn(2, 32, 32).bfloat16()
     with pytest.raises(ValueError, match=r"activation 'gelu' is not supported for bf16 \(supported: silu, silu_clamp, situ, swigluoai\)"):
         lk_moe.MoELayer(w13, w2, activation="gelu")
+
+
+@pytest.mark.parametrize("H,I", [(7168, 256), (256, 2304)], ids=["wide-gate-up", "wide-down"])
+@pytest.mark.parametrize("fmt", [f.name for f in formats.TABLE if f.family != "bf16"])
+def test_prefill_panels_too_wide_to_pipeline(tier, fmt, H, I):
+    """Inputs past 2048 (DeepSeek-V3's 7168 in gate/up, a 2304-wide down): one panel set per task (no pipelining on
+    amx), and the bf16 panels on the avx512 tier (its fp32 ones stop at 2048 inputs), with 2048 or fewer on the other
+    side; every tier's prefill (40 rows an expert: two AMX row tiles; 130: the fp8 fold) stays the reference's."""
+    E, K = 2, 2
+    g = torch.Generator().manual_seed(H + I + len(fmt))
+    w13 = torch.randn(E, 2 * I, H, generator=g) / H ** 0.5
+    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    tensors, d13, d2 = quantize_experts(fmt, w13, w2, False)
+    layer = lk_moe.MoELayer.from_checkpoint(fmt, tensors)
+    for M in (40, 130):
+        x = torch.randn(M, H, generator=g).bfloat16()
+        ids, w = random_routing(M, E, K, generator=g)
+        assert_matches_reference(layer.forward(x, ids, w), x, d13, d2, ids, w, weights_rounded=rounds_weights(fmt))

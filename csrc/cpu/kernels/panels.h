@@ -71,6 +71,131 @@ inline float* panel_scales(const KernelScratch& s, int kp) {
   return reinterpret_cast<float*>(s.deq + size_t(2) * kBlockN * kp);
 }
 
+#if !defined(LK_VBF16)
+// The avx512 tier (no AVX512-BF16) runs panel tasks of up to kF32PanelMaxInputs inputs on fp32. Its bf16 tile
+// splits each weight pair-row and each activation pair into fp32 with a shift and a mask on the two 512-bit ports
+// the multiply-adds use. Here each block of the task's panels becomes an fp32 panel once per task (per input, its
+// 16 rows' weights, the segment scales folded in: exact for the codes and their power-of-two or small-integer
+// products, one fp32 rounding for fp8 x an fp32 scale, as the avx2 tier's panels), each row tile's activations
+// fp32 rows once per block (pair), and the tile only loads and multiplies (one FMA per row, block and input, its
+// activation a broadcast load). 16-core Xeon, Qwen3-30B-A3B shape, quantized prefill against bf16's in the same
+// run (session 40): 0.86-1.04x at M = 256 (bf16 panels: 1.01-1.07x), 0.97-1.04x at 1024 (0.96-1.08x).
+#define LK_F32_PANELS_512 1
+// Up to 2048 inputs (Qwen3-30B-A3B's gate/up, DeepSeek-V3's down) the two fp32 blocks and the rows take 176 bytes an
+// input (352 KiB) beside the bf16 panels in L2; DeepSeek-V3's 7168-input gate/up would take 1.2 MiB, and its layer
+// ran slower with them (1.20-1.43x bf16's prefill at M = 64, against 1.11-1.18x on bf16 panels).
+constexpr int kF32PanelMaxInputs = 2048;
+static_assert(kF32PanelRows == 12, "the tile below holds 12 rows x 2 blocks of accumulators");
+
+// Block h's fp32 panel (16 x kp floats, input-major) and the row tile's fp32 rows (kF32PanelRows x kp).
+inline float* f32_panel512(const KernelScratch& s, int kp, int h) { return s.f32 + size_t(h) * kBlockN * kp; }
+inline float* f32_row_buffer512(const KernelScratch& s, int kp) { return s.f32 + size_t(2) * kBlockN * kp; }
+
+// One bf16 panel block (pair-row layout: word 2n + b is row n, input 2p + b) into its fp32 panel, each
+// segment's scales folded in (SEG as dot_tile's: one per segment, or one per row and segment).
+template <int SEG>
+inline void f32_from_panel(const uint16_t* src, int kp, int seg, const float* scale, float* dst) {
+  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
+  const int seg_pairs = SEG == kSegNone ? kp / 2 : seg / 2;
+  for (int p0 = 0, sidx = 0; p0 < kp / 2; p0 += seg_pairs, ++sidx) {
+    __m512 sv = _mm512_set1_ps(1.0f);
+    if constexpr (SEG == kSegVector) sv = _mm512_loadu_ps(scale + 16 * sidx);
+    if constexpr (SEG == kSegScalar) sv = _mm512_set1_ps(scale[sidx]);
+    for (int p = p0; p < p0 + seg_pairs; ++p) {
+      const __m512i w = _mm512_loadu_si512(src + size_t(p) * 32);
+      __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      __m512 o = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+      if constexpr (SEG != kSegNone) {
+        e = _mm512_mul_ps(e, sv);
+        o = _mm512_mul_ps(o, sv);
+      }
+      _mm512_storeu_ps(dst + size_t(p) * 32, e);
+      _mm512_storeu_ps(dst + size_t(p) * 32 + 16, o);
+    }
+  }
+}
+
+// mr bf16 rows of kp inputs into fp32 rows (ld kp).
+inline void f32_rows_from(int mr, const uint16_t* const* a, int kp, float* dst) {
+  for (int r = 0; r < mr; ++r)
+    for (int k = 0; k < kp; k += 16) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r] + k));
+      _mm512_storeu_ps(dst + size_t(r) * kp + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
+    }
+}
+
+// C[r][16 j + n] (ld 32) = sum_k a[r][k] x b_j[k][n]: MR fp32 rows (ld kp) over NB fp32 panel blocks; the next
+// codes trickle into L2 meanwhile.
+template <int MR, int NB>
+inline void f32_tile512(const float* a, int kp, const float* const* b, float* c, Prefetch pf) {
+  __m512 acc[MR][NB];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  const int every = pf.lines ? (kp / pf.lines > 0 ? kp / pf.lines : 1) : 0;
+  int countdown = every, next_line = 0;
+  for (int k = 0; k < kp; ++k) {
+    if (every && --countdown == 0) {
+      countdown = every;
+      if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);
+    }
+    __m512 w[NB];
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(b[j] + size_t(k) * kBlockN);
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const __m512 av = _mm512_set1_ps(a[size_t(r) * kp + k]);
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(w[j], av, acc[r][j]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(c + r * 32 + j * 16, acc[r][j]);
+}
+
+template <int NB>
+inline void f32_rows512(int mr, const float* a, int kp, const float* const* b, float* c, Prefetch pf) {
+  switch (mr) {
+    case 1: return f32_tile512<1, NB>(a, kp, b, c, pf);
+    case 2: return f32_tile512<2, NB>(a, kp, b, c, pf);
+    case 3: return f32_tile512<3, NB>(a, kp, b, c, pf);
+    case 4: return f32_tile512<4, NB>(a, kp, b, c, pf);
+    case 5: return f32_tile512<5, NB>(a, kp, b, c, pf);
+    case 6: return f32_tile512<6, NB>(a, kp, b, c, pf);
+    case 7: return f32_tile512<7, NB>(a, kp, b, c, pf);
+    case 8: return f32_tile512<8, NB>(a, kp, b, c, pf);
+    case 9: return f32_tile512<9, NB>(a, kp, b, c, pf);
+    case 10: return f32_tile512<10, NB>(a, kp, b, c, pf);
+    case 11: return f32_tile512<11, NB>(a, kp, b, c, pf);
+    default: return f32_tile512<12, NB>(a, kp, b, c, pf);
+  }
+}
+
+// The row tiles of m rows (row(r): its bf16 inputs) over the nb fp32 panel blocks, tiles of equal height (32
+// rows: 11 + 11 + 10, not 12 + 12 + 8); fin(c, r) takes row r's results.
+template <typename Row, typename Fin>
+inline void f32_panel_rows512(const KernelScratch& s, int m, int kp, int nb, Row&& row, const void* next,
+                              size_t next_bytes, Fin&& fin) {
+  const float* b[2] = {f32_panel512(s, kp, 0), f32_panel512(s, kp, nb - 1)};
+  float* af = f32_row_buffer512(s, kp);
+  const uint16_t* rows[kF32PanelRows];
+  const int tiles = (m + kF32PanelRows - 1) / kF32PanelRows;
+  for (int tile = 0, r0 = 0; tile < tiles; ++tile) {
+    const int mr = (m - r0) / (tiles - tile);
+    for (int r = 0; r < mr; ++r) rows[r] = row(r0 + r);
+    f32_rows_from(mr, rows, kp, af);
+    const Prefetch pf = tile_share(next, next_bytes, tile, tiles);
+    if (nb == 2) f32_rows512<2>(mr, af, kp, b, s.c, pf);
+    else f32_rows512<1>(mr, af, kp, b, s.c, pf);
+    for (int r = 0; r < mr; ++r) fin(s.c + r * 32, r0 + r);
+    r0 += mr;
+  }
+}
+#endif  // !LK_VBF16
+
 #if defined(LK_AMX)
 // AMX: 4 accumulator tiles (2 row tiles x 2 column blocks), 2 A tiles, 2 B tiles.
 constexpr int kAmxMinRows = 16;
@@ -279,6 +404,14 @@ void gate_up_panel(const GateUpTask& t, int j, int seg, const float* sg, const f
     return amx_panel_rows<SEG>(t.scratch->panel, t.kp, t.m, b, t.kp, seg, sc, *t.scratch, next, next_bytes, fill, fin);
   }
 #endif
+#if defined(LK_F32_PANELS_512)
+  if (t.kp <= kF32PanelMaxInputs) {
+    f32_from_panel<SEG>(static_cast<const uint16_t*>(b[0]), t.kp, seg, sg, f32_panel512(*t.scratch, t.kp, 0));
+    f32_from_panel<SEG>(static_cast<const uint16_t*>(b[1]), t.kp, seg, su, f32_panel512(*t.scratch, t.kp, 1));
+    f32_panel_rows512(*t.scratch, t.m, t.kp, 2, [&](int r) { return t.x_rows[r]; }, next, next_bytes, fin);
+    return fill.run_all();
+  }
+#endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
     const int mr = tmin(R, t.m - r0);
@@ -313,6 +446,16 @@ void down_panel(const DownTask& t, int j, int nb, int seg, const float* const* s
 #if defined(LK_AMX)
   if (t.m >= kAmxMinRows)  // act rows past m are readable slack, as in down_bf16()
     return amx_panel_rows<SEG>(t.act, t.act_ld, t.m, b, t.kp, seg, seg_scale, *t.scratch, next, next_bytes, fill, add);
+#endif
+#if defined(LK_F32_PANELS_512)
+  if (t.kp <= kF32PanelMaxInputs) {
+    for (int h = 0; h < nb; ++h)
+      f32_from_panel<SEG>(static_cast<const uint16_t*>(b[h]), t.kp, seg, seg_scale ? seg_scale[h] : nullptr,
+                          f32_panel512(*t.scratch, t.kp, h));
+    f32_panel_rows512(*t.scratch, t.m, t.kp, nb, [&](int r) { return t.act + size_t(r) * t.act_ld; }, next,
+                      next_bytes, add);
+    return fill.run_all();
+  }
 #endif
   const int tiles = (t.m + R - 1) / R;
   for (int r0 = 0, tile = 0; r0 < t.m; r0 += R, ++tile) {
