@@ -133,13 +133,9 @@ inline void f32_tile512(const float* a, int kp, const float* const* b, float* c,
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
-  const int every = pf.lines ? (kp / pf.lines > 0 ? kp / pf.lines : 1) : 0;
-  int countdown = every, next_line = 0;
+  Trickle trickle(pf, kp);
   for (int k = 0; k < kp; ++k) {
-    if (every && --countdown == 0) {
-      countdown = every;
-      if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);
-    }
+    trickle.step();
     __m512 w[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(b[j] + size_t(k) * kBlockN);

@@ -63,6 +63,22 @@ struct Prefetch {
   int lines = 0;
 };
 
+#if defined(__AVX2__)
+// A Prefetch spread over a tile's `steps` loop steps: step() issues one line every steps / lines steps.
+struct Trickle {
+  Prefetch pf;
+  int every, countdown, next = 0;
+  Trickle(Prefetch p, int steps)
+      : pf(p), every(p.lines ? (steps / p.lines > 0 ? steps / p.lines : 1) : 0), countdown(every) {}
+  inline void step() {
+    if (every && --countdown == 0) {
+      countdown = every;
+      if (next < pf.lines) _mm_prefetch(pf.p + 64 * next++, _MM_HINT_T1);
+    }
+  }
+};
+#endif
+
 // ---------------------------------------------------------------- scalar conversions
 inline float bf16_to_f32(uint16_t v) {
   uint32_t u = uint32_t(v) << 16;
@@ -408,13 +424,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
   const bool scaled = SEG != kSegNone || (FP8 && scale);
   const int seg_pairs = scaled ? seg / 2 : npairs;
   const int far = FP8 ? far_prefetch_bytes() : 0;
-  const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
-  int countdown = every, next_line = 0;
-#define LK_TRICKLE_PREFETCH()                                                       \
-  if (every && --countdown == 0) {                                                  \
-    countdown = every;                                                              \
-    if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);  \
-  }
+  Trickle trickle(pf, npairs);
 #if defined(LK_FP8_TABLE)
   // fp8 codes by table, two pair-rows a step; few accumulators: a second set for the odd pair-rows, so
   // no chain of dependent dot products sets the pace (down's single block at M = 1 had one chain)
@@ -433,8 +443,8 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
 #if defined(LK_FP8_TABLE)
   if constexpr (kTable) {
   for (int p = p0; p < p0 + seg_pairs; p += 2) {  // (seg and kp: multiples of 32 inputs)
-    LK_TRICKLE_PREFETCH()
-    LK_TRICKLE_PREFETCH()
+    trickle.step();
+    trickle.step();
     __m512i w0[NB], w1[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
@@ -466,7 +476,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
 #endif
 #if defined(LK_VBF16)
   for (int p = p0; p < p0 + seg_pairs; ++p) {
-    LK_TRICKLE_PREFETCH()
+    trickle.step();
     __m512i w[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
@@ -485,7 +495,7 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
 #else
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xffff0000u));
   for (int p = p0; p < p0 + seg_pairs; ++p) {
-    LK_TRICKLE_PREFETCH()
+    trickle.step();
     __m512 we[NB], wo[NB];
 #pragma GCC unroll 2
     for (int j = 0; j < NB; ++j) {
@@ -522,7 +532,6 @@ inline void dot_tile(const uint16_t* const* a, const void* const* b, int kp, flo
       }
     }
   }
-#undef LK_TRICKLE_PREFETCH
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
@@ -677,13 +686,9 @@ inline void f32_panel_tile(const uint16_t* const* a, const float* b, int kp, flo
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
   const int npairs = kp / 2;
-  const int every = pf.lines ? (npairs / pf.lines > 0 ? npairs / pf.lines : 1) : 0;
-  int countdown = every, next_line = 0;
+  Trickle trickle(pf, npairs);
   for (int p = 0; p < npairs; ++p) {
-    if (every && --countdown == 0) {
-      countdown = every;
-      if (next_line < pf.lines) _mm_prefetch(pf.p + 64 * next_line++, _MM_HINT_T1);
-    }
+    trickle.step();
     const float* w = b + p * 32;
     const __m256 w0e = _mm256_loadu_ps(w), w0o = _mm256_loadu_ps(w + 8);
     const __m256 w1e = _mm256_loadu_ps(w + 16), w1o = _mm256_loadu_ps(w + 24);
