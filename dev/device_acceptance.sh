@@ -53,7 +53,8 @@
 #                                             # shape: lk_moe counters on /metrics right after startup, SIGINT exit
 #   bash dev/device_acceptance.sh serve2    # Qwen3-30B-A3B shape: hybrid under `vllm bench serve` (c=1,8,32),
 #                                             # disconnects, /metrics, SIGINT exit; then stock's startup
-#   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline)
+#   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline);
+#                                             # SERVE_MODES=hybrid as a second part: both in one table
 #   bash dev/device_acceptance.sh soak1     # starts benchmarks/serve_soak.py detached (setsid: it outlives the run;
 #                                             # SOAK_MIN minutes, default 20; SOAK_ARGS more of its options, e.g. the
 #                                             # 24 GB cap of the expert cache and auto-fit issues: SOAK_MIN=10 SOAK_ARGS="--streams 4
@@ -337,10 +338,10 @@ bash -c 'python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes hybrid -
 --results \$OUT/serve.json --log-dir \$OUT/serve && python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes stock --startup-only \
 --results \$OUT/serve.json --log-dir \$OUT/serve' > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log
 timeout $left python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cpu_path.py -k 'auto_signal or engine_totals' 2>&1 | tail -3" ;;
-  serve3)
-    body="cp benchmarks/results-carry.json \$OUT/serve.json 2>/dev/null
-python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes offload --prompts-per-conc 1 --results \$OUT/serve.json \
---log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log" ;;
+  serve3)  # SERVE_MODES (offload; then hybrid as a second part: one table, the results adding up in /root/serve.json)
+    body="cp -n benchmarks/results-carry.json /root/serve.json 2>/dev/null
+python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes \${SERVE_MODES:-offload} --prompts-per-conc 1 \
+--results /root/serve.json --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cp /root/serve.json \$OUT/; cat \$OUT/serve_load.log" ;;
   soak1)
     body="mkdir -p /root/soak; setsid nohup python3 benchmarks/serve_soak.py --minutes \${SOAK_MIN:-20} \${SOAK_ARGS:-} --out /root/soak \
 > /root/soak/soak.log 2>&1 < /dev/null & echo \$! > /root/soak/pid; $soak_follow" ;;
