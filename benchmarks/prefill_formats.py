@@ -1,10 +1,12 @@
 """CPU prefill of every expert format against bf16 prefill of the same shape, in the same run (not a test).
 
-For each ISA tier asked for, each M and each format it prints the median layer time over rounds, the
-ratio to bf16 (every round's ratio is taken within the round, formats taking turns on the same inputs,
-so machine noise cancels), the achieved TFLOP/s and its fraction of the tier's compute peak measured
-by a probe in the same run: the bf16 tile on one small hot expert with many rows, the fastest the
-engine's tile runs on these cores.
+For each ISA tier asked for, each M and each format it prints the median layer time, the ratio to bf16
+and the achieved TFLOP/s with its fraction of the tier's compute peak measured by a probe in the same run
+(the bf16 tile on one small hot expert with many rows, the fastest the engine's tile runs on these cores).
+The ratio is paired: each of a format's forwards runs between two bf16 forwards on the same inputs and is
+divided by their mean, so drift slower than one forward (other tenants, clocks) cancels; the median over
+every pair of every round is printed, and per round the median of its pairs (formats take turns in an
+order that rotates each round).
 
     python benchmarks/prefill_formats.py                                   # Qwen3-30B-A3B shape, M 64/256/1024
     python benchmarks/prefill_formats.py --shape deepseek-v3 --tokens 256 --rounds 3
@@ -117,7 +119,7 @@ def main() -> int:
     p.add_argument("--isa", default="", help="comma list of ISA tiers (default: the best this CPU has)")
     p.add_argument("--threads", type=int, default=0, help="engine threads (default: every core)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--reps", type=int, default=3, help="timed forwards per format, M and round")
+    p.add_argument("--reps", type=int, default=3, help="timed forwards per format, M and round (each between two bf16 ones)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     H, I, _, K = SHAPES[args.shape]
@@ -125,6 +127,8 @@ def main() -> int:
     formats = args.formats.split(",")
     if "bf16" not in formats:
         formats.insert(0, "bf16")
+    if len(formats) < 2:
+        p.error("--formats: name at least one format besides bf16 (the reference every ratio is taken to)")
     tiers = args.isa.split(",") if args.isa else [lk_moe.isa()]
     for t in tiers:
         if t not in lk_moe.supported_isas():
@@ -149,21 +153,28 @@ def main() -> int:
                 out = torch.empty(M, H, dtype=torch.bfloat16)
                 for f, layer in layers.items():
                     timed_forward(layer, x, ids, w, out, f.endswith("+int"))  # warm-up
+                others = [f for f in formats if f != "bf16"]
                 times = {f: [] for f in formats}
+                pairs = {f: [[] for _ in range(args.rounds)] for f in others}  # per round: f / mean(bf16 around it)
                 for r in range(args.rounds):
-                    order = formats[r % len(formats):] + formats[:r % len(formats)]  # turns rotate
-                    for f in order:
-                        times[f].append(statistics.median(timed_forward(layers[f], x, ids, w, out, f.endswith("+int"))
-                                                          for _ in range(args.reps)))
+                    for f in others[r % len(others):] + others[:r % len(others)]:  # turns rotate
+                        before = timed_forward(layers["bf16"], x, ids, w, out)
+                        for _ in range(args.reps):
+                            t = timed_forward(layers[f], x, ids, w, out, f.endswith("+int"))
+                            after = timed_forward(layers["bf16"], x, ids, w, out)
+                            times[f].append(t)
+                            times["bf16"].append(after)
+                            pairs[f][r].append(2 * t / (before + after))
+                            before = after
                 flop = 2 * M * K * 3 * H * I
                 for f in formats:
-                    ratios = [a / b for a, b in zip(times[f], times["bf16"])]
+                    rounds = [statistics.median(p) for p in pairs[f]] if f in pairs else [1.0] * args.rounds
+                    ratio = statistics.median([v for p in pairs[f] for v in p]) if f in pairs else 1.0
                     ms = statistics.median(times[f]) * 1e3
                     tf = flop / (ms * 1e-3) / 1e12
-                    ratio = statistics.median(ratios)
-                    print(f"{M:>5} {f:<22} {ms:>9.2f} {ratio:>8.2f} {' '.join(f'{v:.2f}' for v in ratios):<20} "
+                    print(f"{M:>5} {f:<22} {ms:>9.2f} {ratio:>8.2f} {' '.join(f'{v:.2f}' for v in rounds):<20} "
                           f"{tf:>8.3f} {tf / peak:>6.2f}", flush=True)
-                    results.append(dict(tier=tier, M=M, format=f, ms=ms, vs_bf16=ratio, round_ratios=ratios,
+                    results.append(dict(tier=tier, M=M, format=f, ms=ms, vs_bf16=ratio, round_ratios=rounds,
                                         tflops=tf, peak_tflops=peak, shape=args.shape, threads=pool.num_threads))
     finally:
         lk_moe.set_isa(best_isa)
