@@ -54,7 +54,8 @@
 #   bash dev/device_acceptance.sh serve2    # Qwen3-30B-A3B shape: hybrid under `vllm bench serve` (c=1,8,32),
 #                                             # disconnects, /metrics, SIGINT exit; then stock's startup
 #   bash dev/device_acceptance.sh serve3    # the same load against stock vLLM with --cpu-offload-gb (the baseline);
-#                                             # SERVE_MODES=hybrid as a second part: both in one table
+#                                             # SERVE_MODES=hybrid as a second part: both in one table; SERVE_ARGS more
+#                                             # serve_load.py options
 #   bash dev/device_acceptance.sh soak1     # starts benchmarks/serve_soak.py detached (setsid: it outlives the run;
 #                                             # SOAK_MIN minutes, default 20; SOAK_ARGS more of its options, e.g. the
 #                                             # 24 GB cap of the expert cache and auto-fit issues: SOAK_MIN=10 SOAK_ARGS="--streams 4
@@ -338,9 +339,11 @@ bash -c 'python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes hybrid -
 --results \$OUT/serve.json --log-dir \$OUT/serve && python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes stock --startup-only \
 --results \$OUT/serve.json --log-dir \$OUT/serve' > \$OUT/serve_load.log 2>&1; cat \$OUT/serve_load.log
 timeout $left python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cpu_path.py -k 'auto_signal or engine_totals' 2>&1 | tail -3" ;;
-  serve3)  # SERVE_MODES (offload; then hybrid as a second part: one table, the results adding up in /root/serve.json)
+  serve3)  # SERVE_MODES (offload; then hybrid as a second part: one table, the results adding up in /root/serve.json);
+           # SERVE_ARGS more options: the offload server starts in 230-310 s, so one part fits c=1 and the disconnects,
+           # the next SERVE_ARGS="--concurrency 8,32 --disconnects 0" (session 41: c=32 still ran at the deadline)
     body="cp -n benchmarks/results-carry.json /root/serve.json 2>/dev/null
-python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes \${SERVE_MODES:-offload} --prompts-per-conc 1 \
+python3 benchmarks/serve_load.py --shape qwen3-30b-a3b --modes \${SERVE_MODES:-offload} --prompts-per-conc 1 \${SERVE_ARGS:-} \
 --results /root/serve.json --log-dir \$OUT/serve > \$OUT/serve_load.log 2>&1; cp /root/serve.json \$OUT/; cat \$OUT/serve_load.log" ;;
   soak1)
     body="mkdir -p /root/soak; setsid nohup python3 benchmarks/serve_soak.py --minutes \${SOAK_MIN:-20} \${SOAK_ARGS:-} --out /root/soak \
