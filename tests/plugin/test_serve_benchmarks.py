@@ -49,6 +49,24 @@ def test_the_soaks_decode_rate_counts_each_requests_share_of_a_window():
     assert serve_soak.decode_rate(done, 10.0, 15.0) == 10.0  # the second's last half
 
 
+def test_the_soak_compares_the_first_window_after_warm_up_with_the_last():
+    assert serve_soak.windows(1500.0, 120.0, 300.0) == ((120.0, 420.0), (1200.0, 1500.0))
+    assert serve_soak.windows(540.0, 120.0, 300.0) == ((120.0, 420.0), (240.0, 540.0))  # a short soak: overlapping
+    assert serve_soak.windows(200.0, 120.0, 300.0) == ((120.0, 200.0), (0.0, 200.0))
+
+
+def test_the_soak_reads_vllms_own_count_of_generated_tokens():
+    page = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 3072.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 1024.0
+vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9
+vllm:prompt_tokens_total{engine="0",model_name="m"} 99.0
+"""
+    assert serve_soak.generated_tokens(page) == 4096.0
+    assert serve_soak.generated_tokens("lvllm_moe_calls_total 3.0\n") is None
+
+
 def test_lvllm_env_takes_only_lvllm_and_engine_settings():
     assert serve_load.lvllm_env(["LVLLM_GPU_EXPERT_CACHE=auto", "LK_THREADS=12"]) == {
         "LVLLM_GPU_EXPERT_CACHE": "auto", "LK_THREADS": "12"}
@@ -109,5 +127,5 @@ def test_a_soak_cut_short_still_reports_from_its_start_record(tmp_path, capsys, 
     assert serve_soak.main() == 0
     out = capsys.readouterr().out
     assert "soak: 2.5 min, 4 streams, 40 requests, 0 failed (cut short" in out
-    assert "decode: 170.7 tok/s in the first 1 min, 187.8 in the last" in out
+    assert "decode: 187.8 tok/s in the first 1 min after warm-up, 187.8 in the last" in out  # (60, 120] and (90, 150]
     assert "budget of 23.77 GiB: EXCEEDED by 0.03 GiB" in out
