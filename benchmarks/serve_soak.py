@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A soak of a default `vllm serve`: --streams concurrent streaming clients for --minutes, a sample every
 --every seconds of the server's host RSS and pinned memory (every process it started), GPU memory
-(nvidia-smi) and the lvllm_* counters (/metrics); then failed requests, memory after warm-up vs at the
+(nvidia-smi), the page-locked host memory the workers report (lvllm_pinned_host_bytes: VmPin does not
+count CUDA's) and the lvllm_* counters (/metrics); then failed requests, memory after warm-up vs at the
 end, and decode tok/s of the first --window minutes after the warm-up vs the last (target: within 5%).
 Writes the samples (JSON lines, each with the tokens generated since the last by vLLM's own counter) and,
 where matplotlib is importable, a PNG of memory and tok/s over time.
@@ -202,13 +203,20 @@ def partial_summary(rows: list, samples: list) -> dict:
                 long_prompt=None)
 
 
+# the memory series of a sample: key, what the report calls it
+MEMORY = (("rss", "host RSS"), ("pinned_host", "pinned (lvllm_pinned_host_bytes)"), ("pinned", "pinned (VmPin)"),
+          ("gpu", "GPU memory"))
+
+
 def report(samples: list, summary: dict, png: str = "") -> str:
     warm = next((s for s in samples if s["t"] >= summary["warmup_s"]), samples[0])
     end = samples[-1]
     lines = [f"soak: {summary['minutes']} min, {summary['streams']} streams, {summary['requests']} requests, "
              f"{summary['failed']} failed" + (" (cut short: the run wrote no summary; decode rates from the samples)"
                                                if summary.get("partial") else "")]
-    for key, what in (("rss", "host RSS"), ("pinned", "pinned (VmPin)"), ("gpu", "GPU memory")):
+    for key, what in MEMORY:
+        if key not in warm or key not in end:
+            continue
         a, b = warm[key], end[key]
         lines.append(f"{what}: {a / GiB:.2f} GiB after warm-up (t={warm['t']:.0f} s) -> {b / GiB:.2f} GiB at the end "
                      f"({(b - a) / GiB:+.3f} GiB, {(b - a) / max(a, 1) * 100:+.2f}%)")
@@ -240,8 +248,9 @@ def report(samples: list, summary: dict, png: str = "") -> str:
             import matplotlib.pyplot as plt
             t = [s["t"] / 60 for s in samples]
             fig, ax = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-            for key, label in (("rss", "host RSS"), ("pinned", "pinned"), ("gpu", "GPU memory")):
-                ax[0].plot(t, [s[key] / GiB for s in samples], marker=".", label=label)
+            for key, label in MEMORY:
+                if all(key in s for s in samples):
+                    ax[0].plot(t, [s[key] / GiB for s in samples], marker=".", label=label)
             ax[0].set_ylabel("GiB")
             ax[0].legend()
             ax[0].set_title(f"vllm serve soak: {summary['streams']} streams, {summary.get('shape', '')} hybrid")
@@ -333,6 +342,9 @@ def main() -> int:
                      **group_memory(srv.proc.pid))
             if generated is not None:
                 s["generated"] = generated
+            pinned = [v for k, v in lvllm_samples(page).items() if k.startswith("lvllm_pinned_host_bytes{")]
+            if pinned:  # what the workers page-locked (VmPin, in "pinned", does not count CUDA's page-locking)
+                s["pinned_host"] = sum(pinned)
             s["lvllm"] = {k: v for k, v in lvllm_samples(page).items() if "seconds" in k or "tokens" in k}
             last_t, last_n = now, toks
             samples.append(s)

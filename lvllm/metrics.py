@@ -49,7 +49,26 @@ COUNTERS = {
     "lvllm_expert_cache_refill_bytes": ("Bytes copied host to device by those refills", False),
 }
 
+# name -> (help text, label) of the gauges: the worker's value at its last snapshot.
+GAUGES = {
+    "lvllm_pinned_host_bytes": ("Page-locked host memory of the worker, by kind: the engine's expert weights "
+                                "registered for streamed prefill (engine), torch's pinned-memory pool, which holds "
+                                "lk_moe's staging and vLLM's own pinned buffers (torch). The kernel's VmPin counts "
+                                "neither", "kind"),
+}
+PINNED_KINDS = ("engine", "torch")
+
 _dir_owner: Optional[tempfile.TemporaryDirectory] = None  # the first process's directory
+
+
+def pinned_host_bytes() -> Dict[str, int]:
+    """This process's page-locked host memory by kind (PINNED_KINDS); 0 where the engine is not loaded or
+    torch's pinned pool holds nothing (no CUDA)."""
+    import sys
+    import torch
+    lk = sys.modules.get("lk_moe._C")  # only where the worker loaded the engine: never import it for this
+    return {"engine": int(lk.registered_host_bytes()) if lk is not None else 0,
+            "torch": int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))}
 
 
 def setup_first_process(env=None) -> Optional[str]:
@@ -70,8 +89,8 @@ def setup_first_process(env=None) -> Optional[str]:
     return _dir_owner.name
 
 
-def snapshot_of(totals, errors_total: int, rank: int) -> dict:
-    """The file a worker writes: lvllm.stats.Totals plus the error count."""
+def snapshot_of(totals, errors_total: int, rank: int, pinned: Optional[Dict[str, int]] = None) -> dict:
+    """The file a worker writes: lvllm.stats.Totals plus the error count and its pinned host bytes by kind."""
     return {
         "pid": os.getpid(), "rank": rank,
         "lvllm_moe_calls": {"cpu_decode": totals.cpu_decode_calls, "cpu_prefill": totals.cpu_prefill_calls,
@@ -89,6 +108,7 @@ def snapshot_of(totals, errors_total: int, rank: int) -> dict:
         "lvllm_expert_cache_hits": totals.cache_hits,
         "lvllm_expert_cache_refills": totals.cache_refills,
         "lvllm_expert_cache_refill_bytes": totals.cache_refill_bytes,
+        "lvllm_pinned_host_bytes": pinned,
     }
 
 
@@ -139,8 +159,14 @@ class SnapshotCollector:
         return []  # not known before a scrape: do not call collect() at registration
 
     def collect(self) -> Iterable:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         snaps = read_snapshots(self.directory)
+        for name, (help_text, label) in GAUGES.items():
+            fam = GaugeMetricFamily(name, help_text, labels=["rank", label])
+            for snap in snaps:
+                for kind, value in (snap.get(name) or {}).items():
+                    fam.add_metric([str(snap["rank"]), kind], float(value))
+            yield fam
         for name, (help_text, by_path) in COUNTERS.items():
             fam = CounterMetricFamily(name, help_text, labels=["rank", "path"] if by_path else ["rank"])
             for snap in snaps:
@@ -165,7 +191,7 @@ class SnapshotWriter:
 
     def write_now(self) -> None:
         totals, errors = self.read()
-        _write(self.directory, snapshot_of(totals, errors, self.rank))
+        _write(self.directory, snapshot_of(totals, errors, self.rank, pinned_host_bytes()))
 
     def start(self) -> None:
         if self._thread is None:

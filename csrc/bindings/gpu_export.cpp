@@ -157,22 +157,22 @@ void def_gpu_export(py::class_<Layer>& layer) {
              // layers: their scales, zero points and biases too (separate host buffers, streamed with
              // the codes). The nvfp4 global scales (12 bytes per expert) stay pageable.
              if (l.impl->pinned) return;
-             std::vector<void*> done;
+             std::vector<std::pair<void*, size_t>> done;
              try {
                for (const auto& sl : l.impl->slices()) {
                  for (const lk::HostBuffer* b : {&sl.w13, &sl.w2, &sl.s13, &sl.s2, &sl.z13, &sl.z2, &sl.b13, &sl.b2}) {
                    if (!b->size()) continue;
                    lk::register_host_memory(b->data(), b->size());
-                   done.push_back(b->data());
+                   done.emplace_back(b->data(), b->size());
                  }
                }
              } catch (const std::runtime_error& e) {
-               for (void* p : done) lk::unregister_host_memory(p);
+               for (const auto& [p, n] : done) lk::unregister_host_memory(p, n);
                throw;
              }
              l.impl->pinned = true;
              l.impl->on_destroy([done] {
-               for (void* p : done) lk::unregister_host_memory(p);
+               for (const auto& [p, n] : done) lk::unregister_host_memory(p, n);
              });
            });
 }

@@ -54,6 +54,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_brand", [] { return lk::cpu_features().brand; });
   m.def("alloc_count", &lk::alloc_count, "host buffers allocated so far by the engine");
   m.def("live_bytes", &lk::live_bytes, "host bytes held by the engine now");
+  m.def("registered_host_bytes", &lk::registered_host_bytes,
+        "host bytes the engine has page-locked for the GPU (cudaHostRegister) and not released");
   m.def("parse_cpu_list", &lk::parse_cpu_list);
   m.def("allowed_cpus", &lk::allowed_cpus);
   m.def(

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -331,6 +332,12 @@ bool cuda_runtime_available(std::string* why) {
   return r.launch_host_func != nullptr;
 }
 
+namespace {
+std::atomic<size_t> g_registered_bytes{0};
+}
+
+size_t registered_host_bytes() { return g_registered_bytes.load(std::memory_order_relaxed); }
+
 void register_host_memory(void* ptr, size_t bytes) {
   const CudaRuntime& r = runtime();
   if (!r.host_register) throw std::runtime_error("cannot pin expert memory: " + r.why);
@@ -340,11 +347,13 @@ void register_host_memory(void* ptr, size_t bytes) {
     throw std::runtime_error("cudaHostRegister of " + std::to_string(bytes >> 20) + " MiB of expert memory failed: " +
                              r.error_string(err) + " (check the locked-memory limit, `ulimit -l`)");
   }
+  g_registered_bytes += bytes;
 }
 
-void unregister_host_memory(void* ptr) {
+void unregister_host_memory(void* ptr, size_t bytes) {
   const CudaRuntime& r = runtime();
   if (r.host_unregister && r.host_unregister(ptr) != 0 && r.get_last_error) r.get_last_error();
+  g_registered_bytes -= bytes;
 }
 
 HostForward::HostForward(std::shared_ptr<MoELayer> layer, const ForwardArgs& args,

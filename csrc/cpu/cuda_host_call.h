@@ -94,8 +94,12 @@ bool cuda_runtime_available(std::string* why);
 void kernel_poller_pause(bool paused);
 
 // Page-lock [ptr, ptr+bytes) for fast async copies to the GPU (cudaHostRegister); throws with the
-// CUDA error on failure (and clears it, so torch does not trip over it later).
+// CUDA error on failure (and clears it, so torch does not trip over it later). unregister takes the
+// same range back.
 void register_host_memory(void* ptr, size_t bytes);
-void unregister_host_memory(void* ptr);
+void unregister_host_memory(void* ptr, size_t bytes);
+// Bytes registered by register_host_memory and not yet unregistered, process-wide (for /metrics: the
+// kernel's VmPin does not count CUDA's page-locking).
+size_t registered_host_bytes();
 
 }  // namespace lk

@@ -283,3 +283,22 @@ def test_4bit_layers_cpu_only_and_no_kernel():
     assert h.gpu_path is None and not h.takes_gpu_path(4096)
     with pytest.raises(ValueError, match="wna16_int4 experts have no dequantization kernel"):
         HybridMoE(None, None, layer=layer, max_tokens=8, top_k=2, gpu_min_batch=64, dequant="kernel")
+
+
+def test_pinned_expert_bytes_are_counted_until_the_layer_goes():
+    """The engine counts what it page-locks for streamed prefill (lvllm_pinned_host_bytes{kind="engine"} on
+    /metrics: the kernel's VmPin does not see CUDA's registrations), and takes it back when the layer is freed."""
+    import gc
+    from lvllm.metrics import pinned_host_bytes
+    w13, w2 = make_experts(4, 256, 128)
+    before = lk_moe._C.registered_host_bytes()
+    layer = lk_moe.MoELayer(w13, w2)
+    layer._impl.pin_for_gpu()
+    weights = w13.numel() * 2 + w2.numel() * 2  # bf16 codes: the packed copy the engine registered
+    assert lk_moe._C.registered_host_bytes() - before == weights
+    assert pinned_host_bytes()["engine"] == before + weights
+    layer._impl.pin_for_gpu()  # once per layer
+    assert lk_moe._C.registered_host_bytes() - before == weights
+    del layer
+    gc.collect()
+    assert lk_moe._C.registered_host_bytes() == before

@@ -35,7 +35,26 @@ def test_snapshot_values_and_names(tmp_path):
     # Conventions: a HELP and a counter TYPE per family, base units, the _total suffix on samples.
     for name in metrics.COUNTERS:
         assert f"# HELP {name}_total " in text and f"# TYPE {name}_total counter" in text
-    assert all(re.match(r"lvllm_[a-z0-9_]+_total\{", k) for k in v if not k.endswith("_created"))
+    assert all(re.match(r"lvllm_[a-z0-9_]+_total\{", k) for k in v
+               if not k.endswith("_created") and k.split("{")[0] not in metrics.GAUGES)
+
+
+def test_pinned_host_bytes_are_a_gauge_by_kind(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "pinned_host_bytes", lambda: {"engine": 54 << 30, "torch": 1 << 30})
+    metrics.SnapshotWriter(str(tmp_path), 0, lambda: (TOTALS, 0)).write_now()
+    text = metrics.render(str(tmp_path))
+    v = metrics.values(text)
+    assert v['lvllm_pinned_host_bytes{kind="engine",rank="0"}'] == 54 << 30
+    assert v['lvllm_pinned_host_bytes{kind="torch",rank="0"}'] == 1 << 30
+    assert "# TYPE lvllm_pinned_host_bytes gauge" in text and "# HELP lvllm_pinned_host_bytes Page-locked" in text
+
+
+def test_pinned_host_bytes_reads_the_engine_and_torchs_pool():
+    import lk_moe  # noqa: F401  (loads the engine: its count is then read)
+    pinned = metrics.pinned_host_bytes()
+    assert set(pinned) == set(metrics.PINNED_KINDS)
+    assert pinned["engine"] == lk_moe._C.registered_host_bytes()
+    assert pinned["torch"] >= 0
 
 
 def test_dead_processes_and_torn_files_are_left_out(tmp_path):

@@ -84,6 +84,18 @@ def test_the_soak_report_says_how_the_long_prompt_went():
     assert "long prompt FAILED: HTTP 500" in serve_soak.report([sample, sample], summary)
 
 
+def test_the_soak_reports_the_pinned_memory_the_workers_count():
+    summary = dict(minutes=10, streams=8, requests=80, failed=0, warmup_s=60, window_min=5, rate_first=68.0,
+                   rate_last=69.0)
+    early = dict(t=60.0, rss=58 * GiB, pinned=0, pinned_host=int(55.5 * GiB), gpu=GiB)
+    late = dict(early, t=600.0, pinned_host=int(55.75 * GiB))
+    text = serve_soak.report([early, late], summary)
+    assert "pinned (lvllm_pinned_host_bytes): 55.50 GiB after warm-up (t=60 s) -> 55.75 GiB at the end (+0.250 GiB" in text
+    assert "pinned (VmPin): 0.00 GiB" in text
+    earlier_run = [{k: v for k, v in s.items() if k != "pinned_host"} for s in (early, late)]
+    assert "lvllm_pinned_host_bytes" not in serve_soak.report(earlier_run, summary)
+
+
 def test_the_soak_checks_gpu_memory_against_the_vram_cap():
     total = 140 * GiB
     assert serve_soak.vram_cap(["--gpu-memory-utilization=0.17"], total) == int(0.17 * total)
