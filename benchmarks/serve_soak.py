@@ -239,8 +239,10 @@ def report(samples: list, summary: dict, png: str = "") -> str:
         lines.append(f"long prompt: {lp['prompt_tokens']} tokens, TTFT {lp['ttft_s']} s next to the streams"
                      if lp.get("ok") else f"long prompt FAILED: {lp.get('error', 'no answer before the end')}")
     r0, r1 = summary["rate_first"], summary["rate_last"]
+    (_, a1), (b0, _) = windows(summary["minutes"] * 60, summary["warmup_s"], summary["window_min"] * 60)
     lines.append(f"decode: {r0:.1f} tok/s in the first {summary['window_min']} min after warm-up, {r1:.1f} in the last "
-                 f"({(r1 - r0) / max(r0, 1e-9) * 100:+.1f}%; target within 5%)")
+                 f"({(r1 - r0) / max(r0, 1e-9) * 100:+.1f}%; target within 5%)"
+                 + ("; the two windows overlap (a soak shorter than the warm-up and two windows)" if a1 > b0 else ""))
     if png:
         try:
             import matplotlib

@@ -53,6 +53,11 @@ def test_the_soak_compares_the_first_window_after_warm_up_with_the_last():
     assert serve_soak.windows(1500.0, 120.0, 300.0) == ((120.0, 420.0), (1200.0, 1500.0))
     assert serve_soak.windows(540.0, 120.0, 300.0) == ((120.0, 420.0), (240.0, 540.0))  # a short soak: overlapping
     assert serve_soak.windows(200.0, 120.0, 300.0) == ((120.0, 200.0), (0.0, 200.0))
+    sample = dict(t=0.0, rss=GiB, pinned=0, gpu=GiB)
+    summary = dict(minutes=9.0, streams=8, requests=144, failed=0, warmup_s=120, window_min=5, rate_first=68.7,
+                   rate_last=69.9)
+    assert "the two windows overlap" in serve_soak.report([sample, sample], summary)
+    assert "overlap" not in serve_soak.report([sample, sample], dict(summary, minutes=25.0))
 
 
 def test_the_soak_reads_vllms_own_count_of_generated_tokens():
