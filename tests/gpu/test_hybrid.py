@@ -294,7 +294,8 @@ def test_pinned_expert_bytes_are_counted_until_the_layer_goes():
     before = lk_moe._C.registered_host_bytes()
     layer = lk_moe.MoELayer(w13, w2)
     layer._impl.pin_for_gpu()
-    weights = w13.numel() * 2 + w2.numel() * 2  # bf16 codes: the packed copy the engine registered
+    weights = layer.nbytes  # bf16: the packed copy of the codes is all the engine registers
+    assert weights == (w13.numel() + w2.numel()) * 2
     assert lk_moe._C.registered_host_bytes() - before == weights
     assert pinned_host_bytes()["engine"] == before + weights
     layer._impl.pin_for_gpu()  # once per layer
