@@ -344,10 +344,11 @@ def main() -> int:
                      **group_memory(srv.proc.pid))
             if generated is not None:
                 s["generated"] = generated
-            pinned = [v for k, v in lvllm_samples(page).items() if k.startswith("lvllm_pinned_host_bytes{")]
+            lvllm = lvllm_samples(page)
+            pinned = [v for k, v in lvllm.items() if k.startswith("lvllm_pinned_host_bytes{")]
             if pinned:  # what the workers page-locked (VmPin, in "pinned", does not count CUDA's page-locking)
                 s["pinned_host"] = sum(pinned)
-            s["lvllm"] = {k: v for k, v in lvllm_samples(page).items() if "seconds" in k or "tokens" in k}
+            s["lvllm"] = {k: v for k, v in lvllm.items() if "seconds" in k or "tokens" in k}
             last_t, last_n = now, toks
             samples.append(s)
             out.write(json.dumps(s) + "\n")
