@@ -52,6 +52,7 @@ VL_TEXT = {"qwen3_5_moe_vl": "qwen3_5_moe", "kimi_k25": "deepseek_v3"}
 # Where each release keeps its text model's "model." part, and its lm_head
 TEXT_PREFIX = {"qwen3_5_moe_vl": ("model.language_model", "lm_head"),
                "kimi_k25": ("language_model.model", "language_model.lm_head"),
+               "kimi_k3": (f"{kimi_k3.TEXT}model", f"{kimi_k3.TEXT}lm_head"),
                "minimax_m3": (f"{minimax_m3.TEXT}model", f"{minimax_m3.TEXT}lm_head"),
                "glm5_next_vl": (glm5_next_vl.TEXT.rstrip("."), "lm_head"),
                "qwen4_exp_vl": (qwen4_exp_vl.TEXT.rstrip("."), "lm_head")}
@@ -92,7 +93,7 @@ VL_PROCESSOR_FILES["kimi_k3"] = VL_PROCESSOR_FILES["kimi_k25"]  # K3's processor
 # skips the tower, as a text-only deployment of the release does)
 LANGUAGE_MODEL_ONLY = ("minimax_m3", "glm5_next_vl", "qwen4_exp_vl")
 # Mixtral-style routed experts: block_sparse_moe.experts.N.{w1 (gate), w3 (up), w2 (down)}
-BLOCK_SPARSE = ("mixtral", "minimax_m2", "minimax_m3")
+BLOCK_SPARSE = ("mixtral", "minimax_m2", "minimax_m3", "kimi_k3")
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -853,8 +854,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = CONFIG_MODULES[arch].config(s, vocab)
     else:
         config = _config(arch, s, vocab)
-    tensors = _weights(arch, s, vocab, seed) if size == "tiny" and arch not in CONFIG_ONLY else None
-    if mtp:  # a config-only model (Kimi-K3, DeepSeek-V4.1) gets vLLM's dummy weights in its MTP layer too
+    # Kimi-K3's MTP layers are not written: with them, config only (vLLM's dummy weights fill the whole model)
+    config_only = arch in CONFIG_ONLY or (arch == "kimi_k3" and mtp)
+    tensors = _weights(arch, s, vocab, seed) if size == "tiny" and not config_only else None
+    if mtp:  # a config-only model (DeepSeek-V4.1; Kimi-K3 with MTP) gets vLLM's dummy weights in its MTP layer too
         config.get("text_config", config)[MTP_FIELD[arch]] = mtp
     if mtp and arch == "deepseek_v41":  # V4.1's MTP layers are DSpark stages
         config["text_config"].update(deepseek_v41.dspark_fields(s, s["L"], vocab))
@@ -870,7 +873,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         else:
             tensors = _with_mtp_layers(tensors, arch, s, vocab, seed, mtp)
     experts_only = experts_only or fp8_experts_only
-    if tensors is None and quant == "mxfp4_ct":  # config only (Kimi-K3): the experts' compressed-tensors MXFP4
+    if tensors is None and quant == "mxfp4_ct":  # Kimi-K3 big or with MTP: the experts' compressed-tensors MXFP4
         config["quantization_config"] = ct_mxfp4_config()
     elif tensors is None and quant == "fp8":  # big: the FP8 release's block quantization over dummy weights
         config["quantization_config"] = fp8_release_config(config)
@@ -928,7 +931,7 @@ def main(argv=None) -> int:
                     ple_rows=a.ple_rows)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)"
-             if a.size == "big" or a.arch in CONFIG_ONLY else "")
+             if a.size == "big" or a.arch in CONFIG_ONLY or (a.arch == "kimi_k3" and a.mtp) else "")
           + (" (no vision tower weights: serve with --language-model-only)" if a.arch in LANGUAGE_MODEL_ONLY else ""))
     return 0
 

@@ -28,6 +28,11 @@ gated shared expert in every layer; transformers' own model is the fp32 oracle; 
 GLM-5.3 (Glm5NextForCausalLM, bf16): Kimi Delta Attention layers and an indexed NoPE sparse MLA layer, mHC residual
 streams, a dense first layer, grouped sigmoid routing with a shared expert, silu experts clamped at swiglu_limit (the
 engine's silu_clamp); the fp32 oracle is transformers' Glm5NextTextModel under the checkpoint's lm_head.
+Kimi-K3 (KimiK3ForConditionalGeneration, bf16, and its compressed-tensors MXFP4 experts as released against the bf16
+twin): KimiLinear's KDA layers with a full-rank output gate and a NoPE MLA layer with an output gate, a dense first
+layer, a latent MoE (routed experts on a narrower RMS-normed projection of the hidden state, SituGLU), beside a MoonViT
+tower (text prompts; vLLM profiles the tower at startup). transformers has no Kimi-K3: no teacher-forced fp32 check
+(the criterion then allows fewer spike flips).
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
@@ -52,14 +57,16 @@ from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, che
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
-             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "qwen4_exp_vl": 0, "glm5_next": 1, "glm5_next_vl": 1}
+             "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "qwen4_exp_vl": 0, "glm5_next": 1, "glm5_next_vl": 1,
+             "kimi_k3": 1}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;
 # vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16);
 # Kimi-K2.5's int4 experts (compressed-tensors W4A16 group 32, its quantization_config in text_config); MiniMax-M3's
-# MXFP8 experts as released (the engine's mxfp8: CPU prefill; vLLM's own MXFP8 MoE on Hopper is Humming / Marlin).
-NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8")]
+# MXFP8 experts as released (the engine's mxfp8: CPU prefill; vLLM's own MXFP8 MoE on Hopper is Humming / Marlin);
+# Kimi-K3's compressed-tensors MXFP4 experts on the latent width (the engine's mxfp4).
+NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8"), ("kimi_k3", "mxfp4_ct")]
 
 
 # Switch on with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=<arch>_resident): what the plugin changes besides the

@@ -4,6 +4,10 @@ hybrid layer's output is compared with a reference decoded straight from the che
 (their own layouts: N-first packing, interleaved gpt-oss rows, MXFP4 blocks), so every layout
 step in between (vLLM's loader, its transposes and TP narrowing, our hand-off) is checked.
 
+Every float parameter is NaN before vLLM's loader runs, and none may be NaN after it (vllm_cpu_load.lend_load_coverage):
+a tensor the checkpoint lacks (one shard of a fused projection too, which vLLM's own per-parameter tracking misses)
+fails the case.
+
 Tolerance: relative RMS <= 0.01. The engine rounds the layer input and the SwiGLU output to bf16
 (2^-8 relative each; measured 0.0023-0.0024 on every case); a wrong layout (transposed, swapped
 gate/up, wrong nibble or scale) gives O(1).
@@ -60,7 +64,9 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 with dummy weights: swigluoai on [gate; up] rows
     ("minimax_m3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (w1 gate / w3 up through vLLM's own loader)
     ("minimax_m3", "mxfp8", 1, "mxfp8"),  # and as its MXFP8 release (scales under weight_scale_inv, quant_method mxfp8)
-    ("kimi_k3", "dummy", 1, "bf16"),  # Kimi-K3 (config only): KDA + MLA, latent MoE, SituGLU experts (beta 4, linear 25)
+    ("kimi_k3", "dummy", 1, "bf16"),  # Kimi-K3 with dummy weights: KDA + MLA, latent MoE, SituGLU (beta 4, linear 25)
+    ("kimi_k3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (KimiLinear's names, the latent MoE's) with MoonViT
+    ("kimi_k3", "mxfp4_ct", 1, "mxfp4"),  # and as released: compressed-tensors MXFP4 experts on the latent width
     ("qwen4_exp", "dummy", 0, "bf16"),  # Qwen3.8-Flash-Next: GDN + QSA, hyper-connections, PLE, MoE in every layer
     ("qwen4_exp", "bf16", 3, "bf16"),  # and its bf16 checkpoint (transformers' Hub names) through vLLM's loader
     ("qwen4_exp", "fp8", 3, "fp8_block"),  # and with FP8 block experts
@@ -106,6 +112,7 @@ def test_loaded_experts_compute_what_the_checkpoint_says(tmp_path, i, arch, quan
     assert r["activation"] == ACTIVATIONS.get(arch, "silu"), r
     assert r["method"] == VLLM_METHODS.get(quant, r["method"]), r
     assert r["rel_rms"] <= 0.01, r
+    assert r.get("unloaded", {}) == {}, f"parameters (elements) no checkpoint tensor reached: {r['unloaded']}"
 
 
 # arch -> vLLM's MTP draft model built from its checkpoint, where that model's MoE layer lives (L: the target's

@@ -115,6 +115,8 @@ def reference_layer(model_dir, arch, quant, layer_idx):
         act = dict(activation="silu_clamp", swiglu_limit=cfg["swiglu_limit"])
     if arch == "minimax_m3":
         act = minimax_m3_activation(cfg)
+    if arch == "kimi_k3":
+        act = kimi_k3_activation(cfg)
     if arch == "gpt_oss":
         def mx(name):
             return decode_mxfp4(t[f"{prefix}.{name}_blocks"], t[f"{prefix}.{name}_scales"])
@@ -275,6 +277,36 @@ def lend_deepseek_v4_mtp_parts():
     lend_unquantized_moe_backend()
 
 
+UNLOADED: dict = {}  # parameter name -> elements the checkpoint left unset (lend_load_coverage)
+
+
+def lend_load_coverage():
+    """Every float parameter NaN before vLLM's loader runs (vLLM leaves new parameters uninitialised): whatever is
+    NaN after it (UNLOADED) no checkpoint tensor reached, a shard of a fused projection included, which vLLM's own
+    tracking (per parameter) does not see. Rows a module pads its fused weight with (padding_size: zeroed at
+    construction, never loaded) and the attention's quantization parameters (q/k/v/prob scales, q/k/v zero points:
+    vLLM's defaults where a checkpoint has none) are left out."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    load = DefaultModelLoader.load_weights
+    defaulted = ("q_scale", "k_scale", "v_scale", "prob_scale", "q_zero_point", "k_zero_point", "v_zero_point")
+
+    def tracked(model):
+        for name, m in model.named_modules():
+            for pn, p in m.named_parameters(recurse=False):
+                if p.is_floating_point() and pn not in defaulted:
+                    yield f"{name}.{pn}", (p.data[:-m.padding_size] if pn == "weight" and getattr(m, "padding_size", 0)
+                                           else p.data)
+
+    def load_and_track(self, model, model_config):
+        for _, t in tracked(model):
+            t.fill_(float("nan"))
+        load(self, model, model_config)
+        for name, t in tracked(model):
+            if bool(torch.isnan(t).any()):
+                UNLOADED[name] = int(torch.isnan(t).sum())
+    DefaultModelLoader.load_weights = load_and_track
+
+
 LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
                 "minimax_m3": lend_unquantized_moe_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts,
@@ -316,6 +348,8 @@ def main():
     if DRAFT_METHOD == "mtp" and arch == "deepseek_v4":
         lend_deepseek_v4_mtp_parts()
     lend_plain_cpu_gemm()
+    if quant != "dummy":
+        lend_load_coverage()
     load_general_plugins()
     # a release written without its vision tower: built as `--language-model-only` builds it
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512,
@@ -385,6 +419,7 @@ def main():
     rel = ((out - want).norm() / want.norm()).item()
     rt = lvllm.runtime.get_runtime()
     print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rel_rms": rel,
+                                  "unloaded": UNLOADED,
                                   "method": type(method).__name__, "activation": engine.activation,
                                   "resident": sorted(rt.cfg.resident_layers), "threads": rt.threads.threads,
                                   "gpu_prefill_min_batch": rt.cfg.gpu_prefill_min_batch, "fit_lines": rt.fit_lines}))
