@@ -283,19 +283,27 @@ UNLOADED: dict = {}  # parameter name -> elements the checkpoint left unset (len
 def lend_load_coverage():
     """Every float parameter NaN before vLLM's loader runs (vLLM leaves new parameters uninitialised): whatever is
     NaN after it (UNLOADED) no checkpoint tensor reached, a shard of a fused projection included, which vLLM's own
-    tracking (per parameter) does not see. Rows a module pads its fused weight with (padding_size: zeroed at
-    construction, never loaded) and the attention's quantization parameters (q/k/v/prob scales, q/k/v zero points:
+    tracking (per parameter) does not see. Rows a fused weight is padded with (pad_rows: never loaded) and the attention's quantization parameters (q/k/v/prob scales, q/k/v zero points:
     vLLM's defaults where a checkpoint has none) are left out."""
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     load = DefaultModelLoader.load_weights
     defaulted = ("q_scale", "k_scale", "v_scale", "prob_scale", "q_zero_point", "k_zero_point", "v_zero_point")
 
+    def pad_rows(m, parent) -> int:
+        """A fused weight's padding rows: the module's padding_size, or its last shard where that is the padding
+        its owner adds (pad_size: Qwen3.8-Flash-Next's hyper-connection GEMM padded to 16 rows)."""
+        owner_pad = getattr(parent, "pad_size", 0)
+        return getattr(m, "padding_size", 0) or (owner_pad if (getattr(m, "output_sizes", None) or [0])[-1] == owner_pad
+                                                 else 0)
+
     def tracked(model):
-        for name, m in model.named_modules():
+        modules = dict(model.named_modules())
+        for name, m in modules.items():
+            parent = modules.get(name.rpartition(".")[0])
             for pn, p in m.named_parameters(recurse=False):
                 if p.is_floating_point() and pn not in defaulted:
-                    yield f"{name}.{pn}", (p.data[:-m.padding_size] if pn == "weight" and getattr(m, "padding_size", 0)
-                                           else p.data)
+                    pad = pad_rows(m, parent) if pn == "weight" else 0
+                    yield f"{name}.{pn}", p.data[:-pad] if pad else p.data
 
     def load_and_track(self, model, model_config):
         for _, t in tracked(model):
@@ -312,7 +320,10 @@ ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_c
                 "minimax_m3": lend_unquantized_moe_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts,
                 "qwen4_exp_vl": lend_qwen4_exp_cpu_parts,
                 "kimi_k3": lend_kimi_k3_cpu_parts}
-QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend}
+# Kimi-K3's compressed-tensors MXFP4 experts: its quantization config hands them to vLLM's Mxfp4MoEMethod, which asks
+# DeepSeek-V4's backend question
+QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend,
+                 ("kimi_k3", "mxfp4_ct"): lend_deepseek_v4_mxfp4_backend}
 
 
 def eagle3_weights_as_written(model, draft_dir, spec_config) -> dict:
