@@ -11,8 +11,9 @@ Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
 mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
-int4 experts as released), kimi_k3 (config and tokenizer only, both sizes; bf16, or mxfp4_ct: its compressed-tensors
-MXFP4 experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision
+int4 experts as released), kimi_k3 (Kimi-K3 as released: KimiLinear's text model under language_model. beside a
+MoonViT vision tower; tiny with weights, big and --mtp config only; bf16, or mxfp4_ct: its compressed-tensors MXFP4
+experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision
 tower in the config only: serve it with --language-model-only), glm5_next_vl (GLM-5.3-Flash as released: glm5_next's
 text model under model.language_model., the vision tower in the config only, --language-model-only), qwen4_exp_vl
 (Qwen3.8-Flash-Next's vision-language layout: qwen4_exp's text model under model.language_model., the vision tower in
