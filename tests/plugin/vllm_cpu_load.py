@@ -315,11 +315,28 @@ def lend_load_coverage():
     DefaultModelLoader.load_weights = load_and_track
 
 
+def lend_deepseek_v41_cpu_parts():
+    """DeepSeek-V4.1's construction on the CPU (its GPU model: vLLM's CPU package has none): DeepSeek-V4's CPU
+    attention question, CUDA streams, its o-projection's FP8 einsum recipe (a Hopper's answer), the MoE backend
+    questions (unquantized and MXFP4), and the GPU's SM count its Engram embedding sizes its lookup by (a Hopper's
+    132); build it with EngramConfig(cpu_offload=False) (its tables in plain memory, not pinned)."""
+    import types
+
+    from vllm.models.deepseek_v41.nvidia import flashmla
+    lend_deepseek_v4_cpu_attention()
+    lend_no_cuda_streams()
+    lend_unquantized_moe_backend()
+    lend_deepseek_v4_mxfp4_backend()
+    flashmla.compute_fp8_einsum_recipe = lambda block_size=128: ((1, 128, 128), False)
+    torch.accelerator.current_device_index = lambda: 0
+    torch.cuda.get_device_properties = lambda *a: types.SimpleNamespace(multi_processor_count=132, major=9, minor=0)
+
+
 LENDERS = {"mxfp4_ct_a8": lend_deepseek_v4_mxfp4_backend, "w4a16": lend_marlin_backend, "nvfp4": lend_nvfp4_backend, "int8_channel": lend_int8_backend}
 ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_cpu_attention,
                 "minimax_m3": lend_unquantized_moe_backend, "qwen4_exp": lend_qwen4_exp_cpu_parts,
                 "qwen4_exp_vl": lend_qwen4_exp_cpu_parts,
-                "kimi_k3": lend_kimi_k3_cpu_parts}
+                "kimi_k3": lend_kimi_k3_cpu_parts, "deepseek_v41": lend_deepseek_v41_cpu_parts}
 # Kimi-K3's compressed-tensors MXFP4 experts: its quantization config hands them to vLLM's Mxfp4MoEMethod, which asks
 # DeepSeek-V4's backend question
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend,
@@ -366,7 +383,7 @@ def main():
     target = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=512,
                          language_model_only=arch in LANGUAGE_MODEL_ONLY)
     engram = {}
-    if ARCH_LENDERS.get(arch) is lend_qwen4_exp_cpu_parts:  # its PLE tables in plain memory, see there
+    if ARCH_LENDERS.get(arch) in (lend_qwen4_exp_cpu_parts, lend_deepseek_v41_cpu_parts):  # tables in plain memory
         from vllm.config import EngramConfig
         engram = dict(engram_config=EngramConfig(cpu_offload=False))
     vc = VllmConfig(model_config=target, load_config=LoadConfig(load_format="dummy" if quant == "dummy" else "auto"),
