@@ -103,6 +103,15 @@ def _runs(chunk: List[int]):
     return runs
 
 
+def check_dequant(fmt: str, dequant: str) -> None:
+    """ValueError for a `dequant` choice the format cannot take."""
+    if dequant not in gpu_dequant.IMPLS:
+        raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {dequant!r}")
+    if fmt in gpu_dequant.TORCH_DEQUANT_FORMATS and dequant == "kernel":
+        raise ValueError(f"{fmt} experts have no dequantization kernel: they are dequantized by torch ops on the GPU "
+                         "(dequant='auto' or 'torch')")
+
+
 class GpuCopyLayout:
     """How one layer's experts travel to the GPU and become plain bf16 matrices there. Pure torch on
     any device (the CPU tests run it with CPU buffers and the torch twin of the dequant kernel).
@@ -120,16 +129,12 @@ class GpuCopyLayout:
         self.sources = gpu_sources(layer)
         self.kp1, self.kp2, self.h_pad = layer._impl.padded_dims
         self.codes, self.seg = layer._impl.byte_codes or (None, 0)
-        if dequant_impl not in gpu_dequant.IMPLS:
-            raise ValueError(f"dequant must be one of {', '.join(gpu_dequant.IMPLS)}, got {dequant_impl!r}")
+        check_dequant(self.format, dequant_impl)
         self.four_bit = self.format in gpu_dequant.FOUR_BIT_FORMATS
         self.mx = self.format in gpu_dequant.MX_BYTE_FORMATS
         self.parts = quant4_parts(layer) if self.four_bit else ()
         self.num_slices = layer.num_slices
         torch_only = self.format in gpu_dequant.TORCH_DEQUANT_FORMATS
-        if torch_only and dequant_impl == "kernel":
-            raise ValueError(f"{self.format} experts have no dequantization kernel: they are dequantized by torch "
-                             "ops on the GPU (dequant='auto' or 'torch')")
         self.dequant_impl = "torch" if torch_only else dequant_impl if self.codes is not None else None
         for srcs in self.sources:
             for t in srcs:
@@ -284,6 +289,7 @@ class HybridMoE:
         self.native: Optional[gpu_native.NativeExperts] = None
         if needs_gpu_copy:
             gpu_sources(self.layer)  # a format without a GPU path: ValueError naming it
+            check_dequant(self.format, dequant)  # a bad argument before vLLM's kernel is looked for
             self.gpu_path, self.gpu_path_reason = gpu_dequant.gpu_path(self.format, force_fallback=force_fallback,
                                                                        activation=self.layer.activation)
             if self.gpu_path == "native":  # vLLM's kernel, checked once here (raises naming the way out)
