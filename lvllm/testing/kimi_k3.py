@@ -73,8 +73,8 @@ def weights(s: dict, vocab: int, w) -> None:
     N(0, 1/fan_in), the output head at a gain of 3, unit norms), KDA's decay parameters at the usual initial ranges
     (A_log = log of 1..16, dt_bias the inverse softplus of 0.001..0.1), its short convolutions N(0, 1/width)."""
     import torch
-    H, g = s["H"], w.g
-    w.t[f"{TEXT}model.embed_tokens.weight"] = torch.randn(vocab, H, generator=g).to(torch.bfloat16)
+    H = s["H"]
+    w.t[f"{TEXT}model.embed_tokens.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
     w.linear(f"{TEXT}lm_head", vocab, H, gain=3.0)
     w.norm(f"{TEXT}model.norm", H)
     for i in range(s["L"]):

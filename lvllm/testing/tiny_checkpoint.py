@@ -777,6 +777,12 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 
     return tok.get_vocab_size()
 
 
+def writes_config_only(arch: str, size: str, mtp: int = 0) -> bool:
+    """Whether make_checkpoint writes no weights (serve with --load-format dummy): big sizes, the CONFIG_ONLY
+    architectures, and Kimi-K3 with MTP layers (not written: vLLM's dummy weights fill the whole model)."""
+    return size != "tiny" or arch in CONFIG_ONLY or (arch == "kimi_k3" and bool(mtp))
+
+
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
                     quant: str = "bf16", fp8_experts_only: bool = False, experts_only: bool = False,
                     mtp: int = 0, ple_rows: int = 0) -> str:
@@ -855,9 +861,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config = CONFIG_MODULES[arch].config(s, vocab)
     else:
         config = _config(arch, s, vocab)
-    # Kimi-K3's MTP layers are not written: with them, config only (vLLM's dummy weights fill the whole model)
-    config_only = arch in CONFIG_ONLY or (arch == "kimi_k3" and mtp)
-    tensors = _weights(arch, s, vocab, seed) if size == "tiny" and not config_only else None
+    tensors = None if writes_config_only(arch, size, mtp) else _weights(arch, s, vocab, seed)
     if mtp:  # a config-only model (DeepSeek-V4.1; Kimi-K3 with MTP) gets vLLM's dummy weights in its MTP layer too
         config.get("text_config", config)[MTP_FIELD[arch]] = mtp
     if mtp and arch == "deepseek_v41":  # V4.1's MTP layers are DSpark stages
@@ -932,7 +936,7 @@ def main(argv=None) -> int:
                     ple_rows=a.ple_rows)
     print(f"wrote {a.size} {a.arch} checkpoint to {a.out}"
           + (" (config + tokenizer only: serve with --load-format dummy)"
-             if a.size == "big" or a.arch in CONFIG_ONLY or (a.arch == "kimi_k3" and a.mtp) else "")
+             if writes_config_only(a.arch, a.size, a.mtp) else "")
           + (" (no vision tower weights: serve with --language-model-only)" if a.arch in LANGUAGE_MODEL_ONLY else ""))
     return 0
 

@@ -283,8 +283,9 @@ UNLOADED: dict = {}  # parameter name -> elements the checkpoint left unset (len
 def lend_load_coverage():
     """Every float parameter NaN before vLLM's loader runs (vLLM leaves new parameters uninitialised): whatever is
     NaN after it (UNLOADED) no checkpoint tensor reached, a shard of a fused projection included, which vLLM's own
-    tracking (per parameter) does not see. Rows a fused weight is padded with (pad_rows: never loaded) and the attention's quantization parameters (q/k/v/prob scales, q/k/v zero points:
-    vLLM's defaults where a checkpoint has none) are left out."""
+    tracking (per parameter) does not see. Rows a fused weight is padded with (pad_rows: never loaded) and the
+    attention's quantization parameters (q/k/v/prob scales, q/k/v zero points: vLLM's defaults where a checkpoint
+    has none) are left out."""
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     load = DefaultModelLoader.load_weights
     defaulted = ("q_scale", "k_scale", "v_scale", "prob_scale", "q_zero_point", "k_zero_point", "v_zero_point")
@@ -310,8 +311,9 @@ def lend_load_coverage():
             t.fill_(float("nan"))
         load(self, model, model_config)
         for name, t in tracked(model):
-            if bool(torch.isnan(t).any()):
-                UNLOADED[name] = int(torch.isnan(t).sum())
+            unset = int(torch.isnan(t).sum())
+            if unset:
+                UNLOADED[name] = unset
     DefaultModelLoader.load_weights = load_and_track
 
 
