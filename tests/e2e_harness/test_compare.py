@@ -95,6 +95,41 @@ def test_compare_runs_hands_the_reference_second_pass_on():
     assert not compare_runs({"runs": [ref, _prompts(5)]}, {"runs": [test]}).ok()
 
 
+def _reference_parts_at(run, p, i):
+    """The reference's second pass over prompt p generates another token at position i (its own near-tie there)."""
+    run[p] = out(run[p]["tokens"][:i] + [3] + run[p]["tokens"][i + 1:], run[p]["logprobs"])
+
+
+def test_a_flip_where_the_reference_parts_from_itself_is_its_noise():
+    """Kimi-K3 (H100 2026-12-07): stock vLLM's own two passes generated different tokens at prompt 4 pos 6 (margin
+    1.0 in its first pass), and the switch-on runs flipped exactly there."""
+    ref, test, again = _prompts(5), _prompts(5), _prompts(5)
+    for p in (0, 1, 3):
+        _flip(test, p, 12, 0.8)
+        _reference_parts_at(again, p, 12)
+    c = compare_outputs(ref, test, ref_again=again)
+    assert c.ok() and c.reference_flips == 3 and not c.spike_flips, c.summary()
+    assert not compare_outputs(ref, test, ref_again=_prompts(5)).ok()  # where the reference agrees with itself
+
+
+def test_positions_past_the_reference_parting_from_itself_are_not_compared():
+    ref, test, again = _prompts(5), _prompts(5), _prompts(5)
+    _reference_parts_at(again, 2, 5)
+    for i in range(6, 20):
+        test[2]["logprobs"][i] = {"1": -1.2, "2": -2.4}  # a whole nat off, where the reference is no yardstick
+    c = compare_outputs(ref, test, ref_again=again)
+    assert c.ok() and c.total == 4 * 20 + 5 and c.generated == 100 and c.positions == 85, c.summary()
+    assert not compare_outputs(ref, test, ref_again=_prompts(5)).ok()
+
+
+def test_a_reference_that_rarely_reproduces_itself_judges_nothing():
+    ref, again = _prompts(5), _prompts(5)
+    for p in range(5):
+        _reference_parts_at(again, p, 3)
+    c = compare_outputs(ref, _prompts(5), ref_again=again)
+    assert "too noisy to judge by" in c.summary()
+
+
 def test_spikes_flipping_several_prompts_fail():
     """A fault at one decode step flips the prompts of that batch together."""
     ref, test = _prompts(5), _prompts(5)
@@ -245,3 +280,26 @@ def test_e2e_summary_texts_are_what_the_plugin_prints():
         assert ("GPU path of " + gpu_path(fmt, (9, 0), force_fallback=True)[1]).startswith(fallback_text(fmt))
         path, reason = gpu_path(fmt, (9, 0), force_fallback=False)
         assert ("GPU path of " + reason).startswith(native_text(fmt)) == (path == "native")
+
+
+def _scored_run(tops_per_prompt):
+    return {"runs": [REF], "scored": _scored(tops_per_prompt)}
+
+
+def test_without_fp32_truth_the_teacher_forced_positions_are_held_to_the_reference():
+    """No transformers model (Kimi-K3): the scored prompts' logprobs (same contexts in both runs, so no divergence)
+    are compared with the reference's under the generation's thresholds."""
+    rng = random.Random(3)
+    ref = [[{"1": -0.3, "2": -1.3} for _ in range(400)]]
+    close = [[{k: v + rng.uniform(-0.07, 0.07) for k, v in top.items()} for top in ref[0]]]
+    off = [[{k: v + rng.uniform(-1.0, 1.0) for k, v in top.items()} for top in ref[0]]]
+    c = compare_runs(_scored_run(ref), _scored_run(close))
+    assert c.ok() and len(c.forced) == 400 and "teacher-forced vs the reference: 400 positions" in c.summary()
+    bad = compare_runs(_scored_run(ref), _scored_run(off))
+    assert any("teacher-forced vs the reference: 90th percentile" in p for p in bad.problems())
+
+
+def test_runs_that_scored_different_prompts_are_refused():
+    other = {"runs": [REF], "scored": [{"tokens": [9, 9], "top": [{"1": -0.3}]}]}
+    with pytest.raises(ValueError, match="scored different prompts"):
+        compare_runs(_scored_run([[{"1": -0.3}]]), other)
