@@ -150,8 +150,9 @@ def _worker(a) -> None:
 
     # Warm-up over every shape the measurement uses (1 and 4 requests, 1K and 8K prompts): on a fresh machine the
     # first use of a batch shape compiles kernels for seconds to minutes (DeepSeek-V4 with its warmups skipped)
-    gen([prompt(32)], 8)
-    gen([prompt(32) for _ in range(4)], 8)
+    for conc in (1, 4):  # both runs of a rep below: 1 token and 1 + N (a drafter's first proposal has its own shapes)
+        gen([prompt(32) for _ in range(conc)], 1)
+        gen([prompt(32) for _ in range(conc)], 8)
     for n in (1024, 8192):
         gen([prompt(n)], 1)
     res = {"mode": a.mode, "startup_s": round(startup, 1)}
