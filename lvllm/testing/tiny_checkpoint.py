@@ -36,7 +36,7 @@ from typing import Dict
 
 import torch
 
-from . import deepseek_v41, glm5_next, glm5_next_vl, kimi_k3, minimax_m3, qwen4_exp, qwen4_exp_vl
+from . import deepseek_v4, deepseek_v41, glm5_next, glm5_next_vl, kimi_k3, minimax_m3, qwen4_exp, qwen4_exp_vl
 from .checkpoint_quant import QUANTS, ct_mxfp4_config, quantize_checkpoint
 from .quantizers import quantize_mxfp4
 
@@ -360,93 +360,6 @@ def _vit_blocks(s: dict, w: "_Weights", prefix: str, names: tuple) -> None:
         w.linear(f"{b}.{fc2}", Hv, s["vis_I"], bias=True)
 
 
-# DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
-_V4_COMPRESS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-
-
-def _deepseek_v4_weights(s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
-    """The inference release's names and shapes (see SHAPES): fp32 mHC mixing weights and sink logits,
-    bf16 projections, int32 hash tables."""
-    w = _Weights(seed)
-    H, hc, hd = s["H"], s["hc"], s["hd"]
-    f32 = lambda name, *shape, scale=0.02: w.t.__setitem__(name, scale * torch.randn(*shape, generator=w.g))  # noqa: E731
-    w.t["embed.weight"] = torch.randn(vocab, H, generator=w.g).to(torch.bfloat16)
-    w.linear("head", vocab, H, gain=3.0)
-    w.norm("norm", H)
-    f32("hc_head_fn", hc, hc * H)
-    f32("hc_head_base", hc)
-    w.t["hc_head_scale"] = torch.ones(1)
-    mix = (2 + hc) * hc  # pre and post weights per stream, then the hc x hc residual mix
-    for i in range(s["L"]):
-        p = f"layers.{i}"
-        for part in ("attn", "ffn"):
-            f32(f"{p}.hc_{part}_fn", mix, hc * H)
-            f32(f"{p}.hc_{part}_base", mix)
-            w.t[f"{p}.hc_{part}_scale"] = torch.ones(3)
-        w.norm(f"{p}.attn_norm", H)
-        w.norm(f"{p}.ffn_norm", H)
-        a = f"{p}.attn"
-        f32(f"{a}.attn_sink", s["nh"], scale=1.0)
-        w.linear(f"{a}.wq_a", s["q_lora"], H)
-        w.norm(f"{a}.q_norm", s["q_lora"])
-        w.linear(f"{a}.wq_b", s["nh"] * hd, s["q_lora"])
-        w.linear(f"{a}.wkv", hd, H)
-        w.norm(f"{a}.kv_norm", hd)
-        w.linear(f"{a}.wo_a", s["o_groups"] * s["o_lora"], s["nh"] * hd // s["o_groups"])
-        w.linear(f"{a}.wo_b", H, s["o_groups"] * s["o_lora"])
-        kind = (s["layer_types"] or ["heavily_compressed_attention"])[i]
-        ratio = _V4_COMPRESS[kind]
-        if ratio:
-            width = hd * (2 if ratio == 4 else 1)  # CSA entries overlap their neighbours
-            c = f"{a}.compressor"
-            f32(f"{c}.ape", ratio, width)
-            w.linear(f"{c}.wkv", width, H)
-            w.linear(f"{c}.wgate", width, H)
-            w.norm(f"{c}.norm", hd)
-        if ratio == 4:  # the lightning indexer picks index_topk entries per query
-            x = f"{a}.indexer"
-            w.linear(f"{x}.wq_b", s["idx_heads"] * s["idx_dim"], s["q_lora"])
-            w.linear(f"{x}.weights_proj", s["idx_heads"], H)
-            f32(f"{x}.compressor.ape", ratio, 2 * s["idx_dim"])
-            w.linear(f"{x}.compressor.wkv", 2 * s["idx_dim"], H)
-            w.linear(f"{x}.compressor.wgate", 2 * s["idx_dim"], H)
-            w.norm(f"{x}.compressor.norm", s["idx_dim"])
-        f = f"{p}.ffn"
-        w.linear(f"{f}.gate", s["E"], H)
-        if i < s["hash_layers"]:  # token id -> its experts
-            w.t[f"{f}.gate.tid2eid"] = torch.stack([torch.randperm(s["E"], generator=w.g)[:s["K"]]
-                                                   for _ in range(vocab)]).to(torch.int32)
-        else:
-            w.t[f"{f}.gate.bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
-        w.mlp(f"{f}.shared_experts", H, s["I"], ("w1", "w3", "w2"))
-        for e in range(s["E"]):
-            w.mlp(f"{f}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))
-    return w.t
-
-
-def _deepseek_v4_mxfp4(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[str, torch.Tensor]:
-    """DeepSeek-V4's release layout of its routed experts: MXFP4 codes two per byte (int8 [N, K/2]) and
-    an e8m0 scale per 32 inputs (float8_e8m0fnu [N, K/32], named "scale"); the other layers stay bf16
-    here, listed as not converted in the FP8 quantization config the release carries (vLLM's CPU
-    platform has no FP8 linear kernels). config gets that quantization_config and expert_dtype "fp4"."""
-    out, keep_bf16 = {}, set()
-    for name, t in tensors.items():
-        if ".experts." in name and name.endswith(".weight"):
-            blocks, scales = quantize_mxfp4(t.float())
-            base = name[:-len("weight")]
-            out[base + "weight"] = blocks.reshape(t.shape[0], -1).view(torch.int8)
-            out[base + "scale"] = scales.view(torch.float8_e8m0fnu)
-            continue
-        out[name] = t
-        if name.endswith(".weight") and t.dim() == 2 and name not in ("embed.weight", "head.weight"):
-            keep_bf16.add(name[:-len(".weight")])
-    # vLLM fuses wq_a + wkv and each compressor's wkv + wgate: their fused names are listed too
-    fused = {n.rsplit(".", 1)[0] + ".fused_wqa_wkv" for n in keep_bf16 if n.endswith(".attn.wq_a")}
-    fused |= {n.rsplit(".", 1)[0] + ".fused_wkv_wgate" for n in keep_bf16 if n.endswith("compressor.wkv")}
-    _deepseek_v4_release_quant(config, sorted(keep_bf16 | fused))
-    return out
-
-
 # Families released in block FP8 (Qwen3-Next-80B-A3B-*-FP8, Qwen3.5's -FP8 releases, MiniMax-M2 as released): "big"
 # with quant "fp8" writes the release's quantization config over dummy weights
 # GLM-5.3-Flash (zai-org) ships block FP8 too: routed, shared and MTP experts and the MLPs at 128 x 128, dynamic
@@ -465,16 +378,6 @@ def fp8_release_config(config: dict) -> dict:
             if gdn and t == "linear_attention"]
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
             "modules_to_not_convert": keep}
-
-
-def _deepseek_v4_release_quant(config: dict, ignored_layers=()) -> None:
-    """The release's quantization: MXFP4 routed experts (expert_dtype "fp4") under an FP8 block config
-    (128 x 128 blocks, ue8m0 scales) for the other projections, minus ignored_layers."""
-    config["expert_dtype"] = "fp4"
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
-    if ignored_layers:
-        config["quantization_config"]["ignored_layers"] = list(ignored_layers)
 
 
 def _vision_tower(s: dict, w: "_Weights") -> None:
@@ -541,7 +444,9 @@ class _Weights:
 
 def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
     if arch == "deepseek_v4":
-        return _deepseek_v4_weights(s, vocab, seed)
+        w = _Weights(seed)
+        deepseek_v4.weights(s, vocab, w)
+        return w.t
     if arch in CONFIG_MODULES:  # an architecture whose module writes its own tensors
         w = _Weights(seed)
         CONFIG_MODULES[arch].weights(s, vocab, w)
@@ -647,7 +552,7 @@ def _with_deepseek_v4_mtp_layers(tensors: Dict[str, torch.Tensor], s: dict, voca
     H, hc = s["H"], s["hc"]
     for i in range(mtp):
         one = dict(s, L=1, hash_layers=0, layer_types=["sliding_attention"])
-        block = _deepseek_v4_weights(one, vocab, seed + 7 + i)
+        block = _weights("deepseek_v4", one, vocab, seed + 7 + i)
         out.update((f"mtp.{i}." + n[len("layers.0."):], t) for n, t in block.items() if n.startswith("layers.0."))
         p, w = f"mtp.{i}", _Weights(seed + 17 + i)
         for norm in ("enorm", "hnorm", "norm"):
@@ -883,11 +788,11 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     elif tensors is None and quant == "fp8":  # big: the FP8 release's block quantization over dummy weights
         config["quantization_config"] = fp8_release_config(config)
     elif tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
-        _deepseek_v4_release_quant(config)
+        deepseek_v4.release_quant(config)
         if arch == "deepseek_v41":  # its release names the expert dtype inside the quantization config
             config["quantization_config"]["expert_dtype"] = config.pop("expert_dtype")
     elif tensors is not None and quant == "mxfp4":
-        tensors = _deepseek_v4_mxfp4(tensors, config)
+        tensors = deepseek_v4.mxfp4_release(tensors, config)
     elif tensors is not None:
         experts_only = experts_only or (arch, quant) == ("minimax_m3", "mxfp8")  # its release: MXFP8 experts only
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)

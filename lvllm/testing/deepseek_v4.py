@@ -1,0 +1,129 @@
+"""DeepSeek-V4's tensors for lvllm.testing.tiny_checkpoint, in the inference release's names (layers.<i>.attn.*,
+ffn.*, hc_* mHC mixing weights, embed / head / norm; vLLM's V4 and V4.1 weight mappers rename them), and the release's
+layout of its routed experts (MXFP4 codes with e8m0 scales, the other projections under an FP8 block config).
+DeepSeek-V4.1 (lvllm.testing.deepseek_v41) reuses the decoder block's attention and MoE and adds its own parts.
+
+Values as the other tiny checkpoints: projections N(0, 1/fan_in), the output head at a gain of 3, unit norms; the mHC
+mixing weights and sink logits fp32, the projections bf16, hash tables int32.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from .quantizers import quantize_mxfp4
+
+# DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
+COMPRESS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def f32(w, name: str, *shape, scale: float = 0.02) -> None:
+    w.t[name] = scale * torch.randn(*shape, generator=w.g)
+
+
+def embedding_and_head(s: dict, vocab: int, w) -> None:
+    w.t["embed.weight"] = torch.randn(vocab, s["H"], generator=w.g).to(torch.bfloat16)
+    w.linear("head", vocab, s["H"], gain=3.0)
+    w.norm("norm", s["H"])
+
+
+def attention_block(s: dict, w, p: str) -> None:
+    """A decoder layer's mHC mixing weights, its two norms and its attention's projections (MLA-like: a low-rank
+    query, one shared KV head, grouped low-rank output), what every V4 / V4.1 layer has."""
+    H, hc, hd = s["H"], s["hc"], s["hd"]
+    mix = (2 + hc) * hc  # pre and post weights per stream, then the hc x hc residual mix
+    for part in ("attn", "ffn"):
+        f32(w, f"{p}.hc_{part}_fn", mix, hc * H)
+        f32(w, f"{p}.hc_{part}_base", mix)
+        w.t[f"{p}.hc_{part}_scale"] = torch.ones(3)
+    w.norm(f"{p}.attn_norm", H)
+    w.norm(f"{p}.ffn_norm", H)
+    a = f"{p}.attn"
+    f32(w, f"{a}.attn_sink", s["nh"], scale=1.0)
+    w.linear(f"{a}.wq_a", s["q_lora"], H)
+    w.norm(f"{a}.q_norm", s["q_lora"])
+    w.linear(f"{a}.wq_b", s["nh"] * hd, s["q_lora"])
+    w.linear(f"{a}.wkv", hd, H)
+    w.norm(f"{a}.kv_norm", hd)
+    w.linear(f"{a}.wo_a", s["o_groups"] * s["o_lora"], s["nh"] * hd // s["o_groups"])
+    w.linear(f"{a}.wo_b", H, s["o_groups"] * s["o_lora"])
+
+
+def moe(s: dict, w, p: str, vocab: int, hashed: bool) -> None:
+    """The layer's router (a bias for the score correction, or a token-id -> experts table on hash-routed layers),
+    its shared expert and its routed experts (w1 / w3 / w2 each)."""
+    H, f = s["H"], f"{p}.ffn"
+    w.linear(f"{f}.gate", s["E"], H)
+    if hashed:
+        w.t[f"{f}.gate.tid2eid"] = torch.stack([torch.randperm(s["E"], generator=w.g)[:s["K"]]
+                                               for _ in range(vocab)]).to(torch.int32)
+    else:
+        w.t[f"{f}.gate.bias"] = 0.01 * torch.randn(s["E"], generator=w.g)
+    w.mlp(f"{f}.shared_experts", H, s["I"], ("w1", "w3", "w2"))
+    for e in range(s["E"]):
+        w.mlp(f"{f}.experts.{e}", H, s["I"], ("w1", "w3", "w2"))
+
+
+def weights(s: dict, vocab: int, w) -> None:
+    """DeepSeek-V4's tensors into `w` (tiny_checkpoint's _Weights): its learned hc_head, and per layer type the
+    compressor (ratio 4 overlapping, 128) and the ratio-4 layers' lightning indexer with its own compressor."""
+    H, hc, hd = s["H"], s["hc"], s["hd"]
+    embedding_and_head(s, vocab, w)
+    f32(w, "hc_head_fn", hc, hc * H)
+    f32(w, "hc_head_base", hc)
+    w.t["hc_head_scale"] = torch.ones(1)
+    for i in range(s["L"]):
+        p = f"layers.{i}"
+        attention_block(s, w, p)
+        a = f"{p}.attn"
+        ratio = COMPRESS[(s["layer_types"] or ["heavily_compressed_attention"])[i]]
+        if ratio:
+            width = hd * (2 if ratio == 4 else 1)  # CSA entries overlap their neighbours
+            c = f"{a}.compressor"
+            f32(w, f"{c}.ape", ratio, width)
+            w.linear(f"{c}.wkv", width, H)
+            w.linear(f"{c}.wgate", width, H)
+            w.norm(f"{c}.norm", hd)
+        if ratio == 4:  # the lightning indexer picks index_topk entries per query
+            x = f"{a}.indexer"
+            w.linear(f"{x}.wq_b", s["idx_heads"] * s["idx_dim"], s["q_lora"])
+            w.linear(f"{x}.weights_proj", s["idx_heads"], H)
+            f32(w, f"{x}.compressor.ape", ratio, 2 * s["idx_dim"])
+            w.linear(f"{x}.compressor.wkv", 2 * s["idx_dim"], H)
+            w.linear(f"{x}.compressor.wgate", 2 * s["idx_dim"], H)
+            w.norm(f"{x}.compressor.norm", s["idx_dim"])
+        moe(s, w, p, vocab, hashed=i < s["hash_layers"])
+
+
+def mxfp4_release(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[str, torch.Tensor]:
+    """DeepSeek-V4's release layout of its routed experts: MXFP4 codes two per byte (int8 [N, K/2]) and
+    an e8m0 scale per 32 inputs (float8_e8m0fnu [N, K/32], named "scale"); the other layers stay bf16
+    here, listed as not converted in the FP8 quantization config the release carries (vLLM's CPU
+    platform has no FP8 linear kernels). config gets that quantization_config and expert_dtype "fp4"."""
+    out, keep_bf16 = {}, set()
+    for name, t in tensors.items():
+        if ".experts." in name and name.endswith(".weight"):
+            blocks, scales = quantize_mxfp4(t.float())
+            base = name[:-len("weight")]
+            out[base + "weight"] = blocks.reshape(t.shape[0], -1).view(torch.int8)
+            out[base + "scale"] = scales.view(torch.float8_e8m0fnu)
+            continue
+        out[name] = t
+        if name.endswith(".weight") and t.dim() == 2 and name not in ("embed.weight", "head.weight"):
+            keep_bf16.add(name[:-len(".weight")])
+    # vLLM fuses wq_a + wkv and each compressor's wkv + wgate: their fused names are listed too
+    fused = {n.rsplit(".", 1)[0] + ".fused_wqa_wkv" for n in keep_bf16 if n.endswith(".attn.wq_a")}
+    fused |= {n.rsplit(".", 1)[0] + ".fused_wkv_wgate" for n in keep_bf16 if n.endswith("compressor.wkv")}
+    release_quant(config, sorted(keep_bf16 | fused))
+    return out
+
+
+def release_quant(config: dict, ignored_layers=()) -> None:
+    """The release's quantization: MXFP4 routed experts (expert_dtype "fp4") under an FP8 block config
+    (128 x 128 blocks, ue8m0 scales) for the other projections, minus ignored_layers."""
+    config["expert_dtype"] = "fp4"
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    if ignored_layers:
+        config["quantization_config"]["ignored_layers"] = list(ignored_layers)
