@@ -110,7 +110,8 @@ def mxfp4_release(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[str, t
             out[base + "scale"] = scales.view(torch.float8_e8m0fnu)
             continue
         out[name] = t
-        if name.endswith(".weight") and t.dim() == 2 and name not in ("embed.weight", "head.weight"):
+        if (name.endswith(".weight") and t.dim() == 2 and t.dtype == torch.bfloat16
+                and name not in ("embed.weight", "head.weight")):
             keep_bf16.add(name[:-len(".weight")])
     # vLLM fuses wq_a + wkv and each compressor's wkv + wgate: their fused names are listed too
     fused = {n.rsplit(".", 1)[0] + ".fused_wqa_wkv" for n in keep_bf16 if n.endswith(".attn.wq_a")}

@@ -9,7 +9,7 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
 qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
-mxfp4), deepseek_v41 (config and tokenizer only, both sizes: serve with --load-format dummy), kimi_k25 (Kimi-K2.5 /
+mxfp4), deepseek_v41 (tiny with weights; big and with DSpark stages config only: --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (Kimi-K3 as released: KimiLinear's text model under language_model. beside a
 MoonViT vision tower; tiny with weights, big and --mtp config only; bf16, or mxfp4_ct: its compressed-tensors MXFP4
@@ -684,8 +684,9 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 
 
 def writes_config_only(arch: str, size: str, mtp: int = 0) -> bool:
     """Whether make_checkpoint writes no weights (serve with --load-format dummy): big sizes, the CONFIG_ONLY
-    architectures, and Kimi-K3 with MTP layers (not written: vLLM's dummy weights fill the whole model)."""
-    return size != "tiny" or arch in CONFIG_ONLY or (arch == "kimi_k3" and bool(mtp))
+    architectures, and Kimi-K3 with MTP layers and DeepSeek-V4.1 with DSpark stages (not written: vLLM's dummy weights
+    fill the whole model)."""
+    return size != "tiny" or arch in CONFIG_ONLY or (arch in ("kimi_k3", "deepseek_v41") and bool(mtp))
 
 
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
@@ -789,10 +790,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         config["quantization_config"] = fp8_release_config(config)
     elif tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
         deepseek_v4.release_quant(config)
-        if arch == "deepseek_v41":  # its release names the expert dtype inside the quantization config
-            config["quantization_config"]["expert_dtype"] = config.pop("expert_dtype")
     elif tensors is not None and quant == "mxfp4":
         tensors = deepseek_v4.mxfp4_release(tensors, config)
+        if arch == "deepseek_v41":
+            deepseek_v41.ignored_as_vllm_names(config)
     elif tensors is not None:
         experts_only = experts_only or (arch, quant) == ("minimax_m3", "mxfp8")  # its release: MXFP8 experts only
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
@@ -805,6 +806,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         for name, content in extra.items():
             with open(os.path.join(out, name), "w") as f:
                 json.dump(content, f, indent=1)
+    if arch == "deepseek_v41" and "expert_dtype" in config:  # its release names it inside the quantization config
+        config["quantization_config"]["expert_dtype"] = config.pop("expert_dtype")
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
     if "text_config" in config:

@@ -32,7 +32,10 @@ Kimi-K3 (KimiK3ForConditionalGeneration, bf16, and its compressed-tensors MXFP4 
 twin): KimiLinear's KDA layers with a full-rank output gate and a NoPE MLA layer with an output gate, a dense first
 layer, a latent MoE (routed experts on a narrower RMS-normed projection of the hidden state, SituGLU), beside a MoonViT
 tower (text prompts; vLLM profiles the tower at startup). transformers has no Kimi-K3: no teacher-forced fp32 check
-(the criterion then allows fewer spike flips).
+(the criterion then holds the scored prompts to the reference's own teacher-forced logprobs).
+DeepSeek-V4.1 (DeepseekV41ForCausalLM, bf16, and its MXFP4 experts against the bf16 twin): V4's decoder block with
+V4.1's attention topology (sliding-window layers, kv / index source layers and the compressed layers reading them),
+an Engram layer (FP8 n-gram tables in pinned host memory), a small vision tower (text prompts); no fp32 check either.
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
@@ -58,15 +61,16 @@ from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, che
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
              "kimi_k25": 1, "minimax_m3": 1, "qwen4_exp": 0, "qwen4_exp_vl": 0, "glm5_next": 1, "glm5_next_vl": 1,
-             "kimi_k3": 1}
+             "kimi_k3": 1, "deepseek_v41": 0}
 
 
 # Quantized releases: switch on against stock vLLM on the checkpoint's bf16 twin (the same experts decoded;
 # vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16);
 # Kimi-K2.5's int4 experts (compressed-tensors W4A16 group 32, its quantization_config in text_config); MiniMax-M3's
 # MXFP8 experts as released (the engine's mxfp8: CPU prefill; vLLM's own MXFP8 MoE on Hopper is Humming / Marlin);
-# Kimi-K3's compressed-tensors MXFP4 experts on the latent width (the engine's mxfp4).
-NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8"), ("kimi_k3", "mxfp4_ct")]
+# Kimi-K3's compressed-tensors MXFP4 experts on the latent width (the engine's mxfp4); DeepSeek-V4.1's MXFP4 experts.
+NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8"), ("kimi_k3", "mxfp4_ct"),
+                 ("deepseek_v41", "mxfp4")]
 
 
 # Switch on with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=<arch>_resident): what the plugin changes besides the

@@ -60,6 +60,8 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v4", "bf16", 0, "bf16"),  # hash-routed layer 0: the engine sees ids and weights only
     ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
     ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
+    ("deepseek_v41", "bf16", 1, "bf16"),  # DeepSeek-V4.1: kv / index source layers, Engram FP8 tables, a vision tower
+    ("deepseek_v41", "mxfp4", 1, "mxfp4"),  # and its MXFP4 experts (V4.1's own FP8 quantization config class)
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
     ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 with dummy weights: swigluoai on [gate; up] rows
     ("minimax_m3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (w1 gate / w3 up through vLLM's own loader)
@@ -80,12 +82,13 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("kimi_k25", "w4a16", 1, "wna16_int4"),  # and its int4 experts (quantization_config in text_config)
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
-ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "minimax_m3": "swigluoai", "kimi_k3": "situ"}
+ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "deepseek_v41": "silu_clamp", "minimax_m3": "swigluoai",
+               "kimi_k3": "situ"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors), by quant.
 VLLM_METHODS = {"mxfp8": "ModelOptMxFp8FusedMoE", "fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
                 "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}
 # ... where an architecture's own quantization config picks another (Kimi-K3's: the MXFP4 method DeepSeek-V4's takes)
-ARCH_METHODS = {("kimi_k3", "mxfp4_ct"): "Mxfp4MoEMethod"}
+ARCH_METHODS = {("kimi_k3", "mxfp4_ct"): "Mxfp4MoEMethod", ("deepseek_v41", "mxfp4"): "Mxfp4MoEMethod"}
 
 
 def _run_helper(model, arch, quant, layer, port, **env_extra):

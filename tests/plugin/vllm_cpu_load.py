@@ -62,6 +62,9 @@ from lvllm.testing.tiny_checkpoint import (BLOCK_SPARSE, LANGUAGE_MODEL_ONLY, MT
                                            TEXT_PREFIX)
 
 
+DEEPSEEK_V4 = ("deepseek_v4", "deepseek_v41")  # the inference release's names: layers.<i>.ffn.experts.<e>.w1 ...
+
+
 def expert_weight(t, base, quant):
     """fp32 [N, K] of one projection, decoded from the checkpoint's own tensors (file layouts; the
     dequantizers are lk_moe.reference's, checked against vLLM's and transformers' own)."""
@@ -109,7 +112,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
     if DRAFT and arch == "minimax_m3":  # its MTP modules' decoder layers: <model>.mtp.layers.<i>.transformer_layer
         prefix = f"{base}.mtp.layers.{layer_idx}.transformer_layer.block_sparse_moe.experts"
     act = {}
-    if arch == "deepseek_v4":  # the inference release's names (its MTP layers: mtp.<i>); clamped SwiGLU experts
+    if arch in DEEPSEEK_V4:  # the inference release's names (V4's MTP layers: mtp.<i>); clamped SwiGLU experts
         L = cfg["num_hidden_layers"]
         prefix = f"mtp.{layer_idx - L}.ffn.experts" if DRAFT and layer_idx >= L else f"layers.{layer_idx}.ffn.experts"
         act = dict(activation="silu_clamp", swiglu_limit=cfg["swiglu_limit"])
@@ -124,7 +127,7 @@ def reference_layer(model_dir, arch, quant, layer_idx):
                     w2_bias=t[f"{prefix}.down_proj_bias"].float(), activation="swigluoai", interleaved=True,
                     swiglu_limit=cfg.get("swiglu_limit", 7.0))
     E = expert_shape(cfg)[0]
-    names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE + ("deepseek_v4",) else ("gate_proj", "up_proj", "down_proj")
+    names = ("w1", "w3", "w2") if arch in BLOCK_SPARSE + DEEPSEEK_V4 else ("gate_proj", "up_proj", "down_proj")
     w13 = torch.stack([torch.cat([expert_weight(t, f"{prefix}.{e}.{names[0]}.", quant),
                                   expert_weight(t, f"{prefix}.{e}.{names[1]}.", quant)]) for e in range(E)])
     w2 = torch.stack([expert_weight(t, f"{prefix}.{e}.{names[2]}.", quant) for e in range(E)])
@@ -320,11 +323,15 @@ def lend_load_coverage():
 def lend_deepseek_v41_cpu_parts():
     """DeepSeek-V4.1's construction on the CPU (its GPU model: vLLM's CPU package has none): DeepSeek-V4's CPU
     attention question, CUDA streams, its o-projection's FP8 einsum recipe (a Hopper's answer), the MoE backend
-    questions (unquantized and MXFP4), and the GPU's SM count its Engram embedding sizes its lookup by (a Hopper's
-    132); build it with EngramConfig(cpu_offload=False) (its tables in plain memory, not pinned)."""
+    questions (unquantized and MXFP4), the GPU's SM count its Engram embedding sizes its lookup by (a Hopper's
+    132), and the FP8 quantization config class a CUDA platform picks (V4.1's: the CPU platform picks V4's, which does
+    not know model_type deepseek_v41 and leaves the checkpoint to plain Fp8Config); build it with
+    EngramConfig(cpu_offload=False) (its tables in plain memory, not pinned)."""
     import types
 
+    from vllm.models import deepseek_v4, deepseek_v41
     from vllm.models.deepseek_v41.nvidia import flashmla
+    deepseek_v4.DeepseekV4FP8Config = deepseek_v41.DeepseekV4FP8Config
     lend_deepseek_v4_cpu_attention()
     lend_no_cuda_streams()
     lend_unquantized_moe_backend()
