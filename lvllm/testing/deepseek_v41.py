@@ -214,3 +214,30 @@ def ignored_as_vllm_names(config: dict) -> None:
         if n.endswith(".shared_experts.w1"):
             names.append(names[-1][:-len("w1")] + "gate_up_proj")
     config["quantization_config"]["ignored_layers"] = names
+
+
+def mtp_weights(s: dict, w, stages: int, tensors: dict) -> None:
+    """DSpark stages as vLLM's V4.1 DSpark draft loads them (mtp.<i>.*; the target's embedding and head are shared):
+    per stage V4's decoder block (sliding-window attention, a MoE like the target's), the context combiner on stage 0
+    (main_proj over the dspark_target_layer_ids' hidden states, main_norm), and on the last stage the final norm, the
+    Markov head's low-rank factors (embed: previous token -> rank, head: rank -> vocabulary) and the confidence head
+    (fp32)."""
+    import torch
+
+    from . import deepseek_v4
+
+    H, vocab = s["H"], tensors["embed.weight"].shape[0]
+    fields = dspark_fields(s, s["L"], vocab)
+    for i in range(stages):
+        p = f"mtp.{i}"
+        deepseek_v4.attention_block(s, w, p)
+        deepseek_v4.moe(s, w, p, vocab, hashed=False)
+        if s["vis_layers"]:
+            w.t[f"{p}.ffn.gate.bias_vl"] = 0.01 * torch.randn(s["E"], generator=w.g)
+    w.linear("mtp.0.main_proj", H, H * len(fields["dspark_target_layer_ids"]))
+    w.norm("mtp.0.main_norm", H)
+    last, rank = f"mtp.{stages - 1}", fields["dspark_markov_rank"]
+    w.norm(f"{last}.norm", H)
+    w.t[f"{last}.markov_head.embed.weight"] = torch.randn(vocab, rank, generator=w.g).to(torch.bfloat16)
+    w.linear(f"{last}.markov_head.head", vocab, rank)
+    w.t[f"{last}.confidence_head.proj.weight"] = torch.randn(1, H + rank, generator=w.g) / (H + rank) ** 0.5

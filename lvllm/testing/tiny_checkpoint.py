@@ -684,9 +684,8 @@ def write_tokenizer(out: str, vocab_size: int, extra_special=(), fill_to: int = 
 
 def writes_config_only(arch: str, size: str, mtp: int = 0) -> bool:
     """Whether make_checkpoint writes no weights (serve with --load-format dummy): big sizes, the CONFIG_ONLY
-    architectures, and Kimi-K3 with MTP layers and DeepSeek-V4.1 with DSpark stages (not written: vLLM's dummy weights
-    fill the whole model)."""
-    return size != "tiny" or arch in CONFIG_ONLY or (arch in ("kimi_k3", "deepseek_v41") and bool(mtp))
+    architectures, and Kimi-K3 with MTP layers (not written: vLLM's dummy weights fill the whole model)."""
+    return size != "tiny" or arch in CONFIG_ONLY or (arch == "kimi_k3" and bool(mtp))
 
 
 def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, layers: int = 0,
@@ -714,7 +713,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     (_with_qwen_next_mtp_layers), MiniMax-M3's under language_model.model.mtp.layers.<i> (minimax_m3.mtp_weights),
     Qwen3.8-Flash-Next's under mtp. (qwen4_exp.mtp_weights), GLM-5.3's after its decoder layers
     (glm5_next.mtp_weights); the other weights are the same as without them. DeepSeek-V4.1's are DSpark stages
-    (config only: deepseek_v41.dspark_fields)."""
+    under mtp.<i> (deepseek_v41.mtp_weights, its config fields deepseek_v41.dspark_fields)."""
     if mtp and arch not in MTP_FIELD:
         raise ValueError(f"mtp layers are written for {', '.join(MTP_FIELD)} only")
     if mtp and arch == "deepseek_v4" and quant != "bf16" and size == "tiny":

@@ -40,8 +40,8 @@ MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative 
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
 (mtp.layers.0), MiniMax-M3's (language_model.model.mtp.layers.0), Qwen3.8-Flash-Next's (mtp.layers.0) and
-GLM-5.3's (model.layers.4) MTP layers the same, by the default rule (LVLLM_E2E_ARCHS=mtp: only these runs;
-mtp_<family>: one family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram):
+GLM-5.3's (model.layers.4) MTP layers the same, and DeepSeek-V4.1's DSpark drafts (three stages, a block of 4), by
+the default rule (LVLLM_E2E_ARCHS=mtp: only these runs; mtp_<family>: one family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram):
 the same greedy outputs as without, with drafts verified. EAGLE-3 drafts (Qwen3-MoE with a random-weight draft in
 the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
@@ -87,6 +87,10 @@ MTP_FAMILIES = {"glm4_moe": "model.layers.4.mlp.experts", "glm_moe_dsa": "model.
                 "deepseek_v4": "model.layers.4.ffn.experts", "qwen3_next": "mtp.layers.0.mlp.experts",
                 "qwen3_5_moe": "mtp.layers.0.mlp.experts", "minimax_m3": "model.layers.0.block_sparse_moe.experts",
                 "qwen4_exp": "mtp.layers.4.mlp.experts", "glm5_next_vl": "model.layers.4.mlp.experts"}
+# DeepSeek-V4.1's DSpark drafts: its three stages (mtp.0-2) draft a block of 4 tokens a step; their MoE layers follow
+# the target's (model.layers.4-6) and stay on the GPU by the default rule
+DSPARK = ["--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": 4})]
+DSPARK_LAYERS = "model.layers.4.ffn.experts, model.layers.5.ffn.experts, model.layers.6.ffn.experts"
 # ... and with n-gram drafts (any model; Qwen3-MoE here), 3 tokens a step, on prompts that repeat a run of 16 tokens
 # (both runs: the same prompts) so the drafts find matches and vLLM verifies them
 NGRAM_PROMPTS = ["--prompt-period", "16"]
@@ -100,7 +104,7 @@ def eagle3(draft_dir: str) -> list:
 
 
 # "mtp": every family's MTP runs; mtp_<family>: one family's (deepseek_v3: its three runs)
-DRAFT_RUNS = {"mtp", "ngram", "eagle3"} | {f"mtp_{a}" for a in ("deepseek_v3", *MTP_FAMILIES)}
+DRAFT_RUNS = {"mtp", "ngram", "eagle3"} | {f"mtp_{a}" for a in ("deepseek_v3", "deepseek_v41", *MTP_FAMILIES)}
 
 
 def _selected() -> set:
@@ -146,6 +150,8 @@ def arch_runs(tmp_path_factory):
                   ("deepseek_v3", "cpu-drafts-cpu", {**CPU, "LVLLM_DRAFT_MOE": "cpu"}, KV + MTP, "mtp")]
     for arch in [a for a in MTP_FAMILIES if _mtp_selected(a, chosen)]:
         specs += [(arch, "cpu", CPU, KV, "mtp"), (arch, "cpu-drafts", CPU, KV + MTP, "mtp")]
+    if _mtp_selected("deepseek_v41", chosen):
+        specs += [("deepseek_v41", "cpu", CPU, KV, "mtp"), ("deepseek_v41", "cpu-drafts", CPU, KV + DSPARK, "mtp")]
     if "ngram" in chosen:
         specs += [("qwen3_moe", "cpu-repeat", CPU, KV + NGRAM_PROMPTS),
                   ("qwen3_moe", "cpu-repeat-ngram", CPU, KV + NGRAM_PROMPTS + NGRAM)]
@@ -225,11 +231,22 @@ def test_family_mtp_drafts_leave_greedy_outputs_unchanged(arch_runs, arch):
     _check(plain, drafts, f"{arch} MTP drafts vs none")
 
 
-def _check_drafts(arch_runs, plain_tag: str, drafts_tag: str, method: str, what: str) -> None:
-    """A run with vLLM's speculative decoding (k=3) against the same run without: the startup's speculation line,
-    drafts proposed and verified (vLLM's own counters), and the same greedy outputs under the suite's criterion."""
+def test_dspark_drafts_leave_greedy_outputs_unchanged(arch_runs):
+    """DeepSeek-V4.1's DSpark drafts (vLLM's V4.1 draft: three stages from the checkpoint, a block of 4 tokens a step),
+    switch on: the same greedy outputs as without drafts under the suite's criterion, the stages' MoE layers on the GPU
+    by the default rule, drafts proposed and verified (random stage weights: acceptance near zero)."""
+    _only_mtp_selected("deepseek_v41")
+    drafts = _get(arch_runs, "deepseek_v41-mtp-cpu-drafts")
+    assert f"speculative draft MoE layers {DSPARK_LAYERS}: on the GPU (LVLLM_DRAFT_MOE=gpu)" in drafts["log"]
+    _check_drafts(arch_runs, "deepseek_v41-mtp-cpu", "deepseek_v41-mtp-cpu-drafts", "dspark",
+                  "deepseek_v41 DSpark drafts", k=4)
+
+
+def _check_drafts(arch_runs, plain_tag: str, drafts_tag: str, method: str, what: str, k: int = 3) -> None:
+    """A run with vLLM's speculative decoding (k draft tokens) against the same run without: the startup's speculation
+    line, drafts proposed and verified (vLLM's own counters), and the same greedy outputs under the suite's criterion."""
     plain, drafts = _get(arch_runs, plain_tag), _get(arch_runs, drafts_tag)
-    assert f"lk_moe: speculative decoding ({method}) with k=3 draft tokens" in drafts["log"]
+    assert f"lk_moe: speculative decoding ({method}) with k={k} draft tokens" in drafts["log"]
     n = drafts["spec_counters"]
     print(f"[e2e] {what}: {n['drafts']} drafts, {n['draft_tokens']} draft tokens, {n['accepted_tokens']} accepted "
           f"({n['accepted_tokens'] / max(1, n['draft_tokens']):.0%})")

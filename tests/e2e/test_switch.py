@@ -103,6 +103,10 @@ def gpu_env(resident_layer: int) -> dict:
             "LVLLM_GPU_RESIDENT_MOE_LAYERS": str(resident_layer)}
 
 
+# MTP layers a checkpoint gets for the draft runs where it is not one: DeepSeek-V4.1's DSpark stages (vLLM's default 3)
+MTP_LAYERS = {"deepseek_v41": 3}
+
+
 def _checkpoint(workdir, arch, quant="bf16"):
     """quant: bf16, a format (routed experts quantized, the rest bf16), "<format>-twin": the bf16 twin
     of that checkpoint (its experts decoded), the reference for the format, or "mtp": bf16 with an MTP layer."""
@@ -113,7 +117,7 @@ def _checkpoint(workdir, arch, quant="bf16"):
         if quant.endswith("-twin"):
             write_dequantized_twin(_checkpoint(workdir, arch, quant[:-len("-twin")]), path)
         elif quant == "mtp":  # bf16 with an MTP layer as released (speculative decoding's draft)
-            make_checkpoint(arch, path, mtp=1)
+            make_checkpoint(arch, path, mtp=MTP_LAYERS.get(arch, 1))
         else:
             make_checkpoint(arch, path, quant=quant, experts_only=True)
     return path

@@ -167,6 +167,23 @@ def test_mtp_draft_layers_follow_the_draft_rule(tmp_path, draft_moe, arch):
     assert r["format"] == "bf16" and r["activation"] == ACTIVATIONS.get(arch, "silu") and r["rel_rms"] <= 0.01, r
 
 
+def test_dspark_draft_layers_follow_the_draft_rule(tmp_path):
+    """DeepSeek-V4.1's DSpark draft as `--speculative-config '{"method": "dspark", "num_speculative_tokens": 4}'`
+    builds it (vLLM's DSparkDeepseekV4ForCausalLM under its dspark_head model tag) from a checkpoint with three stages
+    (mtp.0-2): each stage's MoE layer is the draft's (prefixes after the target's 4 layers), on the engine with
+    LVLLM_DRAFT_MOE=cpu computing what the checkpoint's mtp.2 experts say (clamped SwiGLU), and every draft parameter
+    loaded but the embedding and head it shares with the target. (On the GPU by default: tests/e2e.)"""
+    model = make_checkpoint("deepseek_v41", str(tmp_path / "v41-dspark"), mtp=3)
+    port = 29700 + (os.getpid() % 200) * 5 + len(CASES) + 3 + 2 * len(MTP_DRAFTS)
+    p = _run_helper(model, "deepseek_v41", "bf16", 6, port, LK_THREADS="2", DRAFT_TEST="dspark", LVLLM_DRAFT_MOE="cpu")
+    d = _last(p, "DRAFT")
+    assert d["model"] == "DSparkDeepseekV4ForCausalLM", d
+    assert d["draft_layers"] == [f"model.layers.{i}.ffn.experts" for i in (4, 5, 6)] and len(d["hybrid"]) == 3, d
+    r = _last(p, "RESULT")
+    assert r["format"] == "bf16" and r["activation"] == "silu_clamp" and r["rel_rms"] <= 0.01, r
+    assert r["unloaded"] == {}, f"draft parameters (elements) no checkpoint tensor reached: {r['unloaded']}"
+
+
 def _autofit_run(tmp_path, machine: dict, port: int, settings=None):
     model = make_checkpoint("qwen3_moe", str(tmp_path / "qwen3_moe"))
     env = dict(settings or dict(LVLLM_AUTO_FIT="1", LVLLM_GPU_EXPERT_CACHE="0"), AUTOFIT_TEST_MACHINE=json.dumps(machine))

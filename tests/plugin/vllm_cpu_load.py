@@ -35,7 +35,8 @@ lvllm.runtime.WorkerRuntime.io = lambda self, *a, **k: None  # pinned buffers ne
 # DRAFT_TEST=1: build the MTP draft model vLLM's deepseek_mtp speculative decoding builds from the checkpoint
 # (vLLM's own hf_config_override), not the target; its MoE layers follow LVLLM_DRAFT_MOE. DRAFT_TEST=eagle3: the
 # EAGLE-3 draft at DRAFT_MODEL (vLLM's Eagle3LlamaForCausalLM), its weights compared with the draft's files.
-DRAFT_METHOD = {"1": "mtp", "eagle3": "eagle3"}.get(os.environ.get("DRAFT_TEST", ""))
+# DRAFT_TEST=dspark: DeepSeek-V4.1's DSpark draft (its stages in the checkpoint, a block of DSPARK_BLOCK tokens).
+DRAFT_METHOD = {"1": "mtp", "eagle3": "eagle3", "dspark": "dspark"}.get(os.environ.get("DRAFT_TEST", ""))
 DRAFT = DRAFT_METHOD is not None
 if os.environ.get("AUTOFIT_TEST_MACHINE") or DRAFT:  # resident layers here (there is no GPU)
     if os.environ.get("AUTOFIT_TEST_MACHINE"):  # LVLLM_AUTO_FIT on a described machine
@@ -57,6 +58,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 
 from lk_moe.reference import moe_reference, random_routing  # noqa: E402
 from lvllm.testing.checkpoint_quant import decode_mxfp4, decode_projection  # noqa: E402
+from lvllm.testing.deepseek_v41 import DSPARK_BLOCK  # noqa: E402
 from lvllm.cli.checkpoint_info import expert_shape, experts_per_token  # noqa: E402
 from lvllm.testing.tiny_checkpoint import (BLOCK_SPARSE, LANGUAGE_MODEL_ONLY, MTP_UNDER_MTP,  # noqa: E402
                                            TEXT_PREFIX)
@@ -400,7 +402,7 @@ def main():
     if DRAFT:  # as vLLM's engine sets it up for --speculative-config '{"method": "mtp" / "eagle3", ...}'
         from vllm.config.speculative import SpeculativeConfig
         draft = dict(model=os.environ["DRAFT_MODEL"], num_speculative_tokens=3) if DRAFT_METHOD == "eagle3" else \
-            dict(num_speculative_tokens=1)
+            dict(num_speculative_tokens=DSPARK_BLOCK if DRAFT_METHOD == "dspark" else 1)
         vc.speculative_config = SpeculativeConfig(method=DRAFT_METHOD, target_model_config=target,
                                                   target_parallel_config=vc.parallel_config, **draft)
     # Optional: tensor parallelism, one process per rank (argv 6, 7 = world size, rank; argv 8 =
@@ -418,7 +420,7 @@ def main():
             # a target layer's name stops here as it stops vLLM ("Duplicate layer name")
             from vllm.compilation.backends import set_model_tag
             get_model(vllm_config=vc)  # the target
-            with set_model_tag("eagle_head"):
+            with set_model_tag("dspark_head" if DRAFT_METHOD == "dspark" else "eagle_head"):
                 model = get_model(vllm_config=vc, model_config=vc.speculative_config.draft_model_config)
         else:
             model = get_model(vllm_config=vc)
@@ -432,7 +434,9 @@ def main():
                                      "hybrid": sorted(hybrid), "draft_moe": rt.cfg.draft_moe, **loaded}))
         if not hybrid:
             return
-    method = next(qm for name, qm in hybrid.items() if f".layers.{layer_idx}." in name)
+    # (a DSpark draft numbers its stages' modules from 0, their layer prefixes after the target's)
+    index = layer_idx - text_config(model_dir)["num_hidden_layers"] if DRAFT_METHOD == "dspark" else layer_idx
+    method = next(qm for name, qm in hybrid.items() if f".layers.{index}." in name)
     engine = method._lk_hybrid.layer
     ref = reference_layer(model_dir, arch, quant, layer_idx)
     w13, w2 = ref.pop("w13"), ref.pop("w2")
@@ -454,6 +458,9 @@ def main():
         return
     want = moe_reference(x, w13, w2, ids, wts, **ref)
     rel = ((out - want).norm() / want.norm()).item()
+    for shared, param in (("has_own_embed_tokens", "model.embed_tokens.weight"), ("has_own_lm_head", "lm_head.weight")):
+        if DRAFT and getattr(type(model), shared, True) is False:  # the target's, aliased by vLLM's speculator after
+            UNLOADED.pop(param, None)
     rt = lvllm.runtime.get_runtime()
     print("RESULT " + json.dumps({"hybrid_layers": len(hybrid), "format": engine.format, "rel_rms": rel,
                                   "unloaded": UNLOADED,
