@@ -185,7 +185,7 @@ def info_from_config(cfg: dict, path: str = "?", estimate: bool = False) -> Chec
     its shapes (for a model whose weight files are not at hand)."""
     top, cfg = cfg, _text_config(cfg)
     info = CheckpointInfo(path=path, architecture=(cfg.get("architectures") or top.get("architectures") or ["?"])[0],
-                          model_type=cfg.get("model_type", "?"), config=cfg)
+                          model_type=cfg.get("model_type") or top.get("model_type", "?"), config=cfg)
     q = cfg.get("quantization_config") or {}
     info.quant_method = q.get("quant_method") if isinstance(q, dict) else None
     if info.quant_method == "modelopt" and q.get("quant_algo"):

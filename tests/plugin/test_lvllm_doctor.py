@@ -55,6 +55,15 @@ def test_config_only_is_estimated(tmp_path):
     assert info.estimated and info.moe_layers == 3 and info.expert_bytes == 3 * 8 * 3 * 64 * 32  # 1 byte/weight
 
 
+def test_nested_text_config_keeps_the_outer_model_type(tmp_path):
+    """DeepSeek-V4.1's config: the text model under text_config without a model_type of its own."""
+    cfg = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+           "text_config": {"num_hidden_layers": 2, "hidden_size": 64, "moe_intermediate_size": 32, "n_routed_experts": 8}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    info = read_checkpoint(str(tmp_path))
+    assert info.architecture == "DeepseekV41ForCausalLM" and info.model_type == "deepseek_v41"
+
+
 def test_modelopt_nvfp4_config_is_estimated_as_4_bit(tmp_path):
     # ModelOpt writes quant_method "modelopt" and names the algorithm apart.
     cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 2,
