@@ -41,6 +41,10 @@ SHAPES = {
 }
 
 
+VISION_PATCH = 14
+VISION_MERGE = 3  # vLLM's default downsample_ratio: the aligner merges 3 x 3 patches
+
+
 def attention_topology(n_layers: int) -> dict:
     """Layers 0-1 sliding window only; from layer 2 groups of four whose first layer is a kv and index
     source, ratio 2 and ratio 1 groups alternating (both kinds of compressed cache, sources and readers), the
@@ -125,15 +129,12 @@ def config(v4_text: dict, s: dict, tokenizer_dir: str) -> dict:
     text.update(engram_fields(s, L, tokenizer_dir))
     cfg = dict(architectures=["DeepseekV41ForCausalLM"], model_type="deepseek_v41", text_config=text,
                tie_word_embeddings=False, torch_dtype="bfloat16")
-    if "vis_H" in s:  # big: vLLM's defaults (the release's tower is not public here)
+    if "vis_H" in s:  # tiny: a small tower; big keeps vLLM's defaults (the release's tower is not public here)
         cfg["vision_config"] = dict(hidden_size=s["vis_H"], num_attention_heads=s["vis_heads"],
                                     intermediate_size=s["vis_I"], num_hidden_layers=s["vis_layers"],
                                     patch_size=VISION_PATCH)
     return cfg
 
-
-VISION_PATCH = 14
-VISION_MERGE = 3  # vLLM's default downsample_ratio: the aligner merges 3 x 3 patches
 
 
 def weights(s: dict, vocab: int, w) -> None:
@@ -161,12 +162,22 @@ def weights(s: dict, vocab: int, w) -> None:
             w.norm(f"{a}.indexer.k_norm", s["idx_dim"])
         if i in tables:
             _engram(s, w, f"{p}.engram", tables[i])
-        deepseek_v4.moe(s, w, p, vocab, hashed=False)
-        if s["vis_layers"]:  # with a vision tower, the router's score bias for image tokens (fp32)
-            w.t[f"{p}.ffn.gate.bias_vl"] = 0.01 * torch.randn(s["E"], generator=w.g)
+        _moe(s, w, p, vocab)
     _vision(s, w)
     for marker in ("image_start", "image_end", "image_newline"):
         w.t[marker] = torch.randn(H, generator=w.g)
+
+
+def _moe(s: dict, w, p: str, vocab: int) -> None:
+    """V4's MoE (no hash-routed layers in V4.1) and, beside a vision tower, the router's score bias for image tokens
+    (fp32 gate.bias_vl)."""
+    import torch
+
+    from . import deepseek_v4
+
+    deepseek_v4.moe(s, w, p, vocab, hashed=False)
+    if s["vis_layers"]:
+        w.t[f"{p}.ffn.gate.bias_vl"] = 0.01 * torch.randn(s["E"], generator=w.g)
 
 
 def _engram(s: dict, w, e: str, rows: int) -> None:
@@ -229,11 +240,8 @@ def mtp_weights(s: dict, w, stages: int, tensors: dict) -> None:
     H, vocab = s["H"], tensors["embed.weight"].shape[0]
     fields = dspark_fields(s, s["L"], vocab)
     for i in range(stages):
-        p = f"mtp.{i}"
-        deepseek_v4.attention_block(s, w, p)
-        deepseek_v4.moe(s, w, p, vocab, hashed=False)
-        if s["vis_layers"]:
-            w.t[f"{p}.ffn.gate.bias_vl"] = 0.01 * torch.randn(s["E"], generator=w.g)
+        deepseek_v4.attention_block(s, w, f"mtp.{i}")
+        _moe(s, w, f"mtp.{i}", vocab)
     w.linear("mtp.0.main_proj", H, H * len(fields["dspark_target_layer_ids"]))
     w.norm("mtp.0.main_norm", H)
     last, rank = f"mtp.{stages - 1}", fields["dspark_markov_rank"]
