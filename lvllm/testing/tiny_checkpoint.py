@@ -8,19 +8,19 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
-qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or
-mxfp4), deepseek_v41 (tiny with weights; big and with DSpark stages config only: --load-format dummy), kimi_k25 (Kimi-K2.5 /
+qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or mxfp4),
+deepseek_v41 (tiny with weights; big and with DSpark stages config only: --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (Kimi-K3 as released: KimiLinear's text model under language_model. beside a
 MoonViT vision tower; tiny with weights, big and --mtp config only; bf16, or mxfp4_ct: its compressed-tensors MXFP4
-experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision
-tower in the config only: serve it with --language-model-only), glm5_next_vl (GLM-5.3-Flash as released: glm5_next's
-text model under model.language_model., the vision tower in the config only, --language-model-only), qwen4_exp_vl
-(Qwen3.8-Flash-Next's vision-language layout: qwen4_exp's text model under model.language_model., the vision tower in
-the config only, --language-model-only), qwen4_exp (Qwen3.8-Flash-Next) and glm5_next (GLM-5.3's text model) (tiny
-with bf16 weights; big config only, glm5_next's also in its release's block fp8) (bf16; --quant fp8, w4a16, nvfp4,
-fp8_channel, int8_channel or mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as released;
-the layout was checked against transformers' own MXFP4 dequantization).
+experts as released), minimax_m3 (MiniMax-M3 as released: its text model under language_model., the vision tower in
+the config only: serve it with --language-model-only), glm5_next_vl (GLM-5.3-Flash as released: glm5_next's text
+model under model.language_model., the vision tower in the config only, --language-model-only), qwen4_exp_vl
+(Qwen3.8-Flash-Next's vision-language layout: qwen4_exp's text model under model.language_model., the vision tower
+in the config only, --language-model-only), qwen4_exp (Qwen3.8-Flash-Next) and glm5_next (GLM-5.3's text model)
+(tiny with bf16 weights; big config only, glm5_next's also in its release's block fp8) (bf16; --quant fp8, w4a16,
+nvfp4, fp8_channel, int8_channel or mxfp4_ct for the quantized layouts) and gpt_oss (MXFP4 experts with biases, as
+released; the layout was checked against transformers' own MXFP4 dequantization).
 
 Weights are N(0, 1/fan_in) (unit-variance activations through every projection, so the routed
 experts matter to the output), norms 1, router bias small; a fixed --seed gives the same files.

@@ -41,9 +41,10 @@ on: greedy outputs as without drafts (the suite's criterion), the draft's MoE la
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
 (mtp.layers.0), MiniMax-M3's (language_model.model.mtp.layers.0), Qwen3.8-Flash-Next's (mtp.layers.0) and
 GLM-5.3's (model.layers.4) MTP layers the same, and DeepSeek-V4.1's DSpark drafts (three stages, a block of 4), by
-the default rule (LVLLM_E2E_ARCHS=mtp: only these runs; mtp_<family>: one family's). n-gram drafts (Qwen3-MoE, 3 tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram):
-the same greedy outputs as without, with drafts verified. EAGLE-3 drafts (Qwen3-MoE with a random-weight draft in
-the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3): the same.
+the default rule (LVLLM_E2E_ARCHS=mtp: only these runs; mtp_<family>: one family's). n-gram drafts (Qwen3-MoE, 3
+tokens a step, prompts that repeat; LVLLM_E2E_ARCHS=ngram): the same greedy outputs as without, with drafts verified.
+EAGLE-3 drafts (Qwen3-MoE with a random-weight draft in the release layout, 3 tokens a step; LVLLM_E2E_ARCHS=eagle3):
+the same.
 MiniMax-M3's switch-on run with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=minimax_m3_resident, only when named):
 vLLM's own experts with the plugin around them against the switch-off run, which puts a switch-on difference inside
 or outside the engine's layers.
@@ -243,8 +244,9 @@ def test_dspark_drafts_leave_greedy_outputs_unchanged(arch_runs):
 
 
 def _check_drafts(arch_runs, plain_tag: str, drafts_tag: str, method: str, what: str, k: int = 3) -> None:
-    """A run with vLLM's speculative decoding (k draft tokens) against the same run without: the startup's speculation
-    line, drafts proposed and verified (vLLM's own counters), and the same greedy outputs under the suite's criterion."""
+    """A run with vLLM's speculative decoding (k draft tokens) against the same run without: the startup's
+    speculation line, drafts proposed and verified (vLLM's own counters), and the same greedy outputs under the
+    suite's criterion."""
     plain, drafts = _get(arch_runs, plain_tag), _get(arch_runs, drafts_tag)
     assert f"lk_moe: speculative decoding ({method}) with k={k} draft tokens" in drafts["log"]
     n = drafts["spec_counters"]

@@ -109,7 +109,8 @@ MTP_LAYERS = {"deepseek_v41": 3}
 
 def _checkpoint(workdir, arch, quant="bf16"):
     """quant: bf16, a format (routed experts quantized, the rest bf16), "<format>-twin": the bf16 twin
-    of that checkpoint (its experts decoded), the reference for the format, or "mtp": bf16 with an MTP layer."""
+    of that checkpoint (its experts decoded), the reference for the format, or "mtp": bf16 with its MTP layer(s)
+    (MTP_LAYERS)."""
     from lvllm.testing.checkpoint_quant import write_dequantized_twin
     from lvllm.testing.tiny_checkpoint import make_checkpoint
     path = str(workdir / (arch if quant == "bf16" else f"{arch}-{quant}"))

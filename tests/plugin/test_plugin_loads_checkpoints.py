@@ -82,8 +82,8 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("kimi_k25", "w4a16", 1, "wna16_int4"),  # and its int4 experts (quantization_config in text_config)
 ]
 # The activation the engine must compute (the model's swiglu_limit makes vLLM's silu a clamped one).
-ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "deepseek_v41": "silu_clamp", "minimax_m3": "swigluoai",
-               "kimi_k3": "situ"}
+ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "deepseek_v41": "silu_clamp",
+               "minimax_m3": "swigluoai", "kimi_k3": "situ"}
 # The vLLM method the plugin must have recognized (where several could read a format's tensors), by quant.
 VLLM_METHODS = {"mxfp8": "ModelOptMxFp8FusedMoE", "fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
                 "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}
