@@ -31,9 +31,7 @@ def main(argv=None) -> int:
     import vllm_cpu_load as lenders  # the CPU platform and the architectures' lenders
 
     from lvllm.testing.tiny_checkpoint import LANGUAGE_MODEL_ONLY, make_checkpoint
-    for table, key in ((lenders.ARCH_LENDERS, a.arch), (lenders.QUANT_LENDERS, (a.arch, a.quant))):
-        if key in table:
-            table[key]()
+    lenders.lend_for(a.arch, a.quant)
     lenders.lend_plain_cpu_gemm()
     from vllm.config import EngramConfig, LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel

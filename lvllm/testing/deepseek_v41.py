@@ -214,17 +214,22 @@ def _vision(s: dict, w) -> None:
     w.linear("aligner.w2", s["H"], s["H"], bias=True)
 
 
-def ignored_as_vllm_names(config: dict) -> None:
-    """The FP8 config's ignored_layers (release names, lvllm.testing.deepseek_v4.mxfp4_release) as vLLM's V4.1 names
-    its modules: its multimodal class keeps its weight mapper on the instance, so vLLM matches ignored_layers against
+def release_quant_as_v41(config: dict) -> None:
+    """DeepSeek-V4's release quantization config (lvllm.testing.deepseek_v4) as V4.1's: the expert dtype inside the
+    quantization config, and its ignored_layers (release names; tiny checkpoints only) as vLLM's V4.1 names its
+    modules: its multimodal class keeps its weight mapper on the instance, so vLLM matches ignored_layers against
     module names unmapped and exactly (language_model.model.layers.<i>..., shared_experts.gate_up_proj / down_proj)."""
+    qc = config["quantization_config"]
+    qc["expert_dtype"] = config.pop("expert_dtype")
+    if "ignored_layers" not in qc:
+        return
     names = []
-    for n in config["quantization_config"].get("ignored_layers", ()):
+    for n in qc["ignored_layers"]:
         n = n.replace(".shared_experts.w2", ".shared_experts.down_proj")
         names.append("language_model.model." + n if n.startswith("layers.") else n)
         if n.endswith(".shared_experts.w1"):
             names.append(names[-1][:-len("w1")] + "gate_up_proj")
-    config["quantization_config"]["ignored_layers"] = names
+    qc["ignored_layers"] = names
 
 
 def mtp_weights(s: dict, w, stages: int, tensors: dict) -> None:

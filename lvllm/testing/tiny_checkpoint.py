@@ -443,13 +443,10 @@ class _Weights:
 
 
 def _weights(arch: str, s: dict, vocab: int, seed: int) -> Dict[str, torch.Tensor]:
-    if arch == "deepseek_v4":
+    writer = deepseek_v4 if arch == "deepseek_v4" else CONFIG_MODULES.get(arch)
+    if writer is not None:  # an architecture whose module writes its own tensors
         w = _Weights(seed)
-        deepseek_v4.weights(s, vocab, w)
-        return w.t
-    if arch in CONFIG_MODULES:  # an architecture whose module writes its own tensors
-        w = _Weights(seed)
-        CONFIG_MODULES[arch].weights(s, vocab, w)
+        writer.weights(s, vocab, w)
         return w.t
     if arch in VL_TEXT:
         text = _weights(VL_TEXT[arch], s, vocab, seed)
@@ -767,7 +764,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     else:
         config = _config(arch, s, vocab)
     tensors = None if writes_config_only(arch, size, mtp) else _weights(arch, s, vocab, seed)
-    if mtp:  # a config-only model (DeepSeek-V4.1; Kimi-K3 with MTP) gets vLLM's dummy weights in its MTP layer too
+    if mtp:  # (a config-only model, Kimi-K3 with MTP, gets vLLM's dummy weights in its MTP layers too)
         config.get("text_config", config)[MTP_FIELD[arch]] = mtp
     if mtp and arch == "deepseek_v41":  # V4.1's MTP layers are DSpark stages
         config["text_config"].update(deepseek_v41.dspark_fields(s, s["L"], vocab))
@@ -791,8 +788,6 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         deepseek_v4.release_quant(config)
     elif tensors is not None and quant == "mxfp4":
         tensors = deepseek_v4.mxfp4_release(tensors, config)
-        if arch == "deepseek_v41":
-            deepseek_v41.ignored_as_vllm_names(config)
     elif tensors is not None:
         experts_only = experts_only or (arch, quant) == ("minimax_m3", "mxfp8")  # its release: MXFP8 experts only
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
@@ -805,8 +800,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         for name, content in extra.items():
             with open(os.path.join(out, name), "w") as f:
                 json.dump(content, f, indent=1)
-    if arch == "deepseek_v41" and "expert_dtype" in config:  # its release names it inside the quantization config
-        config["quantization_config"]["expert_dtype"] = config.pop("expert_dtype")
+    if arch == "deepseek_v41" and quant == "mxfp4":
+        deepseek_v41.release_quant_as_v41(config)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
     if "text_config" in config:

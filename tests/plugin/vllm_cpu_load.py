@@ -354,6 +354,14 @@ QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend,
                  ("kimi_k3", "mxfp4_ct"): lend_deepseek_v4_mxfp4_backend}
 
 
+def lend_for(arch: str, quant: str) -> None:
+    """What this checkpoint's construction on the CPU needs: its format's, its architecture's and their pair's
+    lenders (dev/list_vllm_params.py builds with them too)."""
+    for table, key in ((LENDERS, quant), (ARCH_LENDERS, arch), (QUANT_LENDERS, (arch, quant))):
+        if key in table:
+            table[key]()
+
+
 def eagle3_weights_as_written(model, draft_dir, spec_config) -> dict:
     """Whether vLLM's EAGLE-3 draft holds what the draft's files say, each parameter against its release tensors
     (q/k/v and gate/up fused vLLM's way); the draft vocabulary's target ids (vLLM keeps d2t's offsets)."""
@@ -378,12 +386,7 @@ def eagle3_weights_as_written(model, draft_dir, spec_config) -> dict:
 
 def main():
     model_dir, arch, quant, layer_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    if quant in LENDERS:
-        LENDERS[quant]()
-    if arch in ARCH_LENDERS:
-        ARCH_LENDERS[arch]()
-    if (arch, quant) in QUANT_LENDERS:
-        QUANT_LENDERS[(arch, quant)]()
+    lend_for(arch, quant)
     if DRAFT_METHOD == "mtp" and arch == "deepseek_v4":
         lend_deepseek_v4_mtp_parts()
     lend_plain_cpu_gemm()
