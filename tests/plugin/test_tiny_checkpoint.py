@@ -17,14 +17,14 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 
-# transformers' MiniMax-M3 text model (MiniMaxM3VLForCausalLM) holds other names than vLLM's MiniMaxM3SparseForCausalLM
+# Checkpoints transformers cannot load as written: its MiniMax-M3 text model (MiniMaxM3VLForCausalLM) holds other names than vLLM's MiniMaxM3SparseForCausalLM
 # checkpoint: the e2e oracle renames them (tests/e2e_harness/test_oracle.py checks every tensor is placed); transformers
 # has no Kimi-K3 and no DeepSeek-V4.1: vLLM's own loader places every tensor of their checkpoints
 # (test_plugin_loads_checkpoints.py)
-NOT_IN_TRANSFORMERS = ("gpt_oss", "minimax_m3", "kimi_k3", "deepseek_v41")
+TRANSFORMERS_CANNOT_LOAD = ("gpt_oss", "minimax_m3", "kimi_k3", "deepseek_v41")
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in NOT_IN_TRANSFORMERS and a not in CONFIG_ONLY])
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in TRANSFORMERS_CANNOT_LOAD and a not in CONFIG_ONLY])
 def test_transformers_loads_every_weight(tmp_path, arch):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     path = make_checkpoint(arch, str(tmp_path / arch))
