@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 
-# Checkpoints transformers cannot load as written: its MiniMax-M3 text model (MiniMaxM3VLForCausalLM) holds other names than vLLM's MiniMaxM3SparseForCausalLM
-# checkpoint: the e2e oracle renames them (tests/e2e_harness/test_oracle.py checks every tensor is placed); transformers
-# has no Kimi-K3 and no DeepSeek-V4.1: vLLM's own loader places every tensor of their checkpoints
-# (test_plugin_loads_checkpoints.py)
+# Checkpoints transformers cannot load as written: its MiniMax-M3 text model (MiniMaxM3VLForCausalLM) holds other
+# names than vLLM's MiniMaxM3SparseForCausalLM checkpoint: the e2e oracle renames them (tests/e2e_harness/test_oracle.py
+# checks every tensor is placed); transformers has no Kimi-K3 and no DeepSeek-V4.1: vLLM's own loader places every
+# tensor of their checkpoints (test_plugin_loads_checkpoints.py)
 TRANSFORMERS_CANNOT_LOAD = ("gpt_oss", "minimax_m3", "kimi_k3", "deepseek_v41")
 
 
