@@ -57,7 +57,7 @@ import os
 import pytest
 
 from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, check_cpu_run, check_gpu_run,  # noqa: F401
-                          gpu_env, pytestmark)
+                          gpu_env, pytestmark, yardstick_run)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
@@ -72,6 +72,12 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 # Kimi-K3's compressed-tensors MXFP4 experts on the latent width (the engine's mxfp4); DeepSeek-V4.1's MXFP4 experts.
 NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8"), ("kimi_k3", "mxfp4_ct"),
                  ("deepseek_v41", "mxfp4")]
+
+
+# Where transformers has no model of the architecture (no fp32 truth: Kimi-K3, DeepSeek-V4.1), each comparison brings a
+# yardstick (tests/e2e/compare.py): stock vLLM again with another prefill chunking ("off-again"), and for a quantized
+# checkpoint stock on the quantized file itself ("<quant>-off", vLLM's own kernels for the format)
+RECHUNKED = ["--max-num-batched-tokens", "256"]
 
 
 # Switch on with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=<arch>_resident): what the plugin changes besides the
@@ -136,12 +142,18 @@ def _only_mtp_selected(arch: str) -> None:
 
 @pytest.fixture(scope="module")
 def arch_runs(tmp_path_factory):
+    from .oracle import has_fp32_truth
     specs, chosen = [], _selected()
+    workdir = tmp_path_factory.mktemp("e2e-archs")
     for arch in [a for a in NEW_ARCHS if a in chosen]:
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
+        if not has_fp32_truth(_checkpoint(workdir, arch)):
+            specs.append((arch, "off-again", OFF, KV + RECHUNKED))
     for arch, quant in [(a, q) for a, q in NEW_QUANTIZED if a in chosen]:
         specs += [(arch, "cpu", CPU, KV, quant), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV, quant),
                   (arch, "stock", OFF, KV, f"{quant}-twin")]
+        if not has_fp32_truth(_checkpoint(workdir, arch, quant)):
+            specs.append((arch, "off", OFF, KV, quant))
     for arch in [a for a in ALL_RESIDENT if f"{a}_resident" in chosen]:
         if arch not in chosen:
             specs.append((arch, "off", OFF, KV))
@@ -156,7 +168,6 @@ def arch_runs(tmp_path_factory):
     if "ngram" in chosen:
         specs += [("qwen3_moe", "cpu-repeat", CPU, KV + NGRAM_PROMPTS),
                   ("qwen3_moe", "cpu-repeat-ngram", CPU, KV + NGRAM_PROMPTS + NGRAM)]
-    workdir = tmp_path_factory.mktemp("e2e-archs")
     if "eagle3" in chosen:
         from lvllm.testing.eagle3_draft import make_eagle3_draft
         draft = make_eagle3_draft(_checkpoint(workdir, "qwen3_moe"), str(workdir / "qwen3_moe-eagle3-draft"))
@@ -187,7 +198,8 @@ def test_new_architecture_quantized_experts_match_the_bf16_twin(arch_runs, arch,
     if mode == "gpu":
         assert f"GPU-resident [{NEW_ARCHS[arch]}]" in on["log"]
     where = "switch on" if mode == "cpu" else "gpu-prefill+resident"
-    _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} {where} vs bf16 twin")
+    _check(_get(arch_runs, f"{arch}-{quant}-twin-stock"), on, f"{arch} {quant} {where} vs bf16 twin",
+           yardstick=yardstick_run(arch_runs, f"{arch}-{quant}-off"))
 
 
 @pytest.mark.parametrize("arch", list(ALL_RESIDENT))

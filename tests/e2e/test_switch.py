@@ -279,13 +279,19 @@ def _spike_notes(ref, c):
         return [f"oracle unavailable: {type(e).__name__}: {e}"]
 
 
-def _check(ref, test, label):
+def yardstick_run(runs, tag):
+    """The run `tag` if the comparisons' fixture started it (architectures without fp32 truth), else None."""
+    return _get(runs, tag) if tag in runs else None
+
+
+def _check(ref, test, label, yardstick=None):
     """The criterion of compare.py, the teacher-forced check included: truth = the reference's checkpoint in fp32
-    (where transformers implements its architecture: oracle.has_fp32_truth)."""
+    (where transformers implements its architecture: oracle.has_fp32_truth); without it, the thresholds may come
+    from a yardstick run (stock, differing from the reference only numerically)."""
     from .oracle import has_fp32_truth
     truth = has_fp32_truth(ref["model"])
     fp32 = _fp32_truth(ref["model"], ref) if truth else None
-    c = compare_runs(ref, test, label, fp32=fp32)  # both passes (the second from the prefix cache)
+    c = compare_runs(ref, test, label, fp32=fp32, yardstick=yardstick)  # both passes (the second from the prefix cache)
     notes = _spike_notes(ref, c) if truth else []
     print(f"[e2e] {label}: {c.summary()}" + ("" if truth else " (no fp32 truth: transformers has no such model)")
           + "".join(f"\n[e2e]   oracle: {n}" for n in notes))
@@ -339,14 +345,14 @@ def check_cpu_run(runs, arch):
     """The "cpu" run of `arch` (CPU prefill) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
-    _check(off, on, f"{arch} cpu-prefill")
+    _check(off, on, f"{arch} cpu-prefill", yardstick=yardstick_run(runs, f"{arch}-off-again"))
 
 
 def check_gpu_run(runs, arch, resident_layer):
     """The "gpu" run of `arch` (GPU prefill, one resident layer) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
     assert f"GPU-resident [{resident_layer}]" in on["log"]
-    _check(off, on, f"{arch} gpu-prefill+resident")
+    _check(off, on, f"{arch} gpu-prefill+resident", yardstick=yardstick_run(runs, f"{arch}-off-again"))
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
