@@ -36,6 +36,7 @@ tower (text prompts; vLLM profiles the tower at startup). transformers has no Ki
 DeepSeek-V4.1 (DeepseekV41ForCausalLM, bf16, and its MXFP4 experts against the bf16 twin): V4's decoder block with
 V4.1's attention topology (sliding-window layers, kv / index source layers and the compressed layers reading them),
 an Engram layer (FP8 n-gram tables in pinned host memory), a small vision tower (text prompts); no fp32 check either.
+Both bring stock yardstick runs for the criterion (RECHUNKED, compare.py): stock's own noise on them exceeds its floors.
 MTP drafts (DeepSeek-V3 with an MTP layer as released, vLLM's `mtp` speculative decoding, 2 draft tokens), switch
 on: greedy outputs as without drafts (the suite's criterion), the draft's MoE layer GPU-resident by default and on
 the engine with LVLLM_DRAFT_MOE=cpu; GLM-4.5's, GLM-5's, DeepSeek-V4's (mtp.0), Qwen3-Next's and Qwen3.5's
