@@ -340,3 +340,15 @@ def test_a_reference_that_rarely_reproduces_itself_leaves_the_verdict_to_the_tea
     scored = _scored([[{"1": -0.3, "2": -1.3}] * 50])
     c = compare_runs({"runs": [ref, again], "scored": scored}, {"runs": [_prompts(5)], "scored": scored})
     assert c.ok() and "the teacher-forced check decides" in c.summary(), c.summary()
+
+
+def test_a_fault_under_a_noisy_yardstick_still_fails_by_the_median():
+    """A yardstick from a quantized file whose own kernels quantize activations loosens the tail's thresholds; a
+    fault moves most positions, which the median catches."""
+    ref = [[{"1": -0.3, "2": -1.3} for _ in range(400)]]
+    shift = lambda d: [[{k: v + d(i) for k, v in top.items()} for i, top in enumerate(ref[0])]]  # noqa: E731
+    loose = shift(lambda i: 0.5 if i % 3 == 0 else 0.0625)  # a third of the positions half a nat off
+    fault = shift(lambda i: 0.3)
+    c = compare_runs(_scored_run(ref), _scored_run(fault), yardstick=_scored_run(loose))
+    assert [p for p in c.problems() if "median" in p] == ["teacher-forced vs the reference: median 0.300 > 0.114"]
+    assert compare_runs(_scored_run(ref), _scored_run(shift(lambda i: 0.0625)), yardstick=_scored_run(loose)).ok()
