@@ -56,7 +56,7 @@ run's own teacher-forced logprobs instead, under the generation's thresholds (90
 MAX_OUTLIERS beyond it) and a median <= TOL / 2 (one bf16 logit step and rounding): the same contexts in both runs,
 so thousands of positions without divergence. Those floors assume stock's own noise is below them; on
 DeepSeek-V4.1 (H100 2026-12-07) every pair of runs, switch on or off, CPU or GPU prefill, differed teacher-forced by
-one bf16 logit step at the median and 6% of the positions by six steps or more (router near-ties), and
+one bf16 logit step at the median and 3-6% of the positions by six steps or more (router near-ties), and
 DeepSeek-V4's stock run drifts from fp32 truth by p90 0.33. So such a comparison may bring a yardstick: a stock run that differs from the reference only numerically (another prefill
 chunking; or, for a quantized checkpoint against its bf16 twin, stock vLLM on the quantized file itself, whose own
 kernels may quantize activations, as _check_w8a8 does with fp32 truth), compared with the reference the same way.

@@ -306,7 +306,7 @@ def test_runs_that_scored_different_prompts_are_refused():
 
 
 def test_a_yardstick_run_sets_the_thresholds_where_stock_is_noisier_than_the_floors():
-    """DeepSeek-V4.1 (H100 2026-12-07): every pair of its runs differed teacher-forced by 6-9% of the positions beyond
+    """DeepSeek-V4.1 (H100 2026-12-07): every pair of its runs differed teacher-forced by 5-9% of the positions beyond
     TOL. A stock run that differs from the reference only numerically measures that noise; the test may reach it
     x DRIFT_FACTOR + DRIFT_SLACK, a fault (every position a nat off) still fails."""
     ref = [[{"1": -0.3, "2": -1.3} for _ in range(400)]]
