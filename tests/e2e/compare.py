@@ -57,9 +57,10 @@ MAX_OUTLIERS beyond it) and a median <= TOL / 2 (one bf16 logit step and roundin
 so thousands of positions without divergence. Those floors assume stock's own noise is below them; on
 DeepSeek-V4.1 (H100 2026-12-07) every pair of runs, switch on or off, CPU or GPU prefill, differed teacher-forced by
 one bf16 logit step at the median and 3-6% of the positions by six steps or more (router near-ties), and
-DeepSeek-V4's stock run drifts from fp32 truth by p90 0.33. So such a comparison may bring a yardstick: a stock run that differs from the reference only numerically (another prefill
-chunking; or, for a quantized checkpoint against its bf16 twin, stock vLLM on the quantized file itself, whose own
-kernels may quantize activations, as _check_w8a8 does with fp32 truth), compared with the reference the same way.
+DeepSeek-V4's stock run drifts from fp32 truth by p90 0.33. So such a comparison may bring a yardstick: a stock run
+that differs from the reference only numerically (another prefill chunking; or, for a quantized checkpoint against
+its bf16 twin, stock vLLM on the quantized file itself, whose own kernels may quantize activations, as _check_w8a8
+does with fp32 truth), compared with the reference the same way.
 Each threshold is then the larger of the floor and the yardstick's figure x DRIFT_FACTOR + DRIFT_SLACK: the test
 may differ from the reference as much as stock differs from itself, not more. A reference that reproduces its own
 generated tokens at less than MIN_COVERAGE of the positions judges nothing by generation; with teacher-forced data
