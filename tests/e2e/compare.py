@@ -144,6 +144,12 @@ def oracle_problems(ref: OracleStats, test: OracleStats) -> List[str]:
     return out
 
 
+def yardstick_limit(floor: float, yard_value: Optional[float]) -> float:
+    """A threshold: the suite's floor or, with a yardstick run, the reference's own noise x DRIFT_FACTOR +
+    DRIFT_SLACK where that is more (the test may be as far from the reference as stock is from itself)."""
+    return floor if yard_value is None else max(floor, yard_value * DRIFT_FACTOR + DRIFT_SLACK)
+
+
 @dataclass
 class Comparison:
     diffs: List[float] = field(default_factory=list)  # one per compared position
@@ -178,19 +184,24 @@ class Comparison:
     def outlier_fraction(self, tol: float = TOL) -> float:
         return _share_beyond(self.diffs, tol)
 
-    def _limit(self, floor: float, yard_value: Optional[float]) -> float:
-        """A threshold: the suite's floor or, with a yardstick run, the reference's own noise x DRIFT_FACTOR +
-        DRIFT_SLACK where that is more (the test may be as far from the reference as stock is from itself)."""
-        return floor if yard_value is None else max(floor, yard_value * DRIFT_FACTOR + DRIFT_SLACK)
+    @property
+    def reproduced(self) -> float:
+        """The share of its generated positions the reference reproduced in its own second pass."""
+        return self.total / self.generated if self.generated else 1.0
+
+    @property
+    def teacher_forced(self) -> bool:
+        """Whether the comparison holds teacher-forced data (fp32 truth or the reference's scored prompts)."""
+        return self.oracle is not None or bool(self.forced)
 
     def problems(self, tol: float = TOL, max_outliers: float = MAX_OUTLIERS,
                  min_coverage: float = MIN_COVERAGE) -> List[str]:
         out = list(self.failures)
         y = self.yardstick
-        limit = self._limit(tol, y.quantile(0.9) if y is not None else None)
+        limit = yardstick_limit(tol, y.quantile(0.9) if y is not None else None)
         if self.quantile(0.9) > limit:
             out.append(f"90th percentile {self.quantile(0.9):.3f} > {limit:.3f}")
-        limit = self._limit(max_outliers, y.outlier_fraction(tol) if y is not None else None)
+        limit = yardstick_limit(max_outliers, y.outlier_fraction(tol) if y is not None else None)
         if self.outlier_fraction(tol) > limit:
             out.append(f"{self.outlier_fraction(tol):.0%} of positions differ by more than {tol} (max {limit:.0%})")
         if self.oracle is not None:
@@ -199,13 +210,13 @@ class Comparison:
             median, p90 = _quantile(self.forced, 0.5), _quantile(self.forced, 0.9)
             share = _share_beyond(self.forced, tol)
             yf = y.forced if y is not None and y.forced else None
-            limit = self._limit(tol / 2, yf and _quantile(yf, 0.5))
+            limit = yardstick_limit(tol / 2, yf and _quantile(yf, 0.5))
             if median > limit:  # a fault moves most positions: the tail's thresholds alone may follow a noisy yardstick
                 out.append(f"teacher-forced vs the reference: median {median:.3f} > {limit:.3f}")
-            limit = self._limit(tol, yf and _quantile(yf, 0.9))
+            limit = yardstick_limit(tol, yf and _quantile(yf, 0.9))
             if p90 > limit:
                 out.append(f"teacher-forced vs the reference: 90th percentile {p90:.3f} > {limit:.3f}")
-            limit = self._limit(max_outliers, yf and _share_beyond(yf, tol))
+            limit = yardstick_limit(max_outliers, yf and _share_beyond(yf, tol))
             if share > limit:
                 out.append(f"teacher-forced vs the reference: {share:.0%} of positions differ by more than {tol} "
                            f"(max {limit:.0%})")
@@ -214,8 +225,8 @@ class Comparison:
                        "without the teacher-forced check): " + "; ".join(self.spike_flips.values()))
         if self.coverage < min_coverage:
             out.append(f"only {self.coverage:.0%} of positions compared (min {min_coverage:.0%})")
-        if self.generated and self.total / self.generated < min_coverage and self.oracle is None and not self.forced:
-            out.append(f"the reference reproduces its own tokens at only {self.total / self.generated:.0%} of the "
+        if self.reproduced < min_coverage and not self.teacher_forced:
+            out.append(f"the reference reproduces its own tokens at only {self.reproduced:.0%} of the "
                        f"positions (min {min_coverage:.0%}): too noisy to judge by")
         return out
 
@@ -240,9 +251,8 @@ class Comparison:
                 + (f"; teacher-forced vs the reference: {len(self.forced)} positions, |dlogprob| median "
                    f"{_quantile(self.forced, 0.5):.3f} p90 {_quantile(self.forced, 0.9):.3f}, "
                    f">{TOL}: {_share_beyond(self.forced, TOL):.0%}" if self.forced else "")
-                + (f"; the reference reproduces its own tokens at {self.total / self.generated:.0%} of the positions "
-                   "(the teacher-forced check decides)" if self.generated and self.total / self.generated < MIN_COVERAGE
-                   and (self.oracle is not None or self.forced) else "")
+                + (f"; the reference reproduces its own tokens at {self.reproduced:.0%} of the positions (the "
+                   "teacher-forced check decides)" if self.reproduced < MIN_COVERAGE and self.teacher_forced else "")
                 + (f"; yardstick (stock vs the reference): |dlogprob| p90 {self.yardstick.quantile(0.9):.3f}, "
                    f">{TOL}: {self.yardstick.outlier_fraction():.0%}"
                    + (f", teacher-forced p90 {_quantile(self.yardstick.forced, 0.9):.3f}, "

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from .compare import DRIFT_FACTOR, DRIFT_SLACK, MAX_OUTLIERS, TOL, compare_runs, oracle_problems
+from .compare import DRIFT_FACTOR, DRIFT_SLACK, MAX_OUTLIERS, TOL, compare_runs, oracle_problems, yardstick_limit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -310,7 +310,7 @@ def _check_w8a8(twin, off, on, label):
     problems = oracle_problems(*tf.oracle)
     for what, q, ref, floor in (("p90", greedy.quantile(0.9), yardstick.quantile(0.9), TOL),
                                 ("share beyond TOL", greedy.outlier_fraction(), yardstick.outlier_fraction(), MAX_OUTLIERS)):
-        if q > max(ref * DRIFT_FACTOR + DRIFT_SLACK, floor):
+        if q > yardstick_limit(floor, ref):
             problems.append(f"greedy vs twin {what} {q:.3f} > the switch-off run's {ref:.3f} x {DRIFT_FACTOR:g} + {DRIFT_SLACK}")
     print(f"[e2e] {label}: teacher-forced reference (switch off) {tf.oracle[0].summary()}, test {tf.oracle[1].summary()}; "
           f"greedy vs twin: {greedy.figures()}; switch off vs twin: {yardstick.figures()}"

@@ -305,15 +305,22 @@ def test_runs_that_scored_different_prompts_are_refused():
         compare_runs(_scored_run([[{"1": -0.3}]]), other)
 
 
+# one prompt of 400 teacher-forced positions, and the same with every logprob of position i moved by shift(i)
+_FORCED_REF = [[{"1": -0.3, "2": -1.3} for _ in range(400)]]
+
+
+def _shifted(shift):
+    return [[{k: v + shift(i) for k, v in top.items()} for i, top in enumerate(_FORCED_REF[0])]]
+
+
 def test_a_yardstick_run_sets_the_thresholds_where_stock_is_noisier_than_the_floors():
     """DeepSeek-V4.1 (H100 2026-12-07): every pair of its runs differed teacher-forced by 5-9% of the positions beyond
     TOL. A stock run that differs from the reference only numerically measures that noise; the test may reach it
     x DRIFT_FACTOR + DRIFT_SLACK, a fault (every position a nat off) still fails."""
-    ref = [[{"1": -0.3, "2": -1.3} for _ in range(400)]]
+    ref = _FORCED_REF
 
     def noisy(share):  # one bf16 logit step, two at a fifth of the positions, a router near-tie's half nat at `share`
-        step = [0.5 if i < share * 400 else 0.125 if i % 5 == 0 else 0.0625 for i in range(400)]
-        return [[{k: v + d for k, v in top.items()} for top, d in zip(ref[0], step)]]
+        return _shifted(lambda i: 0.5 if i < share * 400 else 0.125 if i % 5 == 0 else 0.0625)
 
     test, stock_again = noisy(0.09), noisy(0.06)
     alone = compare_runs(_scored_run(ref), _scored_run(test))
@@ -321,7 +328,7 @@ def test_a_yardstick_run_sets_the_thresholds_where_stock_is_noisier_than_the_flo
     c = compare_runs(_scored_run(ref), _scored_run(test), yardstick=_scored_run(stock_again))
     assert c.ok() and "yardstick (stock vs the reference)" in c.summary(), c.summary()
     assert not compare_runs(_scored_run(ref), _scored_run(noisy(0.4)), yardstick=_scored_run(stock_again)).ok()
-    fault = [[{k: v + 1.0 for k, v in top.items()} for top in ref[0]]]
+    fault = _shifted(lambda i: 1.0)
     assert not compare_runs(_scored_run(ref), _scored_run(fault), yardstick=_scored_run(stock_again)).ok()
     # a yardstick quieter than the floors leaves them as they are
     assert not compare_runs(_scored_run(ref), _scored_run(test), yardstick=_scored_run(ref)).ok()
@@ -345,10 +352,9 @@ def test_a_reference_that_rarely_reproduces_itself_leaves_the_verdict_to_the_tea
 def test_a_fault_under_a_noisy_yardstick_still_fails_by_the_median():
     """A yardstick from a quantized file whose own kernels quantize activations loosens the tail's thresholds; a
     fault moves most positions, which the median catches."""
-    ref = [[{"1": -0.3, "2": -1.3} for _ in range(400)]]
-    shift = lambda d: [[{k: v + d(i) for k, v in top.items()} for i, top in enumerate(ref[0])]]  # noqa: E731
-    loose = shift(lambda i: 0.5 if i % 3 == 0 else 0.0625)  # a third of the positions half a nat off
-    fault = shift(lambda i: 0.3)
+    ref = _FORCED_REF
+    loose = _shifted(lambda i: 0.5 if i % 3 == 0 else 0.0625)  # a third of the positions half a nat off
+    fault = _shifted(lambda i: 0.3)
     c = compare_runs(_scored_run(ref), _scored_run(fault), yardstick=_scored_run(loose))
     assert [p for p in c.problems() if "median" in p] == ["teacher-forced vs the reference: median 0.300 > 0.114"]
-    assert compare_runs(_scored_run(ref), _scored_run(shift(lambda i: 0.0625)), yardstick=_scored_run(loose)).ok()
+    assert compare_runs(_scored_run(ref), _scored_run(_shifted(lambda i: 0.0625)), yardstick=_scored_run(loose)).ok()
