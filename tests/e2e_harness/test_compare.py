@@ -334,6 +334,25 @@ def test_a_yardstick_run_sets_the_thresholds_where_stock_is_noisier_than_the_flo
     assert not compare_runs(_scored_run(ref), _scored_run(test), yardstick=_scored_run(ref)).ok()
 
 
+def test_spike_flips_the_yardstick_makes_too_are_not_the_tests():
+    """Kimi-K3's tiny MXFP4 checkpoint (H100 2026-12-07): stock vLLM on the quantized file flipped 3 tokens against the
+    bf16 twin, and the switch-on runs flipped exactly these; a fourth flip of the test's own still counts."""
+    ref, test, stock = _prompts(5), _prompts(5), _prompts(5)
+    for p in (0, 1, 3):
+        _flip(test, p, 12, 0.8)
+        _flip(stock, p, 12, 0.8)
+    c = compare_runs({"runs": [ref]}, {"runs": [test]}, yardstick={"runs": [stock]})
+    assert c.ok() and "spike flips 3" in c.summary() and "the yardstick makes 3 too" in c.summary(), c.summary()
+    _flip(stock, 3, 12, -0.8)  # the yardstick's flip at prompt 3 goes to another token
+    stock[3]["tokens"][12] = 9
+    _flip(test, 4, 7, 0.8)
+    c = compare_runs({"runs": [ref]}, {"runs": [test]}, yardstick={"runs": [stock]})
+    assert len(c.own_spike_flips) == 2 and c.ok(), c.summary()
+    _flip(test, 2, 9, 0.8)
+    c = compare_runs({"runs": [ref]}, {"runs": [test]}, yardstick={"runs": [stock]})
+    assert not c.ok() and "3 flips beyond the margin" in c.summary(), c.summary()
+
+
 def test_the_yardstick_is_ignored_where_fp32_truth_decides():
     run = {"runs": [REF], "scored": _scored([[{"1": -0.3}]])}
     c = compare_runs(run, run, fp32=_truth(1), yardstick={"runs": [REF]})
