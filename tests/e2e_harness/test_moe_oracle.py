@@ -1,0 +1,89 @@
+"""tests/e2e/moe_oracle.py (the MoE-layer oracle) on a tiny DeepSeek-V4.1 checkpoint's experts, with recorded calls
+made here: the CPU engine's output, vLLM's Triton roundings emulated, and a fault."""
+import pytest
+import torch
+
+from lk_moe.layer import MoELayer
+from lk_moe.reference import moe_reference
+from lvllm.testing.expert_reference import reference_layer
+from lvllm.testing.tiny_checkpoint import make_checkpoint
+from tests.e2e.moe_capture import layer_index
+from tests.e2e.moe_oracle import main, problems, run_errors
+
+LAYER, ROWS, TOP_K = 1, 256, 4
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint("deepseek_v41", str(tmp_path_factory.mktemp("moe_oracle") / "v41"), experts_only=True)
+
+
+@pytest.fixture(scope="module")
+def ref(ckpt):
+    return reference_layer(ckpt, "deepseek_v41", "bf16", LAYER)
+
+
+def _inputs(E, H, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(ROWS, H, generator=g) * 4).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(ROWS)]).int()
+    w = torch.rand(ROWS, TOP_K, generator=g) + 0.1
+    return x, ids, (w / w.sum(1, keepdim=True)).float()
+
+
+def _triton_like(x, ids, w, ref):
+    """vLLM's TritonExperts' roundings: gate/up output, activation and each expert's weighted output stored in bf16."""
+    out = torch.zeros(x.shape)
+    w13, w2, lim = ref["w13"].bfloat16().float(), ref["w2"].bfloat16().float(), ref["swiglu_limit"]
+    inter = w2.shape[2]
+    for k in range(ids.shape[1]):
+        e = ids[:, k].long()
+        h = torch.einsum("mh,mnh->mn", x.float(), w13[e]).bfloat16().float()
+        a = (torch.nn.functional.silu(h[:, :inter].clamp(max=lim)) * h[:, inter:].clamp(-lim, lim)).bfloat16().float()
+        out += (torch.einsum("mi,mhi->mh", a, w2[e]) * w[:, k:k + 1]).bfloat16().float()
+    return out.bfloat16()
+
+
+def _capture(rec_out, x, ids, w):
+    return {"model": "", "layers": {f"model.layers.{LAYER}.ffn.experts": [
+        {"layer": LAYER, "x": x, "topk_ids": ids, "topk_weights": w, "out": rec_out}]}}
+
+
+def test_layer_names_give_the_decoder_layer():
+    assert layer_index("model.layers.12.ffn.experts") == 12
+    assert layer_index("language_model.model.layers.3.mlp.experts") == 3
+    assert layer_index("layers.0.ffn.experts") == 0
+    assert layer_index("model.mtp.layers.0.mlp.experts") is None
+    assert layer_index("mtp.0.ffn.experts") is None
+
+
+def test_the_engine_is_held_to_stock_and_a_fault_fails(ref):
+    E, H = ref["w13"].shape[0], ref["w13"].shape[2]
+    x, ids, w = _inputs(E, H)
+    refs = lambda i: ref  # noqa: E731
+    engine = MoELayer(ref["w13"].bfloat16(), ref["w2"].bfloat16(), "silu_clamp", swiglu_limit=ref["swiglu_limit"])
+    stock = run_errors(_capture(_triton_like(x, ids, w, ref), x, ids, w), refs)
+    ours = run_errors(_capture(engine.forward(x, ids, w), x, ids, w), refs)
+    assert 0.001 < stock.layer(LAYER) < 0.01 and 0.001 < ours.layer(LAYER) < stock.layer(LAYER), (stock, ours)
+    assert not problems(stock, ours)
+    bad = dict(ref, w2=ref["w2"].clone())
+    bad["w2"][int(ids[0, 0])] *= 1.3  # one expert's down projection 30% off
+    faulty = MoELayer(bad["w13"].bfloat16(), bad["w2"].bfloat16(), "silu_clamp", swiglu_limit=ref["swiglu_limit"])
+    fault = run_errors(_capture(faulty.forward(x, ids, w), x, ids, w), refs)
+    assert any("relative RMS error" in p for p in problems(stock, fault)), fault.summary()
+    assert problems(stock, run_errors({"layers": {}}, refs)) == ["the test run recorded no MoE layer call"]
+
+
+def test_the_cli_reads_recorded_runs(ckpt, ref, tmp_path, capsys):
+    E, H = ref["w13"].shape[0], ref["w13"].shape[2]
+    x, ids, w = _inputs(E, H, seed=1)
+    truth = moe_reference(x.float(), ref["w13"], ref["w2"], ids.long(), w, activation="silu_clamp",
+                          swiglu_limit=ref["swiglu_limit"])
+    torch.save(_capture(_triton_like(x, ids, w, ref), x, ids, w), tmp_path / "off.pt")
+    torch.save(_capture(truth.bfloat16(), x, ids, w), tmp_path / "on.pt")
+    torch.save(_capture(torch.zeros_like(x), x, ids, w), tmp_path / "zero.pt")
+    args = ["--arch", "deepseek_v41", "--model", ckpt, str(tmp_path / "off.pt")]
+    assert main(args + [str(tmp_path / "on.pt")]) == 0
+    assert main(args + [str(tmp_path / "zero.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "(reference): 256 rows" in out and "ok" in out and "FAIL: layer 1: relative RMS error 1.00000" in out
