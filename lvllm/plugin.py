@@ -23,6 +23,9 @@ H3  GPUModelRunner.execute_model, in both model runners: lvllm.runtime.before_st
 
 Any check that fails raises PluginError naming the vLLM function and version: never a
 half-installed plugin, never a silent fallback to stock vLLM.
+
+Test instrumentation, switch on or off: LVLLM_TEST_MOE_CAPTURE=<dir> (the e2e MoE-layer oracle's runs only) records
+what the routed expert layers compute (lvllm.testing.moe_capture); unset, register() reads nothing else first.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from .settings import SettingsError, check as check_settings
 logger = logging.getLogger("vllm.lvllm")
 
 _installed = False
+_capturing = False
 
 
 class PluginError(RuntimeError):
@@ -270,7 +274,13 @@ def _install(cfg: LvllmConfig) -> None:
 
 def register() -> None:
     """Entry point (vllm.general_plugins). Idempotent within a process."""
-    global _installed
+    global _installed, _capturing
+    if os.environ.get("LVLLM_TEST_MOE_CAPTURE") and not _capturing:
+        from .testing.moe_capture import install_from_env
+        try:
+            _capturing = install_from_env()
+        except ValueError as e:
+            raise PluginError(f"lvllm: {e}") from None
     if not _switch_is_on() or _installed:
         return
     try:

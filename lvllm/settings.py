@@ -27,7 +27,7 @@ ENGINE_SETTINGS = ("LK_THREADS", "LK_THREAD_BINDING", "LK_ISA", "LK_SPIN_US", "L
 # LVLLM_METRICS_DIR: set by the first process for those it starts (lvllm.metrics).
 TOOL_VARIABLES = ("LK_CUDA", "LK_BUILD_TYPE", "LVLLM_DRY_RUN", "LVLLM_VENV", "LVLLM_PYTHON",
                   "LVLLM_USE_SYSTEM_PYTHON", "LVLLM_EXIT_CHECK", "LVLLM_METRICS_DIR")
-TOOL_PREFIXES = ("LVLLM_DEVICE_", "LVLLM_E2E_")
+TOOL_PREFIXES = ("LVLLM_DEVICE_", "LVLLM_E2E_", "LVLLM_TEST_")  # LVLLM_TEST_: lvllm.testing instrumentation
 
 
 class SettingsError(ValueError):

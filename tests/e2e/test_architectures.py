@@ -57,8 +57,8 @@ import os
 
 import pytest
 
-from .test_switch import (CPU, KV, OFF, _check, _checkpoint, _get, _run_all, check_cpu_run, check_gpu_run,  # noqa: F401
-                          gpu_env, pytestmark, yardstick_run)
+from .test_switch import (CAPTURE, CPU, KV, OFF, _check, _checkpoint, _get, _run_all, check_cpu_run,  # noqa: F401
+                          check_gpu_run, gpu_env, pytestmark, yardstick_run)
 
 # architecture -> its first MoE layer (made GPU-resident in the "gpu" run)
 NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 0, "qwen3_5_moe_vl": 0, "deepseek_v4": 1,
@@ -148,8 +148,9 @@ def arch_runs(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("e2e-archs")
     for arch in [a for a in NEW_ARCHS if a in chosen]:
         specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
-        if not has_fp32_truth(_checkpoint(workdir, arch)):
-            specs.append((arch, "off-again", OFF, KV + RECHUNKED))
+        if not has_fp32_truth(_checkpoint(workdir, arch)):  # stock's own noise, and the MoE layers held to fp32
+            specs += [(arch, "off-again", OFF, KV + RECHUNKED), (arch, f"off{CAPTURE}", OFF, KV),
+                      (arch, f"cpu{CAPTURE}", CPU, KV), (arch, f"gpu{CAPTURE}", gpu_env(NEW_ARCHS[arch]), KV)]
     for arch, quant in [(a, q) for a, q in NEW_QUANTIZED if a in chosen]:
         specs += [(arch, "cpu", CPU, KV, quant), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV, quant),
                   (arch, "stock", OFF, KV, f"{quant}-twin")]

@@ -124,6 +124,9 @@ def _checkpoint(workdir, arch, quant="bf16"):
     return path
 
 
+CAPTURE = "-moe"  # a run named so records its MoE layers for tests/e2e/moe_oracle.py instead of generating
+
+
 def _launch(workdir, arch, name, env_extra, args=(), quant="bf16"):
     """Start one vLLM run; returns (tag, process)."""
     model = _checkpoint(workdir, arch, quant)
@@ -139,8 +142,12 @@ def _launch(workdir, arch, name, env_extra, args=(), quant="bf16"):
     from lvllm.testing.tiny_checkpoint import LANGUAGE_MODEL_ONLY
     if arch in LANGUAGE_MODEL_ONLY:  # a release written without its vision tower
         args = [*args, "--language-model-only"]
-    cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "generate.py"), "--model", model,
-           "--out", str(workdir / f"{tag}.json"), *args]
+    if name.endswith(CAPTURE):  # the MoE-layer oracle's recording run (tests/e2e/moe_capture.py): no generation
+        cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "moe_capture.py"), "--model", model,
+               "--out", str(workdir / f"{tag}.pt"), *args]
+    else:
+        cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "generate.py"), "--model", model,
+               "--out", str(workdir / f"{tag}.json"), *args]
     return tag, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -148,6 +155,8 @@ def _result(workdir, tag, rc):
     log = (workdir / f"{tag}.log").read_text()
     if rc != 0:
         return {"error": f"vLLM run {tag} failed (rc {rc}); log tail:\n{log[-6000:]}"}
+    if tag.endswith(CAPTURE):
+        return {"capture": str(workdir / f"{tag}.pt"), "log": log}
     with open(workdir / f"{tag}.json") as f:
         res = json.load(f)
     res["log"] = log
@@ -284,14 +293,17 @@ def yardstick_run(runs, tag):
     return _get(runs, tag) if tag in runs else None
 
 
-def _check(ref, test, label, yardstick=None):
+def _check(ref, test, label, yardstick=None, experts=None):
     """The criterion of compare.py, the teacher-forced check included: truth = the reference's checkpoint in fp32
     (where transformers implements its architecture: oracle.has_fp32_truth); without it, the thresholds may come
-    from a yardstick run (stock, differing from the reference only numerically)."""
+    from a yardstick run (stock, differing from the reference only numerically), and `experts` (moe_oracle.verdict of
+    the two runs' recordings) holds the test's MoE layers to fp32 on their own inputs."""
     from .oracle import has_fp32_truth
     truth = has_fp32_truth(ref["model"])
     fp32 = _fp32_truth(ref["model"], ref) if truth else None
     c = compare_runs(ref, test, label, fp32=fp32, yardstick=yardstick)  # both passes (the second from the prefix cache)
+    if experts is not None and fp32 is None:
+        c.experts = experts
     notes = _spike_notes(ref, c) if truth else []
     print(f"[e2e] {label}: {c.summary()}" + ("" if truth else " (no fp32 truth: transformers has no such model)")
           + "".join(f"\n[e2e]   oracle: {n}" for n in notes))
@@ -341,18 +353,32 @@ def test_switch_off_is_stock_vllm(runs):
     _check(stock, off, "stock vs switch-off")
 
 
+def experts_verdict(runs, arch, mode, quant="bf16"):
+    """The MoE-layer oracle on the `mode` run's recording against the switch-off run's (tests/e2e/moe_oracle.py), if
+    the comparisons' fixture made them (architectures without fp32 truth), else None."""
+    key = arch if quant == "bf16" else f"{arch}-{quant}"
+    ref_tag, test_tag = f"{key}-off{CAPTURE}", f"{key}-{mode}{CAPTURE}"
+    if ref_tag not in runs or test_tag not in runs:
+        return None
+    from .moe_oracle import verdict
+    ref, test = _get(runs, ref_tag), _get(runs, test_tag)
+    return verdict(arch, quant, ref["capture"], test["capture"])
+
+
 def check_cpu_run(runs, arch):
     """The "cpu" run of `arch` (CPU prefill) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-cpu")
     assert "lk_moe: hybrid MoE layers" in on["log"], "the plugin did not report its layers"
-    _check(off, on, f"{arch} cpu-prefill", yardstick=yardstick_run(runs, f"{arch}-off-again"))
+    _check(off, on, f"{arch} cpu-prefill", yardstick=yardstick_run(runs, f"{arch}-off-again"),
+           experts=experts_verdict(runs, arch, "cpu"))
 
 
 def check_gpu_run(runs, arch, resident_layer):
     """The "gpu" run of `arch` (GPU prefill, one resident layer) against its switch-off run."""
     off, on = _get(runs, f"{arch}-off"), _get(runs, f"{arch}-gpu")
     assert f"GPU-resident [{resident_layer}]" in on["log"]
-    _check(off, on, f"{arch} gpu-prefill+resident", yardstick=yardstick_run(runs, f"{arch}-off-again"))
+    _check(off, on, f"{arch} gpu-prefill+resident", yardstick=yardstick_run(runs, f"{arch}-off-again"),
+           experts=experts_verdict(runs, arch, "gpu"))
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -1,14 +1,18 @@
 """tests/e2e/moe_oracle.py (the MoE-layer oracle) on a tiny DeepSeek-V4.1 checkpoint's experts, with recorded calls
-made here: the CPU engine's output, vLLM's Triton roundings emulated, and a fault."""
+made here: the CPU engine's output, vLLM's Triton roundings emulated, and a fault; and the recording itself
+(lvllm.testing.moe_capture) on a stand-in for vLLM's RoutedExperts."""
+import os
+import types
+
 import pytest
 import torch
 
 from lk_moe.layer import MoELayer
 from lk_moe.reference import moe_reference
 from lvllm.testing.expert_reference import reference_layer
+from lvllm.testing.moe_capture import _patch, install_from_env, layer_index
 from lvllm.testing.tiny_checkpoint import make_checkpoint
-from tests.e2e.moe_capture import layer_index
-from tests.e2e.moe_oracle import main, problems, run_errors
+from tests.e2e.moe_oracle import main, problems, run_errors, verdict
 
 LAYER, ROWS, TOP_K = 1, 256, 4
 
@@ -87,3 +91,42 @@ def test_the_cli_reads_recorded_runs(ckpt, ref, tmp_path, capsys):
     assert main(args + [str(tmp_path / "zero.pt")]) == 1
     out = capsys.readouterr().out
     assert "(reference): 256 rows" in out and "ok" in out and "FAIL: layer 1: relative RMS error 1.00000" in out
+    exact = verdict("deepseek_v41", "bf16", str(tmp_path / "off.pt"), str(tmp_path / "on.pt"), model=ckpt)
+    assert exact.at_least_as_exact and not exact.problems and "at least as exact as stock" in exact.summary
+    back = verdict("deepseek_v41", "bf16", str(tmp_path / "on.pt"), str(tmp_path / "off.pt"), model=ckpt)
+    assert not back.at_least_as_exact and not back.problems  # Triton's roundings: within x 1.5 of exact bf16's
+    zero = verdict("deepseek_v41", "bf16", str(tmp_path / "off.pt"), str(tmp_path / "zero.pt"), model=ckpt)
+    assert zero.problems and not zero.at_least_as_exact
+
+
+def test_the_recording_keeps_prefill_calls_of_target_layers(tmp_path):
+    class RoutedExperts:  # vLLM's forward_modular signature; returns what the kernels would
+        def __init__(self, name):
+            self.layer_name = name
+
+        def forward_modular(self, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+            return x * 2
+
+    _patch(str(tmp_path), 4, types.SimpleNamespace(RoutedExperts=RoutedExperts))
+    x, ids, w = torch.ones(8, 3, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.int32), torch.ones(8, 2)
+    out = RoutedExperts("model.layers.2.ffn.experts").forward_modular(x=x, topk_weights=w, topk_ids=ids)
+    assert torch.equal(out, x * 2)
+    RoutedExperts("model.layers.2.ffn.experts").forward_modular(x[:3], w[:3], ids[:3])  # a decode step: fewer rows
+    RoutedExperts("mtp.0.ffn.experts").forward_modular(x, w, ids)  # a draft layer: not the target's
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 1 and files[0].startswith(f"{os.getpid()}-")
+    rec = torch.load(tmp_path / files[0], weights_only=False)
+    assert rec["layer"] == 2 and rec["layer_name"] == "model.layers.2.ffn.experts"
+    assert torch.equal(rec["out"], x * 2) and rec["topk_weights"].dtype == torch.float32 and rec["x"].shape == (8, 3)
+
+
+def test_the_recording_is_off_unless_asked_and_checks_its_settings(tmp_path, monkeypatch):
+    monkeypatch.delenv("LVLLM_TEST_MOE_CAPTURE", raising=False)
+    assert install_from_env() is False
+    monkeypatch.setenv("LVLLM_TEST_MOE_CAPTURE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="is not a directory"):
+        install_from_env()
+    monkeypatch.setenv("LVLLM_TEST_MOE_CAPTURE", str(tmp_path))
+    monkeypatch.setenv("LVLLM_TEST_MOE_CAPTURE_MIN_ROWS", "0")
+    with pytest.raises(ValueError, match="not a positive row count"):
+        install_from_env()

@@ -26,6 +26,17 @@ def test_switch_off_imports_nothing():
         assert r.returncode == 0, r.stderr
 
 
+def test_the_moe_capture_instrumentation_waits_for_vllm_and_checks_its_directory(tmp_path):
+    """LVLLM_TEST_MOE_CAPTURE (the e2e MoE-layer oracle's runs) acts switch on or off, and imports nothing itself."""
+    code = ("import sys; import lvllm.plugin as p; p.register(); "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'lk_moe', 'torch')]; "
+            "print('imported:', bad); assert not bad and p._capturing")
+    r = _run(code, LVLLM_TEST_MOE_CAPTURE=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = _run("import lvllm.plugin as p; p.register()", LVLLM_TEST_MOE_CAPTURE=str(tmp_path / "nowhere"))
+    assert r.returncode != 0 and "PluginError" in r.stderr and "LVLLM_TEST_MOE_CAPTURE=" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("env,words", [
     ({"LVLLM_MOE_NUMA_ENABLED": "maybe"}, "LVLLM_MOE_NUMA_ENABLED='maybe' is not a boolean"),
     ({"LVLLM_MOE_NUMA_ENABLED": "1", "LVLLM_GPU_PREFETCH_WINDOW": "3"}, "LVLLM_GPU_PREFETCH_WINDOW=3"),
