@@ -68,7 +68,8 @@ def main():
         def err(o, ref=truth):
             return float((o.double() - ref).pow(2).mean().sqrt() / rms)
         print(f"x std {x_std:4}: relative RMS error vs fp64: engine {err(out):.5f}; "
-              f"Triton-like {err(tri32.bfloat16()):.5f} (fp32 top-k sum), {err(tri16):.5f} (bf16 top-k sum); exact math rounded to bf16 "
+              f"Triton-like {err(tri32.bfloat16()):.5f} (fp32 top-k sum), {err(tri16):.5f} (bf16 top-k sum); "
+              f"exact math rounded to bf16 "
               f"{err(truth.bfloat16()):.5f}; engine vs Triton-like {err(out, tri32.bfloat16().double()):.5f}")
 
 

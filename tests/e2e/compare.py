@@ -70,9 +70,10 @@ round more exactly than stock's kernels moves 9% beyond TOL: its distance from s
 a comparison may also bring the MoE-layer oracle (tests/e2e/moe_oracle.py: each run's routed expert layers against the
 checkpoint's experts in fp32 on that run's own inputs): its failures fail the test, and where it finds the test's
 experts at least as exact as stock's on every layer, the teacher-forced share beyond TOL is reported, not held (its
-median and 90th percentile still are: a fault outside the experts moves most positions). A reference that reproduces its own
-generated tokens at less than MIN_COVERAGE of the positions judges nothing by generation; with teacher-forced data
-(fp32 truth or the reference's scored prompts) that check decides, without it the comparison fails.
+median and 90th percentile still are: a fault outside the experts moves most positions). A reference that
+reproduces its own generated tokens at less than MIN_COVERAGE of the positions judges nothing by generation; with
+teacher-forced data (fp32 truth or the reference's scored prompts) that check decides, without it the comparison
+fails.
 """
 from __future__ import annotations
 

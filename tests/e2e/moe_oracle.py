@@ -13,8 +13,9 @@ Criterion: per layer, the test run's error is at most the reference's (stock's) 
 rounding gives 0.0017-0.0044 (dev/moe_rounding.py on a tiny V4.1 layer with random rows: exact math rounded to bf16
 0.0017, the CPU engine 0.0023, vLLM's Triton roundings emulated 0.0037, with a bf16 top-k sum 0.0044), so any of
 those schemes passes against any other; a fault gives more (one of the 16 experts' down projection 5% off: 0.012,
-30% off: 0.072; a wrong expert, row or scale: O(1)). Where the test's error is at most the reference's + EXACT_SLACK on every layer, it is "at least as
-exact as stock" (compare.py then leaves the teacher-forced tail to stock's rounding).
+30% off: 0.072; a wrong expert, row or scale: O(1)). Where the test's error is at most the reference's + EXACT_SLACK
+on every layer, it is "at least as exact as stock" (compare.py then leaves the teacher-forced tail to stock's
+rounding).
 
     python -m tests.e2e.moe_oracle --arch deepseek_v41 [--quant bf16] REF.pt TEST.pt [TEST2.pt ...]
 """
