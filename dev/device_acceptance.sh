@@ -72,9 +72,10 @@
 #                                             # in /root/expert_cache-<shape>.json on the machine)
 #   bash dev/device_acceptance.sh rotate1   # M=1 decode of one layer rotating over 4 GiB vs ~50 GB of packed copies
 #                                             # (random routing over all the expert memory vs a few GiB of it)
-#   bash dev/device_acceptance.sh moeoracle # the MoE-layer oracle on tiny DeepSeek-V4.1 (tests/e2e/moe_capture.py, eager, in
-#                                             # process): stock, CPU prefill and streamed GPU prefill record their MoE layers'
-#                                             # inputs, routing and outputs; tests/e2e/moe_oracle.py holds each to fp32 experts
+#   bash dev/device_acceptance.sh moeoracle # the MoE-layer oracle on tiny DeepSeek-V4.1 alone (tests/e2e/moe_capture.py,
+#                                             # eager): stock, CPU prefill and streamed GPU prefill record their MoE layers'
+#                                             # inputs, routing and outputs; tests/e2e/moe_oracle.py holds each to fp32
+#                                             # experts (arch1 runs the same recordings for its verdicts); ~300 s or more
 #   bash dev/device_acceptance.sh arch1     # the newer architectures' e2e suite (tests/e2e/test_architectures.py:
 #                                             # Qwen3-Next, GLM-5, MiniMax-M2, Qwen3.5-MoE, DeepSeek-V4, Kimi-K2.5),
 #                                             # switch on vs off (LVLLM_E2E_ARCHS=a,b: only these)
