@@ -12,6 +12,7 @@ from lk_moe.reference import moe_reference
 from lvllm.testing.expert_reference import reference_layer
 from lvllm.testing.moe_capture import _patch, install_from_env, layer_index
 from lvllm.testing.tiny_checkpoint import make_checkpoint
+from tests.e2e.moe_capture import gather
 from tests.e2e.moe_oracle import main, problems, run_errors, verdict
 
 LAYER, ROWS, TOP_K = 1, 256, 4
@@ -130,3 +131,12 @@ def test_the_recording_is_off_unless_asked_and_checks_its_settings(tmp_path, mon
     monkeypatch.setenv("LVLLM_TEST_MOE_CAPTURE_MIN_ROWS", "0")
     with pytest.raises(ValueError, match="not a positive row count"):
         install_from_env()
+
+
+def test_a_run_keeps_its_first_calls_per_layer_in_order(tmp_path):
+    for n, name in enumerate(["model.layers.1.ffn.experts", "model.layers.2.ffn.experts"] * 3):
+        torch.save({"layer_name": name, "layer": int(name.split(".")[2]), "n": n}, tmp_path / f"77-{n:05d}.pt")
+    layers = gather(str(tmp_path), calls=2)
+    assert {k: [r["n"] for r in v] for k, v in layers.items()} == {
+        "model.layers.1.ffn.experts": [0, 2], "model.layers.2.ffn.experts": [1, 3]}
+    assert all("layer_name" not in r for v in layers.values() for r in v)
