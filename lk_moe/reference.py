@@ -105,6 +105,23 @@ def moe_reference(x, w13, w2, topk_ids, topk_weights, return_magnitude=False, *,
     return (out, mag) if return_magnitude else out
 
 
+def moe_like_triton(x, w13, w2, topk_ids, topk_weights, *, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0,
+                    bf16_sum=False) -> torch.Tensor:
+    """vLLM's TritonExperts' roundings emulated (fp32 sums, stored where its kernels store): the gate/up GEMM output
+    in bf16, the activation (computed in fp32 from it) in bf16, each expert's output times its routing weight in bf16,
+    then the top-k sum in fp32 (bf16_sum: in bf16, as a bf16 accumulator would); returns bf16 [M, H]."""
+    I = w2.shape[2]
+    w13f, w2f = w13.float(), w2.float()
+    out = torch.zeros(x.shape, dtype=torch.bfloat16 if bf16_sum else torch.float32)
+    for k in range(topk_ids.shape[1]):
+        e = topk_ids[:, k].long()
+        h = torch.einsum("mh,mnh->mn", x.float(), w13f[e]).bfloat16().float()
+        act = gate_activation(activation, h[:, :I], h[:, I:], swiglu_alpha, swiglu_limit).bfloat16().float()
+        y = (torch.einsum("mi,mhi->mh", act, w2f[e]) * topk_weights[:, k:k + 1]).bfloat16()
+        out = (out.float() + y.float()).bfloat16() if bf16_sum else out + y.float()
+    return out.bfloat16()
+
+
 def moe_torch_baseline(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
     """What a user would write in torch: per-expert GEMMs in the weights' dtype, fp32 sum."""
     M, H = x.shape

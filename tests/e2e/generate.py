@@ -78,6 +78,20 @@ def shut_down(llm) -> str:
     return f"engine shut down in {time.time() - t0:.1f}s" + (f", still running: {left}" if left else "")
 
 
+def vocab_size(model_dir: str) -> int:
+    with open(os.path.join(model_dir, "tokenizer.json")) as f:
+        return len(json.load(f)["model"]["vocab"])
+
+
+def memory_args(kv_bytes: int, gpu_util: float) -> dict:
+    """LLM()'s memory arguments: a fixed KV-cache size (kv_bytes > 0), else a share of the GPU. With a fixed KV size
+    vLLM (0.26 seen; 0.33 has the same check) still checks at start-up that free memory >= utilization x total
+    (default 0.92): runs sharing a GPU failed that check on 2026-12-01 (14 at a time). A low value keeps the check
+    meaningful (7 GiB free) without touching the sizing, which the fixed bytes decide."""
+    return ({"kv_cache_memory_bytes": kv_bytes, "gpu_memory_utilization": 0.05} if kv_bytes
+            else {"gpu_memory_utilization": gpu_util})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -108,14 +122,9 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    with open(os.path.join(a.model, "tokenizer.json")) as f:
-        vocab = len(json.load(f)["model"]["vocab"])
+    vocab = vocab_size(a.model)
     t0 = time.time()
-    # With a fixed KV size vLLM (0.26 seen; 0.33 has the same check) still checks at start-up that free memory >= utilization x total
-    # (default 0.92): runs sharing a GPU failed that check on 2026-12-01 (14 at a time). A low value
-    # keeps the check meaningful (7 GiB free) without touching the sizing, which the fixed bytes decide.
-    mem_args = ({"kv_cache_memory_bytes": a.kv_bytes, "gpu_memory_utilization": 0.05} if a.kv_bytes
-                else {"gpu_memory_utilization": a.gpu_util})
+    mem_args = memory_args(a.kv_bytes, a.gpu_util)
     extra = {}
     if a.tp > 1:
         # vLLM (0.26 seen, 0.33 has the same pass) fuses all-reduce + RMSNorm through FlashInfer and picks its "mnnvl" backend,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 import tempfile
@@ -54,12 +53,10 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from tests.e2e.generate import prompts, shut_down, special_token_ids
+    from tests.e2e.generate import memory_args, prompts, shut_down, special_token_ids, vocab_size
 
-    with open(os.path.join(a.model, "tokenizer.json")) as f:
-        vocab = len(json.load(f)["model"]["vocab"])
-    mem_args = ({"kv_cache_memory_bytes": a.kv_bytes, "gpu_memory_utilization": 0.05} if a.kv_bytes
-                else {"gpu_memory_utilization": a.gpu_util})
+    vocab = vocab_size(a.model)
+    mem_args = memory_args(a.kv_bytes, a.gpu_util)
     if a.language_model_only:
         mem_args["language_model_only"] = True
     t0 = time.time()

@@ -22,6 +22,7 @@ rounding).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List
@@ -92,18 +93,16 @@ class ExpertsVerdict:
     summary: str
 
 
+def layer_references(model: str, arch: str, quant: str):
+    """references(layer index) -> the checkpoint's experts of that layer in fp32 (decoded once per layer)."""
+    from lvllm.testing.expert_reference import reference_layer
+    return functools.lru_cache(maxsize=None)(lambda idx: reference_layer(model, arch, quant, idx))
+
+
 def verdict(arch: str, quant: str, ref_path: str, test_path: str, model: str = None) -> ExpertsVerdict:
     """Both recordings (moe_capture.py's files) against the checkpoint's experts in fp32."""
-    from lvllm.testing.expert_reference import reference_layer
     ref_cap, test_cap = (torch.load(p, weights_only=False) for p in (ref_path, test_path))
-    model = model or ref_cap["model"]
-    cache: dict = {}
-
-    def references(idx: int) -> dict:
-        if idx not in cache:
-            cache[idx] = reference_layer(model, arch, quant, idx)
-        return cache[idx]
-
+    references = layer_references(model or ref_cap["model"], arch, quant)
     ref, test = run_errors(ref_cap, references), run_errors(test_cap, references)
     p = problems(ref, test)
     exact = not p and all(test.layer(i) <= ref.layer(i) + EXACT_SLACK for i in test.per_layer)
@@ -120,16 +119,8 @@ def main(argv) -> int:
     a = ap.parse_args(argv)
     if len(a.runs) < 2:
         ap.error("a reference run and at least one test run")
-    from lvllm.testing.expert_reference import reference_layer
     caps = [torch.load(p, weights_only=False) for p in a.runs]
-    model = a.model or caps[0]["model"]
-    cache: dict = {}
-
-    def references(idx: int) -> dict:
-        if idx not in cache:
-            cache[idx] = reference_layer(model, a.arch, a.quant, idx)
-        return cache[idx]
-
+    references = layer_references(a.model or caps[0]["model"], a.arch, a.quant)
     ref = run_errors(caps[0], references)
     print(f"{a.runs[0]} (reference): {ref.rows} rows; relative RMS error vs fp32 experts: {ref.summary()}")
     bad = 0

@@ -353,16 +353,14 @@ def test_switch_off_is_stock_vllm(runs):
     _check(stock, off, "stock vs switch-off")
 
 
-def experts_verdict(runs, arch, mode, quant="bf16"):
-    """The MoE-layer oracle on the `mode` run's recording against the switch-off run's (tests/e2e/moe_oracle.py), if
-    the comparisons' fixture made them (architectures without fp32 truth), else None."""
-    key = arch if quant == "bf16" else f"{arch}-{quant}"
-    ref_tag, test_tag = f"{key}-off{CAPTURE}", f"{key}-{mode}{CAPTURE}"
+def experts_verdict(runs, arch, mode):
+    """The MoE-layer oracle on the `mode` run's recording against the switch-off run's (tests/e2e/moe_oracle.py; bf16
+    checkpoints), if the comparisons' fixture made them (architectures without fp32 truth), else None."""
+    ref_tag, test_tag = f"{arch}-off{CAPTURE}", f"{arch}-{mode}{CAPTURE}"
     if ref_tag not in runs or test_tag not in runs:
         return None
     from .moe_oracle import verdict
-    ref, test = _get(runs, ref_tag), _get(runs, test_tag)
-    return verdict(arch, quant, ref["capture"], test["capture"])
+    return verdict(arch, "bf16", _get(runs, ref_tag)["capture"], _get(runs, test_tag)["capture"])
 
 
 def check_cpu_run(runs, arch):

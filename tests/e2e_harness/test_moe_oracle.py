@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lk_moe.layer import MoELayer
-from lk_moe.reference import moe_reference
+from lk_moe.reference import moe_like_triton, moe_reference
 from lvllm.testing.expert_reference import reference_layer
 from lvllm.testing.moe_capture import _patch, install_from_env, layer_index
 from lvllm.testing.tiny_checkpoint import make_checkpoint
@@ -37,16 +37,8 @@ def _inputs(E, H, seed=0):
 
 
 def _triton_like(x, ids, w, ref):
-    """vLLM's TritonExperts' roundings: gate/up output, activation and each expert's weighted output stored in bf16."""
-    out = torch.zeros(x.shape)
-    w13, w2, lim = ref["w13"].bfloat16().float(), ref["w2"].bfloat16().float(), ref["swiglu_limit"]
-    inter = w2.shape[2]
-    for k in range(ids.shape[1]):
-        e = ids[:, k].long()
-        h = torch.einsum("mh,mnh->mn", x.float(), w13[e]).bfloat16().float()
-        a = (torch.nn.functional.silu(h[:, :inter].clamp(max=lim)) * h[:, inter:].clamp(-lim, lim)).bfloat16().float()
-        out += (torch.einsum("mi,mhi->mh", a, w2[e]) * w[:, k:k + 1]).bfloat16().float()
-    return out.bfloat16()
+    """vLLM's TritonExperts' roundings (lk_moe.reference.moe_like_triton) on the reference's experts."""
+    return moe_like_triton(x, ref["w13"], ref["w2"], ids, w, activation="silu_clamp", swiglu_limit=ref["swiglu_limit"])
 
 
 def _capture(rec_out, x, ids, w):
