@@ -389,17 +389,26 @@ def scored_prompts(result: dict) -> list:
 
 
 def main(argv) -> int:
-    """python -m tests.e2e.compare [--oracle MODEL_DIR | --yardstick Y.json] REF.json TEST.json [...]: re-evaluate
-    saved runs; with --oracle, the teacher-forced check against that checkpoint in fp32 (HF transformers); with
-    --yardstick, the thresholds from a stock run that differs from the reference only numerically."""
-    oracle_model = yard = None
-    if argv[:1] == ["--oracle"] and len(argv) > 1:
-        oracle_model, argv = argv[1], argv[2:]
-    elif argv[:1] == ["--yardstick"] and len(argv) > 1:
-        with open(argv[1]) as f:
-            yard = json.load(f)
-        argv = argv[2:]
-    if len(argv) < 2:
+    """python -m tests.e2e.compare [--oracle MODEL_DIR | --yardstick Y.json] [--experts ARCH REF.pt TEST.pt] REF.json
+    TEST.json [...]: re-evaluate saved runs; with --oracle, the teacher-forced check against that checkpoint in fp32
+    (HF transformers); with --yardstick, the thresholds from a stock run that differs from the reference only
+    numerically; with --experts, the MoE-layer oracle's verdict (tests/e2e/moe_oracle.py) on the two recordings
+    (moe_capture.py's files of the reference's and the test's settings; bf16 checkpoints)."""
+    oracle_model = yard = experts = None
+    while argv[:1] in (["--oracle"], ["--yardstick"], ["--experts"]):
+        opt, n = argv[0], 4 if argv[0] == "--experts" else 2
+        if len(argv) < n:
+            break
+        if opt == "--oracle":
+            oracle_model = argv[1]
+        elif opt == "--yardstick":
+            with open(argv[1]) as f:
+                yard = json.load(f)
+        else:
+            from .moe_oracle import verdict
+            experts = verdict(argv[1], "bf16", argv[2], argv[3])
+        argv = argv[n:]
+    if len(argv) < 2 or (oracle_model and yard is not None):
         print(main.__doc__)
         return 2
     with open(argv[0]) as f:
@@ -412,10 +421,11 @@ def main(argv) -> int:
     for path in argv[1:]:
         with open(path) as f:
             c = compare_runs(ref, json.load(f), path, fp32=fp32, yardstick=yard)
+        if fp32 is None:  # the oracle's word only where there is no fp32 truth (as test_switch._check)
+            c.experts = experts
         print(f"{path}: {c.summary()}")
         bad += not c.ok()
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

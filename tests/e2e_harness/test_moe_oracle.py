@@ -92,6 +92,33 @@ def test_the_cli_reads_recorded_runs(ckpt, ref, tmp_path, capsys):
     assert zero.problems and not zero.at_least_as_exact
 
 
+def test_compare_cli_takes_the_oracles_word_on_recorded_runs(ckpt, ref, tmp_path, capsys):
+    """python -m tests.e2e.compare --yardstick Y --experts ARCH REF.pt TEST.pt: saved runs re-judged with the MoE-layer
+    oracle (a run's recordings made apart from its generation, as on the device)."""
+    import json
+
+    from tests.e2e.compare import main as compare_main
+    from tests.e2e_harness.test_compare import _FORCED_REF, _scored_run, _shifted
+    E, H = ref["w13"].shape[0], ref["w13"].shape[2]
+    x, ids, w = _inputs(E, H, seed=2)
+    truth = moe_reference(x.float(), ref["w13"], ref["w2"], ids.long(), w, activation="silu_clamp",
+                          swiglu_limit=ref["swiglu_limit"])
+    for name, out in (("off", _triton_like(x, ids, w, ref)), ("on", truth.bfloat16()), ("zero", torch.zeros_like(x))):
+        torch.save(dict(_capture(out, x, ids, w), model=ckpt), tmp_path / f"{name}.pt")
+    noisy = _shifted(lambda i: 0.5 if i < 36 else 0.0625)  # 9% of the positions beyond TOL, the median a bf16 step
+    for name, run in (("ref", _scored_run(_FORCED_REF)), ("test", _scored_run(noisy))):
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    runs = [str(tmp_path / "ref.json"), str(tmp_path / "test.json")]
+    yard = ["--yardstick", str(tmp_path / "ref.json")]
+    assert compare_main(yard + runs) == 1  # 9% > the yardstick's share x 1.5 + slack
+    assert compare_main(yard + ["--experts", "deepseek_v41", str(tmp_path / "off.pt"), str(tmp_path / "on.pt")]
+                        + runs) == 0
+    assert compare_main(["--experts", "deepseek_v41", str(tmp_path / "off.pt"), str(tmp_path / "zero.pt")] + yard
+                        + runs) == 1
+    out = capsys.readouterr().out
+    assert "at least as exact as stock" in out and "MoE layers vs fp32 experts: layer 1" in out, out
+
+
 def test_the_recording_keeps_prefill_calls_of_target_layers(tmp_path):
     class RoutedExperts:  # vLLM's forward_modular signature; returns what the kernels would
         def __init__(self, name):
