@@ -102,6 +102,16 @@ def lvllm_env(pairs) -> dict:
     return out
 
 
+def gpu_prefill_arg(value: str):
+    """--gpu-prefill: a token count, or "auto" (LVLLM_GPU_PREFILL_MIN_BATCH_SIZE left unset)."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a token count or auto, got {value!r}") from None
+
+
 class Server:
     def __init__(self, a, mode: str, log_path: str):
         self.port = _free_port()
@@ -109,8 +119,9 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LVLLM_")}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if mode == "hybrid":
-            env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=str(a.gpu_prefill),
-                       LVLLM_STATS_INTERVAL="30")
+            env.update(LVLLM_MOE_NUMA_ENABLED="1", LVLLM_STATS_INTERVAL="30")
+            if a.gpu_prefill != "auto":  # auto: unset, for the planner (LVLLM_AUTO_FIT=1) or the default
+                env["LVLLM_GPU_PREFILL_MIN_BATCH_SIZE"] = str(a.gpu_prefill)
             env.update(lvllm_env(getattr(a, "lvllm_env", [])))
         cmd = a.vllm + ["serve", a.model, "--load-format", "dummy", "--port", str(self.port),
                "--served-model-name", "m", "--disable-uvicorn-access-log"]
@@ -315,7 +326,8 @@ def main() -> int:
     ap.add_argument("--min-prompts", type=int, default=4)
     ap.add_argument("--disconnects", type=int, default=8, help="streams dropped mid-way after the load (0: none)")
     ap.add_argument("--startup-only", action="store_true", help="startup, counters and shutdown only")
-    ap.add_argument("--gpu-prefill", type=int, default=1024)
+    ap.add_argument("--gpu-prefill", type=gpu_prefill_arg, default=1024,
+                    help="the hybrid server's GPU-prefill threshold; auto: left unset (auto-fit's, or the default)")
     ap.add_argument("--offload-gb", type=float, default=58)
     ap.add_argument("--serve-arg", action="append", default=[], help="one more `vllm serve` argument (repeat)")
     ap.add_argument("--startup-timeout", type=float, default=900)

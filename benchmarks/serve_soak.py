@@ -27,7 +27,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import SHAPES, Server, _get, lvllm_samples  # noqa: E402  (the same server launch)
+from serve_load import SHAPES, Server, _get, gpu_prefill_arg, lvllm_samples  # noqa: E402  (the same server launch)
 
 GiB = 1 << 30
 
@@ -279,7 +279,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=120, help="seconds of load before memory counts as warm")
     ap.add_argument("--prompt-words", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--gpu-prefill", type=int, default=1024)
+    ap.add_argument("--gpu-prefill", type=gpu_prefill_arg, default=1024,
+                    help="the hybrid server's GPU-prefill threshold; auto: left unset (auto-fit's, or the default)")
     ap.add_argument("--offload-gb", type=float, default=58)
     ap.add_argument("--serve-arg", action="append", default=[])
     ap.add_argument("--lvllm-env", action="append", default=[], metavar="KEY=VALUE",

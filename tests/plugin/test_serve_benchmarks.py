@@ -146,3 +146,21 @@ def test_a_soak_cut_short_still_reports_from_its_start_record(tmp_path, capsys, 
     assert "soak: 2.5 min, 4 streams, 40 requests, 0 failed (cut short" in out
     assert "decode: 187.8 tok/s in the first 1 min after warm-up, 187.8 in the last" in out  # (60, 120] and (90, 150]
     assert "budget of 23.77 GiB: EXCEEDED by 0.03 GiB" in out
+
+
+def test_gpu_prefill_auto_leaves_the_threshold_to_auto_fit(tmp_path, monkeypatch):
+    """--gpu-prefill auto: the hybrid server starts without LVLLM_GPU_PREFILL_MIN_BATCH_SIZE (issue 26's no-knob runs)."""
+    import argparse
+    import types
+    assert serve_load.gpu_prefill_arg("auto") == "auto" and serve_load.gpu_prefill_arg("512") == 512
+    with pytest.raises(argparse.ArgumentTypeError, match="a token count or auto"):
+        serve_load.gpu_prefill_arg("lots")
+    seen = []
+    monkeypatch.setattr(serve_load.subprocess, "Popen", lambda cmd, env, **kw: seen.append(env))
+    monkeypatch.setenv("LVLLM_GPU_PREFILL_MIN_BATCH_SIZE", "64")  # the caller's own is never passed on
+    for value in ("auto", 2048):
+        a = types.SimpleNamespace(gpu_prefill=value, lvllm_env=["LVLLM_AUTO_FIT=1"], vllm=["vllm"], model="m",
+                                  offload_gb=0, serve_arg=[])
+        serve_load.Server(a, "hybrid", str(tmp_path / "serve.log"))
+    assert "LVLLM_GPU_PREFILL_MIN_BATCH_SIZE" not in seen[0] and seen[0]["LVLLM_AUTO_FIT"] == "1"
+    assert seen[1]["LVLLM_GPU_PREFILL_MIN_BATCH_SIZE"] == "2048"
