@@ -427,5 +427,6 @@ def main(argv) -> int:
         bad += not c.ok()
     return 1 if bad else 0
 
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
