@@ -397,8 +397,9 @@ def main(argv) -> int:
     oracle_model = yard = experts = None
     while argv[:1] in (["--oracle"], ["--yardstick"], ["--experts"]):
         opt, n = argv[0], 4 if argv[0] == "--experts" else 2
-        if len(argv) < n:
-            break
+        if len(argv) < n:  # an option short of its values: the usage, not a file named like an option
+            print(main.__doc__)
+            return 2
         if opt == "--oracle":
             oracle_model = argv[1]
         elif opt == "--yardstick":

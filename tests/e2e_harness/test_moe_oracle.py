@@ -41,6 +41,12 @@ def _triton_like(x, ids, w, ref):
     return moe_like_triton(x, ref["w13"], ref["w2"], ids, w, activation="silu_clamp", swiglu_limit=ref["swiglu_limit"])
 
 
+def _exact(x, ids, w, ref):
+    """The layer in fp32 on the reference's experts (the oracle's truth)."""
+    return moe_reference(x.float(), ref["w13"], ref["w2"], ids.long(), w, activation="silu_clamp",
+                         swiglu_limit=ref["swiglu_limit"])
+
+
 def _capture(rec_out, x, ids, w):
     return {"model": "", "layers": {f"model.layers.{LAYER}.ffn.experts": [
         {"layer": LAYER, "x": x, "topk_ids": ids, "topk_weights": w, "out": rec_out}]}}
@@ -74,8 +80,7 @@ def test_the_engine_is_held_to_stock_and_a_fault_fails(ref):
 def test_the_cli_reads_recorded_runs(ckpt, ref, tmp_path, capsys):
     E, H = ref["w13"].shape[0], ref["w13"].shape[2]
     x, ids, w = _inputs(E, H, seed=1)
-    truth = moe_reference(x.float(), ref["w13"], ref["w2"], ids.long(), w, activation="silu_clamp",
-                          swiglu_limit=ref["swiglu_limit"])
+    truth = _exact(x, ids, w, ref)
     torch.save(_capture(_triton_like(x, ids, w, ref), x, ids, w), tmp_path / "off.pt")
     torch.save(_capture(truth.bfloat16(), x, ids, w), tmp_path / "on.pt")
     torch.save(_capture(torch.zeros_like(x), x, ids, w), tmp_path / "zero.pt")
@@ -101,8 +106,7 @@ def test_compare_cli_takes_the_oracles_word_on_recorded_runs(ckpt, ref, tmp_path
     from tests.e2e_harness.test_compare import _FORCED_REF, _scored_run, _shifted
     E, H = ref["w13"].shape[0], ref["w13"].shape[2]
     x, ids, w = _inputs(E, H, seed=2)
-    truth = moe_reference(x.float(), ref["w13"], ref["w2"], ids.long(), w, activation="silu_clamp",
-                          swiglu_limit=ref["swiglu_limit"])
+    truth = _exact(x, ids, w, ref)
     for name, out in (("off", _triton_like(x, ids, w, ref)), ("on", truth.bfloat16()), ("zero", torch.zeros_like(x))):
         torch.save(dict(_capture(out, x, ids, w), model=ckpt), tmp_path / f"{name}.pt")
     noisy = _shifted(lambda i: 0.5 if i < 36 else 0.0625)  # 9% of the positions beyond TOL, the median a bf16 step
