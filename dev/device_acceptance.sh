@@ -374,14 +374,15 @@ grep -h 'read bandwidth\|^## \|^ *1 \|huge pages' \$OUT/rotate_\$r.log; done" ;;
   arch1)
     body="timeout $left $e2e --basetemp=/root/e2e-tmp/archs tests/e2e/test_architectures.py > \$OUT/e2e_archs.log 2>&1
 $e2e_lines \$OUT/e2e_archs.log" ;;
-  moeoracle)
-    body="python3 tools/make_tiny_checkpoint.py --arch deepseek_v41 --out /root/v41 > \$OUT/ckpt.log 2>&1 || tail -3 \$OUT/ckpt.log
-(LVLLM_MOE_NUMA_ENABLED=0 timeout $left python3 tests/e2e/moe_capture.py --model /root/v41 --kv-bytes 2147483648 --out \$OUT/v41-off.pt > \$OUT/capture-off.log 2>&1) &
-(LVLLM_MOE_NUMA_ENABLED=1 LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=128 timeout $left python3 tests/e2e/moe_capture.py --model /root/v41 --kv-bytes 2147483648 --out \$OUT/v41-gpu.pt \
+  moeoracle)  # the recordings in a sub-folder: bundled into details.tar.gz (the tool returns only so many files)
+    body="mkdir -p \$OUT/captures
+python3 tools/make_tiny_checkpoint.py --arch deepseek_v41 --out /root/v41 > \$OUT/ckpt.log 2>&1 || tail -3 \$OUT/ckpt.log
+(LVLLM_MOE_NUMA_ENABLED=0 timeout $left python3 tests/e2e/moe_capture.py --model /root/v41 --kv-bytes 2147483648 --out \$OUT/captures/v41-off.pt > \$OUT/capture-off.log 2>&1) &
+(LVLLM_MOE_NUMA_ENABLED=1 LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=128 timeout $left python3 tests/e2e/moe_capture.py --model /root/v41 --kv-bytes 2147483648 --out \$OUT/captures/v41-gpu.pt \
 > \$OUT/capture-gpu.log 2>&1) &
-LVLLM_MOE_NUMA_ENABLED=1 LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0 timeout $left python3 tests/e2e/moe_capture.py --model /root/v41 --kv-bytes 2147483648 --out \$OUT/v41-cpu.pt > \$OUT/capture-cpu.log 2>&1
+LVLLM_MOE_NUMA_ENABLED=1 LVLLM_GPU_PREFILL_MIN_BATCH_SIZE=0 timeout $left python3 tests/e2e/moe_capture.py --model /root/v41 --kv-bytes 2147483648 --out \$OUT/captures/v41-cpu.pt > \$OUT/capture-cpu.log 2>&1
 wait; grep -h 'moe_capture\]\|Error\|lk_moe: hybrid' \$OUT/capture-*.log | cut -c1-300
-python3 -m tests.e2e.moe_oracle --arch deepseek_v41 --model /root/v41 \$OUT/v41-off.pt \$OUT/v41-cpu.pt \$OUT/v41-gpu.pt" ;;
+python3 -m tests.e2e.moe_oracle --arch deepseek_v41 --model /root/v41 \$OUT/captures/v41-off.pt \$OUT/captures/v41-cpu.pt \$OUT/captures/v41-gpu.pt" ;;
   quant1)
     body="LVLLM_E2E_PARALLEL=14 timeout $left $e2e --basetemp=/root/e2e-tmp/quant tests/e2e -k 'quantized or gpt_oss' \
 > \$OUT/e2e_quant.log 2>&1; $e2e_lines \$OUT/e2e_quant.log" ;;
