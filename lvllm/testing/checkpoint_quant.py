@@ -233,8 +233,8 @@ def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tensor:
     """fp32 [N, K] of one projection `base` ("....experts.3.up_proj.") in whatever format the
-    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, MXFP8, FP8 / INT8 per channel, DeepSeek-V4's and
-    compressed-tensors' MXFP4), read
+    checkpoint holds it (bf16, FP8 block, W4A16, NVFP4, MXFP8, FP8 / INT8 per channel, DeepSeek-V4's MXFP4, NVFP4
+    and FP8 block, compressed-tensors' MXFP4), read
     from the file's own tensors."""
     if base + "weight_packed" in tensors and tensors[base + "weight_packed"].dtype == torch.uint8:
         # compressed-tensors MXFP4: codes two per byte [N, K/2], e8m0 exponents [N, K/32]
@@ -247,6 +247,10 @@ def decode_projection(tensors: Dict[str, torch.Tensor], base: str) -> torch.Tens
         # DeepSeek-V4's MXFP4 experts: codes two per byte [N, K/2], e8m0 scales [N, K/32] named "scale"
         N = w.shape[0]
         return decode_mxfp4(w.view(torch.uint8).reshape(N, -1, 16), tensors[base + "scale"].view(torch.uint8))
+    if base + "scale" in tensors:  # DeepSeek-V4's NVFP4 and FP8 block experts: their block scales named "scale" too
+        if w.dtype == torch.uint8:
+            return dequantize_nvfp4(w, tensors[base + "scale"], tensors[base + "weight_scale_2"])
+        return dequantize_fp8_block(w[None], tensors[base + "scale"][None], block=(128, 128))[0]
     mx = next((tensors[base + n] for n in ("weight_scale", "weight_scale_inv")
                if base + n in tensors and tensors[base + n].dtype == torch.uint8), None)
     if w.dtype == torch.float8_e4m3fn and mx is not None:  # MXFP8: e8m0 bytes (MiniMax-M3's under weight_scale_inv)

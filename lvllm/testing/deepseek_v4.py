@@ -1,6 +1,7 @@
 """DeepSeek-V4's tensors for lvllm.testing.tiny_checkpoint, in the inference release's names (layers.<i>.attn.*,
-ffn.*, hc_* mHC mixing weights, embed / head / norm; vLLM's V4 and V4.1 weight mappers rename them), and the release's
-layout of its routed experts (MXFP4 codes with e8m0 scales, the other projections under an FP8 block config).
+ffn.*, hc_* mHC mixing weights, embed / head / norm; vLLM's V4 and V4.1 weight mappers rename them), and the layouts
+of its routed experts vLLM reads (RELEASE_FORMATS: MXFP4 as released, FP8 block, NVFP4; the other projections under an
+FP8 block config).
 DeepSeek-V4.1 (lvllm.testing.deepseek_v41) reuses the decoder block's attention and MoE and adds its own parts.
 
 Values as the other tiny checkpoints: projections N(0, 1/fan_in), the output head at a gain of 3, unit norms; the mHC
@@ -12,7 +13,7 @@ from typing import Dict
 
 import torch
 
-from .quantizers import quantize_mxfp4
+from .quantizers import quantize_fp8_block, quantize_mxfp4, quantize_nvfp4
 
 # DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
 COMPRESS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
@@ -96,18 +97,40 @@ def weights(s: dict, vocab: int, w) -> None:
         moe(s, w, p, vocab, hashed=i < s["hash_layers"])
 
 
-def mxfp4_release(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[str, torch.Tensor]:
-    """DeepSeek-V4's release layout of its routed experts: MXFP4 codes two per byte (int8 [N, K/2]) and
-    an e8m0 scale per 32 inputs (float8_e8m0fnu [N, K/32], named "scale"); the other layers stay bf16
-    here, listed as not converted in the FP8 quantization config the release carries (vLLM's CPU
-    platform has no FP8 linear kernels). config gets that quantization_config and expert_dtype "fp4"."""
-    out, keep_bf16 = {}, set()
+# The routed experts' formats vLLM 0.33's DeepSeek-V4 quantization config (DeepseekV4FP8Config) selects, each under
+# the release's names (experts.<e>.w1 / w3 / w2: "weight" and "scale", which its weight mapper renames per format):
+#   mxfp4: expert_dtype "fp4" (V4-Flash as released): codes two per byte (int8 [N, K/2]), e8m0 scales [N, K/32]
+#   fp8:   expert_dtype "fp8" (V4-Flash-Base): e4m3 codes [N, K], fp32 scales per 128 x 128 block [N/128, K/128]
+#   nvfp4: expert_dtype "fp4" and the config's moe_quant_algo "NVFP4" (ModelOpt's method): codes two per byte
+#          (uint8 [N, K/2]), e4m3 scales per 16 inputs [N, K/16] as "scale", weight_scale_2 (the global scale) and
+#          input_scale (fp32 scalars, ModelOpt's names). No NVFP4 V4 release is public here: this is the layout vLLM's
+#          loader reads for it.
+RELEASE_FORMATS = ("mxfp4", "fp8", "nvfp4")
+
+
+def _expert_tensors(fmt: str, w: torch.Tensor, g: torch.Generator) -> Dict[str, torch.Tensor]:
+    if fmt == "mxfp4":
+        blocks, scales = quantize_mxfp4(w.float())
+        return {"weight": blocks.reshape(w.shape[0], -1).view(torch.int8), "scale": scales.view(torch.float8_e8m0fnu)}
+    if fmt == "fp8":
+        codes, scales = quantize_fp8_block(w.float())
+        return {"weight": codes, "scale": scales}
+    codes, scales, global_scale = quantize_nvfp4(w.float())
+    return {"weight": codes, "scale": scales, "weight_scale_2": global_scale,
+            "input_scale": (torch.rand((), generator=g) * 2e-3 + 1e-3).float()}  # ~amax(x) / 2688, as ModelOpt's
+
+
+def release_experts(tensors: Dict[str, torch.Tensor], config: dict, fmt: str = "mxfp4") -> Dict[str, torch.Tensor]:
+    """DeepSeek-V4's routed experts in one of RELEASE_FORMATS; the other layers stay bf16 here, listed as not
+    converted in the FP8 quantization config the release carries (vLLM's CPU platform has no FP8 linear kernels).
+    config gets that quantization_config and the format's expert_dtype."""
+    if fmt not in RELEASE_FORMATS:
+        raise ValueError(f"DeepSeek-V4's experts are written as {', '.join(RELEASE_FORMATS)}, not {fmt!r}")
+    out, keep_bf16, g = {}, set(), torch.Generator().manual_seed(0)
     for name, t in tensors.items():
         if ".experts." in name and name.endswith(".weight"):
-            blocks, scales = quantize_mxfp4(t.float())
             base = name[:-len("weight")]
-            out[base + "weight"] = blocks.reshape(t.shape[0], -1).view(torch.int8)
-            out[base + "scale"] = scales.view(torch.float8_e8m0fnu)
+            out.update({base + k: v for k, v in _expert_tensors(fmt, t, g).items()})
             continue
         out[name] = t
         if (name.endswith(".weight") and t.dim() == 2 and t.dtype == torch.bfloat16
@@ -116,15 +139,21 @@ def mxfp4_release(tensors: Dict[str, torch.Tensor], config: dict) -> Dict[str, t
     # vLLM fuses wq_a + wkv and each compressor's wkv + wgate: their fused names are listed too
     fused = {n.rsplit(".", 1)[0] + ".fused_wqa_wkv" for n in keep_bf16 if n.endswith(".attn.wq_a")}
     fused |= {n.rsplit(".", 1)[0] + ".fused_wkv_wgate" for n in keep_bf16 if n.endswith("compressor.wkv")}
-    release_quant(config, sorted(keep_bf16 | fused))
+    release_quant(config, sorted(keep_bf16 | fused), fmt)
     return out
 
 
-def release_quant(config: dict, ignored_layers=()) -> None:
-    """The release's quantization: MXFP4 routed experts (expert_dtype "fp4") under an FP8 block config
-    (128 x 128 blocks, ue8m0 scales) for the other projections, minus ignored_layers."""
-    config["expert_dtype"] = "fp4"
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+def release_quant(config: dict, ignored_layers=(), fmt: str = "mxfp4") -> None:
+    """The release's quantization: the routed experts in fmt (one of RELEASE_FORMATS) under an FP8 block config
+    (128 x 128 blocks; ue8m0 scales beside FP4 experts, fp32 beside FP8 ones) for the other projections, minus
+    ignored_layers."""
+    config["expert_dtype"] = "fp8" if fmt == "fp8" else "fp4"
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
+    if fmt != "fp8":
+        qc["scale_fmt"] = "ue8m0"
+    qc["weight_block_size"] = [128, 128]
+    if fmt == "nvfp4":
+        qc["moe_quant_algo"] = "NVFP4"
+    config["quantization_config"] = qc
     if ignored_layers:
-        config["quantization_config"]["ignored_layers"] = list(ignored_layers)
+        qc["ignored_layers"] = list(ignored_layers)

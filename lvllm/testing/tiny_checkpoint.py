@@ -8,7 +8,8 @@ a small byte-level BPE tokenizer with a chat template (so `vllm serve` works wit
         # Qwen3-30B-A3B's shape, for `vllm serve ... --load-format dummy` benchmarks
 
 Architectures: qwen3_moe, deepseek_v3, glm4_moe, mixtral, minimax_m2, qwen3_next, glm_moe_dsa, qwen3_5_moe,
-qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16 or mxfp4),
+qwen3_5_moe_vl (Qwen3.5-MoE as released: the text model and a vision tower; bf16 only), deepseek_v4 (bf16, or its
+routed experts as mxfp4 as released, fp8 or nvfp4: lvllm.testing.deepseek_v4.RELEASE_FORMATS),
 deepseek_v41 (tiny with weights; big and with DSpark stages config only: --load-format dummy), kimi_k25 (Kimi-K2.5 /
 K2.6 as released: DeepSeek-V3's text model under language_model. beside a MoonViT vision tower; bf16, or w4a16: its
 int4 experts as released), kimi_k3 (Kimi-K3 as released: KimiLinear's text model under language_model. beside a
@@ -697,8 +698,10 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     "fp8_channel" / "int8_channel" (compressed-tensors W8A8 per output channel, dynamic per-token
     activations, like RedHatAI/*-FP8-dynamic / *-quantized.w8a8), "mxfp4_ct" (compressed-tensors MXFP4
     experts, like Kimi-K3; the other projections bf16; "mxfp4_ct_a8": its W4A8 variant, FP8 activations);
-    quantized variants: tiny only, but DeepSeek-V4's mxfp4, Kimi-K3's mxfp4_ct and the FP8_RELEASES' fp8 (big: the
-    release's quantization config over dummy weights).
+    DeepSeek-V4 / V4.1: "mxfp4", "fp8" or "nvfp4" are their routed experts in the layouts vLLM's V4 quantization
+    config selects (lvllm.testing.deepseek_v4.RELEASE_FORMATS), the other projections bf16.
+    quantized variants: tiny only, but DeepSeek-V4's mxfp4 and fp8, Kimi-K3's mxfp4_ct and the FP8_RELEASES' fp8 (big:
+    the release's quantization config over dummy weights).
     experts_only (fp8, nvfp4, fp8_channel, int8_channel; fp8_experts_only is its old name): quantize
     the routed experts only, every other projection stays bf16 (vLLM's CPU platform has no FP8/NVFP4
     linear kernels).
@@ -718,11 +721,12 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
                          "experts names the target's layers; big: the release's config, dummy weights)")
     if quant not in QUANTS + ("mxfp4",):
         raise ValueError(f"quant must be one of {', '.join(QUANTS + ('mxfp4',))}")
-    release = ((arch.startswith("deepseek_v4") and quant == "mxfp4") or (arch == "kimi_k3" and quant == "mxfp4_ct")
+    v4_experts = arch in ("deepseek_v4", "deepseek_v41") and quant in deepseek_v4.RELEASE_FORMATS
+    release = ((v4_experts and quant in ("mxfp4", "fp8")) or (arch == "kimi_k3" and quant == "mxfp4_ct")
                or (arch in FP8_RELEASES and quant == "fp8"))
     if quant != "bf16" and size != "tiny" and not release:
         raise ValueError("quantized variants are written for --size tiny only (and the releases' formats: DeepSeek-V4's "
-                         f"mxfp4, Kimi-K3's mxfp4_ct, {', '.join(FP8_RELEASES)}'s block fp8)")
+                         f"mxfp4 and fp8 (V4-Flash-Base), Kimi-K3's mxfp4_ct, {', '.join(FP8_RELEASES)}'s block fp8)")
     if arch == "kimi_k3" and quant not in ("bf16", "mxfp4_ct"):
         raise ValueError("kimi_k3: bf16, or mxfp4_ct (the release's compressed-tensors MXFP4 experts)")
     if arch == "gpt_oss" and quant != "bf16":
@@ -738,8 +742,9 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     if arch in VL_TEXT and quant != "bf16" and (arch, quant) != ("kimi_k25", "w4a16"):
         raise ValueError(f"{arch}: bf16 only" + (", or w4a16 (the release's int4 experts)" if arch == "kimi_k25" else
                                                  " (the quantizers do not know the vision tower's layers)"))
-    if arch in ("deepseek_v4", "deepseek_v41") and quant not in ("bf16", "mxfp4"):
-        raise ValueError(f"{arch}: bf16, or mxfp4 (the release's MXFP4 experts; the other layers bf16)")
+    if arch in ("deepseek_v4", "deepseek_v41") and quant != "bf16" and not v4_experts:
+        raise ValueError(f"{arch}: bf16, or its routed experts as mxfp4 (as released), fp8 (block, as V4-Flash-Base) or "
+                         "nvfp4 (ModelOpt's, by the config's moe_quant_algo); the other layers bf16")
     if quant == "mxfp4" and arch not in ("deepseek_v4", "deepseek_v41"):
         raise ValueError("quant mxfp4 is DeepSeek-V4's expert layout (gpt_oss holds MXFP4 experts as released)")
     if layers:
@@ -782,12 +787,12 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
     experts_only = experts_only or fp8_experts_only
     if tensors is None and quant == "mxfp4_ct":  # Kimi-K3 big or with MTP: the experts' compressed-tensors MXFP4
         config["quantization_config"] = ct_mxfp4_config()
+    elif tensors is None and v4_experts:  # big: the release's formats, every projection FP8 but the experts
+        deepseek_v4.release_quant(config, fmt=quant)
     elif tensors is None and quant == "fp8":  # big: the FP8 release's block quantization over dummy weights
         config["quantization_config"] = fp8_release_config(config)
-    elif tensors is None and quant == "mxfp4":  # big: the release's formats, every projection FP8 but the experts
-        deepseek_v4.release_quant(config)
-    elif tensors is not None and quant == "mxfp4":
-        tensors = deepseek_v4.mxfp4_release(tensors, config)
+    elif tensors is not None and v4_experts:
+        tensors = deepseek_v4.release_experts(tensors, config, quant)
     elif tensors is not None:
         experts_only = experts_only or (arch, quant) == ("minimax_m3", "mxfp8")  # its release: MXFP8 experts only
         tensors, qc, extra = quantize_checkpoint(tensors, quant, experts_only=experts_only)
@@ -800,7 +805,7 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         for name, content in extra.items():
             with open(os.path.join(out, name), "w") as f:
                 json.dump(content, f, indent=1)
-    if arch == "deepseek_v41" and quant == "mxfp4":
+    if arch == "deepseek_v41" and v4_experts:
         deepseek_v41.release_quant_as_v41(config)
     eos = SPECIAL.index("<|im_end|>")
     config.update(bos_token_id=eos, eos_token_id=eos)
@@ -824,8 +829,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=0, help="override the number of layers")
     ap.add_argument("--quant", default="bf16", choices=QUANTS + ("mxfp4",),
-                    help="expert/projection format (tiny only, but the MXFP4 releases, also big: DeepSeek-V4's "
-                         "mxfp4, Kimi-K3's mxfp4_ct)")
+                    help="expert/projection format (tiny only, but the releases', also big: DeepSeek-V4's mxfp4 "
+                         "and fp8, Kimi-K3's mxfp4_ct, the FP8 releases' fp8)")
     ap.add_argument("--experts-only", action="store_true",
                     help="fp8, nvfp4, fp8_channel, int8_channel: quantize the routed experts only "
                          "(other projections stay bf16)")

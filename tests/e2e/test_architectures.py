@@ -70,9 +70,12 @@ NEW_ARCHS = {"qwen3_next": 0, "glm_moe_dsa": 1, "minimax_m2": 0, "qwen3_5_moe": 
 # vLLM's own MXFP4 MoE for DeepSeek-V4 quantizes the activations to MXFP8, the engine keeps them bf16);
 # Kimi-K2.5's int4 experts (compressed-tensors W4A16 group 32, its quantization_config in text_config); MiniMax-M3's
 # MXFP8 experts as released (the engine's mxfp8: CPU prefill; vLLM's own MXFP8 MoE on Hopper is Humming / Marlin);
-# Kimi-K3's compressed-tensors MXFP4 experts on the latent width (the engine's mxfp4); DeepSeek-V4.1's MXFP4 experts.
+# Kimi-K3's compressed-tensors MXFP4 experts on the latent width (the engine's mxfp4); DeepSeek-V4.1's MXFP4 experts;
+# and DeepSeek-V4's / V4.1's other expert formats their quantization config selects: FP8 block (expert_dtype "fp8",
+# V4-Flash-Base) and ModelOpt NVFP4 (moe_quant_algo "NVFP4").
 NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3", "mxfp8"), ("kimi_k3", "mxfp4_ct"),
-                 ("deepseek_v41", "mxfp4")]
+                 ("deepseek_v41", "mxfp4"), ("deepseek_v4", "fp8"), ("deepseek_v4", "nvfp4"), ("deepseek_v41", "fp8"),
+                 ("deepseek_v41", "nvfp4")]
 
 
 # Where transformers has no model of the architecture (no fp32 truth: Kimi-K3, DeepSeek-V4.1), each comparison brings a

@@ -21,7 +21,8 @@ packs its weights with a compiled op of vLLM's CPU build, see vllm_cpu_load.lend
 DSA sparse attention has no CPU backend (tests/e2e on the GPU machine covers it); Qwen3.8-Flash-Next's QSA attention
 asks for FlashAttention and its PLE tables for pinned memory (vllm_cpu_load.lend_qwen4_exp_cpu_parts); Kimi-K3 loses
 prefix caching (MLA on a CPU without AMX) which its KDA layers need, makes a CUDA stream in its constructor and has
-SituGLU experts no CPU MoE backend computes (vllm_cpu_load.lend_kimi_k3_cpu_parts)."""
+SituGLU experts no CPU MoE backend computes (vllm_cpu_load.lend_kimi_k3_cpu_parts); DeepSeek-V4's CPU build renames the
+input scales of NVFP4 experts, which its GPU build keeps (vllm_cpu_load.lend_deepseek_v4_gpu_scale_names)."""
 import json
 import os
 import subprocess
@@ -60,8 +61,12 @@ CASES = [  # arch, quant, first MoE layer, expected engine format
     ("deepseek_v4", "bf16", 0, "bf16"),  # hash-routed layer 0: the engine sees ids and weights only
     ("deepseek_v4", "bf16", 2, "bf16"),  # sqrtsoftplus-routed layer (with a CSA attention), clamped SwiGLU
     ("deepseek_v4", "mxfp4", 1, "mxfp4"),  # as DeepSeek-V4-Flash is released: MXFP4 experts (vLLM's Mxfp4MoEMethod)
+    ("deepseek_v4", "fp8", 1, "fp8_block"),  # as V4-Flash-Base: FP8 block experts (expert_dtype "fp8", fp32 scales)
+    ("deepseek_v4", "nvfp4", 1, "nvfp4"),  # NVFP4 experts (moe_quant_algo "NVFP4": ModelOpt's method under V4's config)
     ("deepseek_v41", "bf16", 1, "bf16"),  # DeepSeek-V4.1: kv / index source layers, Engram FP8 tables, a vision tower
     ("deepseek_v41", "mxfp4", 1, "mxfp4"),  # and its MXFP4 experts (V4.1's own FP8 quantization config class)
+    ("deepseek_v41", "fp8", 1, "fp8_block"),  # and the FP8 block / NVFP4 experts that config selects too
+    ("deepseek_v41", "nvfp4", 1, "nvfp4"),
     ("qwen3_moe", "dummy", 0, "bf16"),  # --load-format dummy: host experts filled by the plugin
     ("minimax_m3", "dummy", 1, "bf16"),  # MiniMax-M3 with dummy weights: swigluoai on [gate; up] rows
     ("minimax_m3", "bf16", 1, "bf16"),  # and its bf16 checkpoint (w1 gate / w3 up through vLLM's own loader)
@@ -88,7 +93,9 @@ ACTIVATIONS = {"gpt_oss": "swigluoai", "deepseek_v4": "silu_clamp", "deepseek_v4
 VLLM_METHODS = {"mxfp8": "ModelOptMxFp8FusedMoE", "fp8_channel": "CompressedTensorsW8A8Fp8MoEMethod", "int8_channel": "CompressedTensorsW8A8Int8MoEMethod",
                 "mxfp4_ct": "CompressedTensorsW4A4Mxfp4MoEMethod", "mxfp4_ct_a8": "CompressedTensorsW4A8Mxfp4MoEMethod"}
 # ... where an architecture's own quantization config picks another (Kimi-K3's: the MXFP4 method DeepSeek-V4's takes)
-ARCH_METHODS = {("kimi_k3", "mxfp4_ct"): "Mxfp4MoEMethod", ("deepseek_v41", "mxfp4"): "Mxfp4MoEMethod"}
+ARCH_METHODS = {("kimi_k3", "mxfp4_ct"): "Mxfp4MoEMethod", ("deepseek_v41", "mxfp4"): "Mxfp4MoEMethod",
+                **{(a, "fp8"): "Fp8MoEMethod" for a in ("deepseek_v4", "deepseek_v41")},
+                **{(a, "nvfp4"): "ModelOptNvFp4FusedMoE" for a in ("deepseek_v4", "deepseek_v41")}}
 
 
 def _run_helper(model, arch, quant, layer, port, **env_extra):

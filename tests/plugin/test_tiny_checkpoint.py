@@ -107,6 +107,10 @@ def test_quantized_variants_declare_their_format(tmp_path):
     assert w4["quantization_config"]["format"] == "pack-quantized"
     with pytest.raises(ValueError, match="MXFP4"):
         make_checkpoint("gpt_oss", str(tmp_path / "g"), quant="fp8")
+    with pytest.raises(ValueError, match="as mxfp4 .*, fp8 .* or nvfp4"):
+        make_checkpoint("deepseek_v4", str(tmp_path / "d"), quant="w4a16")
+    base = json.load(open(make_checkpoint("deepseek_v4", str(tmp_path / "vb"), size="big", quant="fp8") + "/config.json"))
+    assert base["expert_dtype"] == "fp8" and base["quantization_config"]["weight_block_size"] == [128, 128]
     nv = json.load(open(make_checkpoint("qwen3_moe", str(tmp_path / "n"), quant="nvfp4") + "/config.json"))
     qc = nv["quantization_config"]
     assert (qc["quant_method"], qc["quant_algo"], qc["group_size"]) == ("modelopt", "NVFP4", 16)
@@ -229,26 +233,46 @@ def test_twin_refuses_quantized_non_expert_projections(tmp_path):
         write_dequantized_twin(src, str(tmp_path / "twin"))
 
 
-def test_deepseek_v4_mxfp4_experts_decode_and_twin(tmp_path):
-    """DeepSeek-V4's release layout of its experts (int8 codes two per byte, float8_e8m0fnu scales named
-    "scale"): each projection decodes to within MXFP4's rounding of the bf16 weight it was made from
-    (e2m1: nearest code, so within a quarter of its group's largest value), and the bf16 twin holds the
-    decoded experts, no scales, no quantization config, loadable by transformers."""
+# DeepSeek-V4's expert formats (lvllm.testing.deepseek_v4.RELEASE_FORMATS): the code and "scale" dtypes, the
+# config's expert_dtype and moe_quant_algo, and how far a decoded weight may sit from the bf16 one it was made from
+# (w, its block's largest |value| spread over the block): MXFP4 / NVFP4 round to the nearest e2m1 code (within a
+# quarter of the group's largest value; NVFP4's fp8 block scale may round down, and its codes saturate at 6), FP8 to
+# the nearest e4m3 (2^-4 relative, and the subnormal step 2^-9 of the block's scale amax / 448).
+V4_FORMATS = {
+    "mxfp4": (torch.int8, torch.float8_e8m0fnu, "fp4", None, 32, lambda w, amax: amax / 4),
+    "nvfp4": (torch.uint8, torch.float8_e4m3fn, "fp4", "NVFP4", 16, lambda w, amax: amax / 4),
+    "fp8": (torch.float8_e4m3fn, torch.float32, "fp8", None, 128, lambda w, amax: w.abs() / 16 + amax / 448 / 512),
+}
+
+
+@pytest.mark.parametrize("quant", list(V4_FORMATS))
+def test_deepseek_v4_experts_decode_and_twin(tmp_path, quant):
+    """DeepSeek-V4's layouts of its experts under the release's names (codes in "weight", block scales in "scale"):
+    each projection decodes to within its format's rounding of the bf16 weight it was made from, the config selects
+    the format as vLLM's V4 quantization config reads it, and the bf16 twin holds the decoded experts, no scales, no
+    quantization config, loadable by transformers."""
     from safetensors.torch import load_file
-    src = make_checkpoint("deepseek_v4", str(tmp_path / "q"), quant="mxfp4")
+    code_dtype, scale_dtype, expert_dtype, algo, block, bound = V4_FORMATS[quant]
+    src = make_checkpoint("deepseek_v4", str(tmp_path / "q"), quant=quant)
     ref = load_file(f"{make_checkpoint('deepseek_v4', str(tmp_path / 'b'))}/model.safetensors")
     q = load_file(f"{src}/model.safetensors")
     cfg = json.load(open(f"{src}/config.json"))
-    assert cfg["expert_dtype"] == "fp4" and "layers.2.attn.fused_wqa_wkv" in cfg["quantization_config"]["ignored_layers"]
+    qc = cfg["quantization_config"]
+    assert cfg["expert_dtype"] == expert_dtype and qc.get("moe_quant_algo") == algo
+    assert "layers.2.attn.fused_wqa_wkv" in qc["ignored_layers"]
     base = "layers.1.ffn.experts.5.w2."
-    assert q[base + "weight"].dtype == torch.int8 and q[base + "scale"].dtype == torch.float8_e8m0fnu
+    assert q[base + "weight"].dtype == code_dtype and q[base + "scale"].dtype == scale_dtype
     w = ref[base + "weight"].float()
     decoded = decode_projection(q, base)
-    group_max = w.abs().reshape(w.shape[0], -1, 32).amax(-1).repeat_interleave(32, 1)
-    assert ((decoded - w).abs() <= group_max / 4 + 1e-6).all()
+    if quant == "fp8":  # 128 x 128 blocks: the tiny w2 [256, 128] has two, one per 128 rows
+        amax = w.abs().reshape(-1, 128, w.shape[1]).amax(dim=(1, 2)).repeat_interleave(128)[:, None]
+    else:
+        amax = w.abs().reshape(w.shape[0], -1, block).amax(-1).repeat_interleave(block, 1)
+    assert ((decoded - w).abs() <= bound(w, amax) + 1e-6).all()
     twin = write_dequantized_twin(src, str(tmp_path / "twin"))
     t = load_file(f"{twin}/model.safetensors")
-    assert torch.equal(t[base + "weight"], decoded.to(torch.bfloat16)) and not any(n.endswith(".scale") for n in t)
+    assert torch.equal(t[base + "weight"], decoded.to(torch.bfloat16))
+    assert not any(n.endswith((".scale", "_scale_2", "input_scale")) for n in t)
     twin_cfg = json.load(open(f"{twin}/config.json"))
     assert "quantization_config" not in twin_cfg and "expert_dtype" not in twin_cfg
     model, info = transformers.AutoModelForCausalLM.from_pretrained(twin, output_loading_info=True)

@@ -140,6 +140,14 @@ def lend_deepseek_v4_mxfp4_backend():
     mxfp4.select_deepseek_v4_mxfp4_moe_backend = lambda *a, **k: (Mxfp4MoeBackend.MARLIN, None)
 
 
+def lend_deepseek_v4_gpu_scale_names():
+    """vLLM's CPU build of DeepSeek-V4 (models/deepseek_v4/cpu) renames every ".input_scale" to ".input_scale_2" for
+    its own CPU experts; the GPU build (models/deepseek_v4/nvidia), which a hybrid run loads, keeps the name that
+    ModelOpt's NVFP4 method registers (w13_input_scale). Load as the GPU build does."""
+    from vllm.models.deepseek_v4.cpu import model
+    model.DeepseekV4ForCausalLM.hf_to_vllm_mapper.orig_to_new_suffix.pop(".input_scale", None)
+
+
 def lend_unquantized_moe_backend():
     """MiniMax-M3's bf16 experts (vLLM's swigluoai_uninterleave activation) and Kimi-K3's (SITU): vLLM's CPU MoE
     backend does not compute those activations, so the unquantized oracle finds no backend on the CPU platform. Answer
@@ -278,7 +286,8 @@ ARCH_LENDERS = {"gpt_oss": lend_mxfp4_backend, "deepseek_v4": lend_deepseek_v4_c
 # Kimi-K3's compressed-tensors MXFP4 experts: its quantization config hands them to vLLM's Mxfp4MoEMethod, which asks
 # DeepSeek-V4's backend question
 QUANT_LENDERS = {("deepseek_v4", "mxfp4"): lend_deepseek_v4_mxfp4_backend,
-                 ("kimi_k3", "mxfp4_ct"): lend_deepseek_v4_mxfp4_backend}
+                 ("kimi_k3", "mxfp4_ct"): lend_deepseek_v4_mxfp4_backend,
+                 ("deepseek_v4", "nvfp4"): lend_deepseek_v4_gpu_scale_names}
 
 
 def lend_for(arch: str, quant: str) -> None:
