@@ -8,7 +8,8 @@ from typing import Mapping, Optional, Tuple
 from lk_moe import formats
 
 from .autofit import Machine, Model, Request, plan, slot_bytes
-from .cli.checkpoint_info import expert_shape, experts_per_token, info_from_config, moe_layer_indices, read_checkpoint
+from .cli.checkpoint_info import (deepseek_v4_experts, expert_shape, experts_per_token, info_from_config, moe_layer_indices,
+                                  read_checkpoint)
 from .cli.doctor import _meminfo
 from .config import LvllmConfig
 from .fit import kv_bytes_per_token
@@ -27,8 +28,9 @@ def describe_model(info, tp: int, max_model_len: int, kv_dtype_bytes: int = 2):
     """lvllm.autofit's description of a checkpoint (doctor's reading of its files or config)."""
     cfg = info.config
     experts, H, I = expert_shape(cfg)
-    # DeepSeek-V4: MXFP4 experts (expert_dtype "fp4") under an FP8 config for the other projections
-    fmt = "mxfp4" if cfg.get("expert_dtype") == "fp4" else ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
+    # DeepSeek-V4: its experts' format by their own fields, under an FP8 config for the other projections
+    v4 = deepseek_v4_experts(cfg)
+    fmt = v4[0] if v4 else ENGINE_FORMATS.get(info.quant_method, "wna16_int4")
     # gpt-oss (no hidden_act for its experts) and MiniMax-M3 (hidden_act swigluoai, with a swiglu_limit) are swigluoai
     activation = ("swigluoai" if info.model_type == "gpt_oss" or cfg.get("hidden_act") == "swigluoai"
                   else "silu_clamp" if cfg.get("swiglu_limit") else "situ" if cfg.get("hidden_act") == "situ" else "silu")

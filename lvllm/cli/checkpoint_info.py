@@ -130,12 +130,26 @@ def _is_ct_mxfp4(q: dict) -> bool:
     return any((w.get("type"), w.get("num_bits"), w.get("group_size")) == ("float", 4, 32) for w in weights)
 
 
+# DeepSeek-V4's expert formats by its config (vLLM's DeepseekV4FP8Config: expert_dtype, and moe_quant_algo for fp4)
+# -> (the engine's format, the _BYTES_PER_WEIGHT key); the other projections are FP8 under the same config
+_DEEPSEEK_V4_EXPERTS = {("fp4", ""): ("mxfp4", "mxfp4"), ("fp4", "NVFP4"): ("nvfp4", "modelopt/NVFP4"),
+                        ("fp8", ""): ("fp8_block", "fp8")}
+
+
+def deepseek_v4_experts(cfg: dict):
+    """(engine format, bytes key) of a DeepSeek-V4 / V4.1 config's routed experts, or None for any other config."""
+    if "expert_dtype" not in cfg:
+        return None
+    q = cfg.get("quantization_config") or {}
+    algo = (q.get("moe_quant_algo") or "").upper() if isinstance(q, dict) else ""
+    return _DEEPSEEK_V4_EXPERTS.get((cfg["expert_dtype"], algo))
+
+
 def expert_bytes_per_weight(info: "CheckpointInfo", cfg: dict) -> float:
-    """Bytes per routed-expert weight, scales included: DeepSeek-V4's `expert_dtype: fp4` (MXFP4 experts
-    under an FP8 config for the rest) first, else the quantization method's, else bf16."""
-    if cfg.get("expert_dtype") == "fp4":
-        return _BYTES_PER_WEIGHT["mxfp4"]
-    return _BYTES_PER_WEIGHT.get(info.quant_method or "", 2.0)
+    """Bytes per routed-expert weight, scales included: DeepSeek-V4's experts by their own fields first (MXFP4, NVFP4
+    or FP8 block under an FP8 config for the rest), else the quantization method's, else bf16."""
+    v4 = deepseek_v4_experts(cfg)
+    return _BYTES_PER_WEIGHT[v4[1]] if v4 else _BYTES_PER_WEIGHT.get(info.quant_method or "", 2.0)
 
 
 def expert_shape(cfg: dict) -> tuple:

@@ -135,6 +135,23 @@ def test_deepseek_v4_flash_experts_are_read_as_mxfp4_under_its_fp8_config(tmp_pa
     assert model.fmt == "mxfp4" and model.top_k == 6 and model.slot_bytes == 0  # silu_clamp: no cache slots
 
 
+@pytest.mark.parametrize("quant,fmt,per_weight", [("fp8", "fp8_block", 1.0), ("nvfp4", "nvfp4", 0.56)])
+def test_deepseek_v4_other_expert_formats_are_read_by_their_own_fields(tmp_path, quant, fmt, per_weight):
+    """expert_dtype "fp8" (V4-Flash-Base) is FP8 block experts; expert_dtype "fp4" with moe_quant_algo "NVFP4" is
+    NVFP4 (not MXFP4): the planner holds the engine's format for them, and an estimate from the config alone counts
+    that format's bytes."""
+    import json
+
+    from lvllm.autofit_inputs import describe_model
+    from lvllm.cli.checkpoint_info import info_from_config, read_checkpoint
+    from lvllm.testing.tiny_checkpoint import make_checkpoint
+    path = make_checkpoint("deepseek_v4", str(tmp_path / "v4"), quant=quant)
+    assert describe_model(read_checkpoint(path), 1, 4096).fmt == fmt
+    cfg = json.load(open(f"{path}/config.json"))
+    info = info_from_config(cfg, estimate=True)
+    assert info.expert_bytes == int(info.moe_layers * 16 * 3 * 256 * 128 * per_weight)
+
+
 def test_a_small_model_on_a_big_gpu_is_all_resident():
     p = plan(h200_host(), qwen3_30b(), Request(max_model_len=40960))
     assert p.resident_layers == 48 and p.cache_bytes == 0 and p.gpu_prefill_min_batch == 0
