@@ -402,7 +402,19 @@ def _log_figures(log_path: str) -> dict:
     m = re.findall(r"its tokens route to ([\d.]+)x one token's expert bytes", text)
     if m:
         out["verify_union_ratio"] = float(m[-1])
+    # lvllm.stats lines: CPU-path steps, and those replayed from CUDA graphs (decode inside graphs)
+    m = re.findall(r"CPU path (\d+) steps, .*?, (\d+) steps from CUDA graphs", text)
+    if m:
+        out["cpu_steps"], out["cpu_graph_steps"] = (sum(int(x[i]) for x in m) for i in (0, 1))
     return out
+
+
+def graph_line(mode: str, r: dict) -> str:
+    """How many of the run's CPU-path steps replayed from CUDA graphs ("" where its log had no statistics line)."""
+    if not r.get("cpu_steps"):
+        return ""
+    return (f"{mode} CPU-path steps replayed from CUDA graphs: {r['cpu_graph_steps']} of {r['cpu_steps']} "
+            f"({r['cpu_graph_steps'] / r['cpu_steps']:.0%}; the others eager: prompts, warm-up, capture and profile runs)")
 
 
 # A hybrid mode's variants, joined with '-' (hybrid-excl-t12): the setting each one changes
@@ -610,8 +622,9 @@ def main() -> int:
             print(f"{m} engine called directly in the serving process (no GPU, {r['engine_direct_layers']} layers, "
                   f"M = 1): {d:.2f} ms a step = {bytes_per_token / d / 1e6 / r['read_bw_gbs']:.2f} of the read "
                   f"bandwidth{inside}")
-        for line in decode4_lines(m, r, experts, K, bytes_per_token):
-            print(line)
+        for line in decode4_lines(m, r, experts, K, bytes_per_token) + [graph_line(m, r)]:
+            if line:
+                print(line)
         if r.get("census_1"):
             print(f"{m} CPUs during decode @1: {cpu_census.summary(r['census_1'], os.cpu_count())}")
             for t in r["census_1"][:8]:

@@ -150,6 +150,9 @@ class HybridMoEMixin:
             # host-function node) is capturable; the streamed GPU path syncs to plan its copies.
             # Rows vLLM padded to a graph size, and the profile run's, cost no expert reads.
             ids = engine_ids(topk_ids)
+            stats = self._lk_runtime.stats
+            if stats is not None and not capturing:  # eager: the engine's count minus these replayed from graphs
+                stats.cpu_eager(hybrid)
             if cache is not None:  # the cached experts on the GPU, the rest on the CPU, at once
                 return cache.forward(x, ids, topk_weights, hybrid.cpu_path)
             return hybrid.cpu_path(x, ids, topk_weights)  # counted by the engine (lvllm.stats)

@@ -5,6 +5,8 @@ What is counted, and where:
 - CPU path: by the engine's host function (lk_moe HostCallCounters), so decode steps replayed
   from CUDA graphs, where no Python runs, are counted too. A step is a call of the model's first
   hybrid layer; tokens are its rows without graph padding; engine time sums all hybrid layers.
+  The steps that ran eagerly are counted in Python as well: the rest replayed from CUDA graphs (a
+  decode that left its graphs shows as eager steps).
 - GPU (streamed) path: always eager, counted in Python per call. Its time is taken with CUDA
   events around each layer's forward and read once they completed (no added sync); H2D GB/s =
   bytes the layers streamed / time the main stream spent in them, so copies that overlap other
@@ -41,6 +43,9 @@ class Totals:
     cpu_prefill_tokens: int = 0
     cpu_prefill_ns: int = 0
     cpu_queue_ns: int = 0
+    # CPU-path steps whose first hybrid layer ran with Python (eager, counted in apply); the others replayed from
+    # CUDA graphs, where no Python runs
+    cpu_eager_steps: int = 0
     gpu_steps: int = 0
     gpu_tokens: int = 0
     gpu_calls: int = 0
@@ -57,6 +62,11 @@ class Totals:
     def steps(self) -> int:
         return self.cpu_steps + self.gpu_steps
 
+    @property
+    def cpu_graph_steps(self) -> int:
+        """CPU-path steps replayed from CUDA graphs (an interval's eager count may lead the engine's by a call)."""
+        return max(0, self.cpu_steps - self.cpu_eager_steps)
+
     def minus(self, other: "Totals") -> "Totals":
         return Totals(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
@@ -66,7 +76,8 @@ def format_line(rank: int, seconds: float, d: Totals) -> str:
     h2d = (f"{d.gpu_bytes / 1e9:.1f} GB at {d.gpu_bytes / d.gpu_ms / 1e6:.1f} GB/s H2D" if d.gpu_ms > 0
            else "no H2D timed")
     line = (f"lk_moe stats (rank {rank}, last {seconds:.0f} s): {d.steps} steps; "
-            f"CPU path {d.cpu_steps} steps, {d.cpu_tokens} tokens, {d.cpu_calls} layer calls, {engine}; "
+            f"CPU path {d.cpu_steps} steps, {d.cpu_tokens} tokens, {d.cpu_calls} layer calls, {engine}, "
+            f"{d.cpu_graph_steps} steps from CUDA graphs; "
             f"GPU path {d.gpu_steps} steps, {d.gpu_tokens} tokens, {d.gpu_calls} layer calls, {h2d}")
     if d.cache_lookups:
         hit = d.cache_hits / d.cache_lookups
@@ -104,7 +115,7 @@ class WorkerStats:
         self._layers = []  # (layer index, HybridMoE), in the order they were built
         self.first = None  # the hybrid layer that runs first in a step
         self.cache = None  # the worker's lk_moe.expert_cache.ExpertCache, if any
-        self._gpu = Totals()  # the GPU-path fields only; the CPU ones come from the engine
+        self._gpu = Totals()  # the fields counted in Python (GPU path, eager CPU steps); the others from the engine
         self._lock = threading.Lock()  # the reporting thread reads what apply writes
         self._pending = collections.deque()  # (start event, end event, bytes) not yet completed
         self._since = clock()
@@ -120,6 +131,12 @@ class WorkerStats:
     def hybrids(self) -> list:
         """The hybrid layers added so far, in model order where known."""
         return [h for _, h in sorted(self._layers, key=lambda p: -1 if p[0] is None else p[0])]
+
+    # -- an eager CPU-path call, from apply (a captured graph's replays run no Python: the engine counts those alone)
+    def cpu_eager(self, hybrid) -> None:
+        if hybrid is self.first:
+            with self._lock:
+                self._gpu.cpu_eager_steps += 1
 
     # -- the GPU path, called from apply around hybrid.forward (eager only)
     def gpu_begin(self, hybrid, tokens: int):

@@ -88,6 +88,19 @@ def test_cost_table_orders_the_speculative_modes_by_draft_tokens(tmp_path):
     assert k2.split() == ["hybrid-eg2-ru", "2", "100.00", "2.50x", "n/a", "2.73x", "2.82x", "0.00"]
 
 
+def test_graph_steps_come_from_the_statistics_lines(tmp_path):
+    from e2e_decode import _log_figures, graph_line
+    log = tmp_path / "log"
+    log.write_text("lk_moe stats (rank 0, last 15 s): 40 steps; CPU path 38 steps, 900 tokens, 76 layer calls, 2.0 "
+                   "ms/step engine, 30 steps from CUDA graphs; GPU path 2 steps, 9000 tokens, 4 layer calls, no H2D\n"
+                   "lk_moe stats (rank 0, last 15 s): 62 steps; CPU path 62 steps, 62 tokens, 124 layer calls, 1.9 "
+                   "ms/step engine, 62 steps from CUDA graphs; GPU path 0 steps, 0 tokens, 0 layer calls, no H2D\n")
+    figures = _log_figures(str(log))
+    assert (figures["cpu_steps"], figures["cpu_graph_steps"]) == (100, 92)
+    assert graph_line("hybrid", figures).startswith("hybrid CPU-path steps replayed from CUDA graphs: 92 of 100 (92%;")
+    assert graph_line("hybrid", {}) == ""
+
+
 def test_a_results_file_keeps_only_this_checkpoints_modes(tmp_path, capsys):
     # Session 36: a GLM-5.3 run whose stock mode failed printed MiniMax-M2's stock row from the file beside its own
     from e2e_decode import load_results

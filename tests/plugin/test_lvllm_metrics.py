@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOTALS = Totals(cpu_steps=12, cpu_tokens=340, cpu_calls=96, cpu_ns=9_000_000_000,
                 cpu_decode_calls=80, cpu_decode_tokens=40, cpu_decode_ns=2_000_000_000,
                 cpu_prefill_calls=16, cpu_prefill_tokens=300, cpu_prefill_ns=7_000_000_000, cpu_queue_ns=250_000_000,
-                gpu_steps=2, gpu_tokens=9000, gpu_calls=96, gpu_bytes=52_000_000_000, gpu_ms=1500.0)
+                cpu_eager_steps=5, gpu_steps=2, gpu_tokens=9000, gpu_calls=96, gpu_bytes=52_000_000_000, gpu_ms=1500.0)
 
 
 def test_snapshot_values_and_names(tmp_path):
@@ -32,6 +32,7 @@ def test_snapshot_values_and_names(tmp_path):
     assert v['lvllm_engine_queue_wait_seconds_total{rank="1"}'] == 0.25
     assert v['lvllm_h2d_bytes_total{rank="1"}'] == 52e9 and v['lvllm_h2d_seconds_total{rank="1"}'] == 1.5
     assert v['lvllm_cpu_expert_errors_total{rank="1"}'] == 3
+    assert v['lvllm_cpu_graph_steps_total{rank="1"}'] == 7  # 12 CPU-path steps, 5 of them eager
     # Conventions: a HELP and a counter TYPE per family, base units, the _total suffix on samples.
     for name in metrics.COUNTERS:
         assert f"# HELP {name}_total " in text and f"# TYPE {name}_total counter" in text

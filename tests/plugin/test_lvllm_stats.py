@@ -49,7 +49,7 @@ def test_format_line():
                gpu_steps=34, gpu_tokens=150000, gpu_calls=1632, gpu_bytes=int(52.3e9), gpu_ms=1000.0)
     assert format_line(0, 60.0, d) == (
         "lk_moe stats (rank 0, last 60 s): 1234 steps; "
-        "CPU path 1200 steps, 1300 tokens, 57600 layer calls, 11.2 ms/step engine; "
+        "CPU path 1200 steps, 1300 tokens, 57600 layer calls, 11.2 ms/step engine, 1200 steps from CUDA graphs; "
         "GPU path 34 steps, 150000 tokens, 1632 layer calls, 52.3 GB at 52.3 GB/s H2D")
     only_gpu = format_line(3, 59.6, Totals(gpu_steps=2, gpu_tokens=9000, gpu_calls=4))
     assert "rank 3, last 60 s): 2 steps; CPU path 0 steps" in only_gpu and "no engine time" in only_gpu
@@ -73,6 +73,29 @@ def test_steps_and_tokens_come_from_the_first_layer_time_from_all():
     assert t.cpu_queue_ns == 3000
 
 
+def test_eager_steps_are_counted_in_python_and_the_rest_replayed_from_graphs():
+    """The engine counts every CPU-path call (graph replays run its host function, no Python); apply counts the
+    eager ones of the first hybrid layer: the difference is the steps that stayed inside CUDA graphs."""
+    clock = [0.0]
+    a, b = FakeLayer(), FakeLayer()
+    s = _stats(clock, [(0, a), (1, b)])
+    for step in range(10):  # 2 eager steps (a prompt, the first decode), then 8 replayed from a graph
+        a.run(1, 1_000_000)
+        b.run(1, 1_000_000)
+        if step < 2:
+            s.cpu_eager(a)
+            s.cpu_eager(b)  # a later layer's eager call is no step
+    t = s.totals()
+    assert (t.cpu_steps, t.cpu_eager_steps, t.cpu_graph_steps) == (10, 2, 8)
+    clock[0] = 60.0
+    assert ", 8 steps from CUDA graphs; GPU path 0 steps" in s.tick()
+    for _ in range(3):  # a decode that left its graphs: every step eager
+        a.run(1, 1_000_000)
+        s.cpu_eager(a)
+    clock[0] = 120.0
+    assert "CPU path 3 steps, 3 tokens, 3 layer calls, 1.0 ms/step engine, 0 steps from CUDA graphs" in s.tick()
+
+
 def test_one_line_per_interval_and_none_when_idle():
     clock = [100.0]
     a, b = FakeLayer(), FakeLayer()
@@ -84,7 +107,7 @@ def test_one_line_per_interval_and_none_when_idle():
     clock[0] = 160.0
     line = s.tick()
     assert line.startswith("lk_moe stats (rank 1, last 60 s): 1 steps; CPU path 1 steps, 1 tokens, 2 layer calls, "
-                           "10.0 ms/step engine; GPU path 0 steps"), line
+                           "10.0 ms/step engine, 1 steps from CUDA graphs; GPU path 0 steps"), line
     clock[0] = 220.0
     assert s.tick() is None  # an idle minute: no line
     for _ in range(3):
