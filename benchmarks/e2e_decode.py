@@ -60,6 +60,7 @@ import time
 
 import cpu_census
 from harness import read_bandwidth, run_child
+from lvllm.stats import graph_steps_in
 from lvllm.testing.spec_decode import repeated, spec_counters
 
 
@@ -403,9 +404,9 @@ def _log_figures(log_path: str) -> dict:
     if m:
         out["verify_union_ratio"] = float(m[-1])
     # lvllm.stats lines: CPU-path steps, and those replayed from CUDA graphs (decode inside graphs)
-    m = re.findall(r"CPU path (\d+) steps, .*?, (\d+) steps from CUDA graphs", text)
-    if m:
-        out["cpu_steps"], out["cpu_graph_steps"] = (sum(int(x[i]) for x in m) for i in (0, 1))
+    steps, graph = graph_steps_in(text)
+    if steps:
+        out["cpu_steps"], out["cpu_graph_steps"] = steps, graph
     return out
 
 

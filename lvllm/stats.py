@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -85,6 +86,15 @@ def format_line(rank: int, seconds: float, d: Totals) -> str:
                  f"on the CPU {100 * (1 - hit):.0f}%), {d.cache_refills} refills, "
                  f"{d.cache_refill_bytes / 1e9:.2f} GB at {d.cache_refill_bytes / max(seconds, 1e-9) / 1e9:.2f} GB/s")
     return line
+
+
+_GRAPH_STEPS = re.compile(r"CPU path (\d+) steps, .*?, (\d+) steps from CUDA graphs")
+
+
+def graph_steps_in(log_text: str) -> tuple:
+    """(CPU-path steps, those replayed from CUDA graphs) summed over the statistics lines of a log."""
+    found = _GRAPH_STEPS.findall(log_text)
+    return sum(int(s) for s, _ in found), sum(int(g) for _, g in found)
 
 
 def _timing_event():

@@ -84,6 +84,15 @@ NEW_QUANTIZED = [("deepseek_v4", "mxfp4"), ("kimi_k25", "w4a16"), ("minimax_m3",
 RECHUNKED = ["--max-num-batched-tokens", "256"]
 
 
+# The CPU-prefill runs log the statistics every second: their lines count the CPU-path steps replayed from CUDA graphs
+# (lvllm.stats), which decode must stay inside under the breakable graphs vLLM turns on for the newest architectures
+STATS_EACH_SECOND = {"LVLLM_STATS_INTERVAL": "1"}
+# Of a run's decode steps (two passes over 8 prompts of 32 tokens, at most 4 at a time: about 128 steps, fewer where a
+# step also carries a prompt's chunk and runs eagerly), at least this many replayed from graphs; a decode outside them
+# replays none. (The last second's line may be lost at shutdown.)
+MIN_GRAPH_STEPS = 32
+
+
 # Switch on with every MoE layer GPU-resident (LVLLM_E2E_ARCHS=<arch>_resident): what the plugin changes besides the
 # experts' math (routing inputs, padding, the shared expert's overlap), against the same switch-off run.
 ALL_RESIDENT = {"minimax_m3": "1-3"}
@@ -150,7 +159,8 @@ def arch_runs(tmp_path_factory):
     specs, chosen = [], _selected()
     workdir = tmp_path_factory.mktemp("e2e-archs")
     for arch in [a for a in NEW_ARCHS if a in chosen]:
-        specs += [(arch, "off", OFF, KV), (arch, "cpu", CPU, KV), (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
+        specs += [(arch, "off", OFF, KV), (arch, "cpu", {**CPU, **STATS_EACH_SECOND}, KV),
+                  (arch, "gpu", gpu_env(NEW_ARCHS[arch]), KV)]
         if not has_fp32_truth(_checkpoint(workdir, arch)):  # stock's own noise, and the MoE layers held to fp32
             specs += [(arch, "off-again", OFF, KV + RECHUNKED), (arch, f"off{CAPTURE}", OFF, KV),
                       (arch, f"cpu{CAPTURE}", CPU, KV), (arch, f"gpu{CAPTURE}", gpu_env(NEW_ARCHS[arch]), KV)]
@@ -184,6 +194,16 @@ def arch_runs(tmp_path_factory):
 def test_new_architecture_cpu_experts_match_switch_off(arch_runs, arch):
     _only_selected(arch)
     check_cpu_run(arch_runs, arch)
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_new_architecture_decode_stays_inside_cuda_graphs(arch_runs, arch):
+    """The CPU experts' calls are captured in vLLM's CUDA graphs (breakable ones for DeepSeek-V4 / V4.1, Kimi-K3,
+    GLM-5 and Qwen3.8 in vLLM 0.33) and decode replays them: the engine counts every call, the plugin the eager ones."""
+    from lvllm.stats import graph_steps_in
+    _only_selected(arch)
+    steps, graph = graph_steps_in(_get(arch_runs, f"{arch}-cpu")["log"])
+    assert graph >= MIN_GRAPH_STEPS, f"{arch}: {graph} of {steps} CPU-path steps replayed from CUDA graphs"
 
 
 @pytest.mark.parametrize("arch", list(NEW_ARCHS))
