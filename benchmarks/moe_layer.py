@@ -55,6 +55,7 @@ SHAPES = {
     "deepseek-v4-flash": (4096, 2048, 256, 6),
     "qwen3-next-80b-a3b": (2048, 512, 512, 10),  # small experts: overheads, not bandwidth, decide
     "minimax-m2": (3072, 1536, 256, 8),
+    "kimi-k3": (3584, 3072, 896, 16),  # its routed experts on the 3584-wide latent (the activation aside: SituGLU)
 }
 
 
