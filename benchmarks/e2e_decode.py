@@ -415,7 +415,8 @@ def graph_line(mode: str, r: dict) -> str:
     if not r.get("cpu_steps"):
         return ""
     return (f"{mode} CPU-path steps replayed from CUDA graphs: {r['cpu_graph_steps']} of {r['cpu_steps']} "
-            f"({r['cpu_graph_steps'] / r['cpu_steps']:.0%}; the others eager: prompts, warm-up, capture and profile runs)")
+            f"({r['cpu_graph_steps'] / r['cpu_steps']:.0%}; the others eager: prompts, warm-up, capture and profile "
+            "runs)")
 
 
 # A hybrid mode's variants, joined with '-' (hybrid-excl-t12): the setting each one changes

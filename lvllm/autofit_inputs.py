@@ -8,8 +8,8 @@ from typing import Mapping, Optional, Tuple
 from lk_moe import formats
 
 from .autofit import Machine, Model, Request, plan, slot_bytes
-from .cli.checkpoint_info import (deepseek_v4_experts, expert_shape, experts_per_token, info_from_config, moe_layer_indices,
-                                  read_checkpoint)
+from .cli.checkpoint_info import (deepseek_v4_experts, expert_shape, experts_per_token, info_from_config,
+                                  moe_layer_indices, read_checkpoint)
 from .cli.doctor import _meminfo
 from .config import LvllmConfig
 from .fit import kv_bytes_per_token

@@ -38,8 +38,8 @@ COUNTERS = {
                                  "wall time per call, and GPU time of streamed-prefill layers", True),
     "lvllm_engine_queue_wait_seconds": ("Seconds CPU expert calls waited for the engine's workers to "
                                         "start them (earlier jobs, waking parked workers)", False),
-    "lvllm_cpu_graph_steps": ("Forward steps whose CPU expert calls replayed from CUDA graphs (the rest of the CPU-path "
-                              "steps ran eagerly)", False),
+    "lvllm_cpu_graph_steps": ("Forward steps whose CPU expert calls replayed from CUDA graphs (the rest of the "
+                              "CPU-path steps ran eagerly)", False),
     "lvllm_h2d_bytes": ("Bytes of routed experts copied host to device by streamed GPU prefill", False),
     "lvllm_h2d_seconds": ("GPU time of the streamed-prefill layers those bytes were copied in", False),
     "lvllm_cpu_expert_errors": ("CPU expert calls whose output was NaN (invalid expert ids, or a "

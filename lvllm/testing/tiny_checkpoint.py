@@ -743,8 +743,8 @@ def make_checkpoint(arch: str, out: str, size: str = "tiny", seed: int = 0, laye
         raise ValueError(f"{arch}: bf16 only" + (", or w4a16 (the release's int4 experts)" if arch == "kimi_k25" else
                                                  " (the quantizers do not know the vision tower's layers)"))
     if arch in ("deepseek_v4", "deepseek_v41") and quant != "bf16" and not v4_experts:
-        raise ValueError(f"{arch}: bf16, or its routed experts as mxfp4 (as released), fp8 (block, as V4-Flash-Base) or "
-                         "nvfp4 (ModelOpt's, by the config's moe_quant_algo); the other layers bf16")
+        raise ValueError(f"{arch}: bf16, or its routed experts as mxfp4 (as released), fp8 (block, as "
+                         "V4-Flash-Base) or nvfp4 (ModelOpt's, by the config's moe_quant_algo); the other layers bf16")
     if quant == "mxfp4" and arch not in ("deepseek_v4", "deepseek_v41"):
         raise ValueError("quant mxfp4 is DeepSeek-V4's expert layout (gpt_oss holds MXFP4 experts as released)")
     if layers:

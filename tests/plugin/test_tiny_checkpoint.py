@@ -109,7 +109,8 @@ def test_quantized_variants_declare_their_format(tmp_path):
         make_checkpoint("gpt_oss", str(tmp_path / "g"), quant="fp8")
     with pytest.raises(ValueError, match="as mxfp4 .*, fp8 .* or nvfp4"):
         make_checkpoint("deepseek_v4", str(tmp_path / "d"), quant="w4a16")
-    base = json.load(open(make_checkpoint("deepseek_v4", str(tmp_path / "vb"), size="big", quant="fp8") + "/config.json"))
+    base = json.load(open(make_checkpoint("deepseek_v4", str(tmp_path / "vb"), size="big", quant="fp8")
+                          + "/config.json"))
     assert base["expert_dtype"] == "fp8" and base["quantization_config"]["weight_block_size"] == [128, 128]
     nv = json.load(open(make_checkpoint("qwen3_moe", str(tmp_path / "n"), quant="nvfp4") + "/config.json"))
     qc = nv["quantization_config"]
