@@ -125,7 +125,7 @@ class WorkerStats:
         self._layers = []  # (layer index, HybridMoE), in the order they were built
         self.first = None  # the hybrid layer that runs first in a step
         self.cache = None  # the worker's lk_moe.expert_cache.ExpertCache, if any
-        self._gpu = Totals()  # the fields counted in Python (GPU path, eager CPU steps); the others from the engine
+        self._counted = Totals()  # the fields counted in Python (GPU path, eager CPU steps); the others from the engine
         self._lock = threading.Lock()  # the reporting thread reads what apply writes
         self._pending = collections.deque()  # (start event, end event, bytes) not yet completed
         self._since = clock()
@@ -146,15 +146,15 @@ class WorkerStats:
     def cpu_eager(self, hybrid) -> None:
         if hybrid is self.first:
             with self._lock:
-                self._gpu.cpu_eager_steps += 1
+                self._counted.cpu_eager_steps += 1
 
     # -- the GPU path, called from apply around hybrid.forward (eager only)
     def gpu_begin(self, hybrid, tokens: int):
         with self._lock:
             if hybrid is self.first:
-                self._gpu.gpu_steps += 1
-                self._gpu.gpu_tokens += tokens
-            self._gpu.gpu_calls += 1
+                self._counted.gpu_steps += 1
+                self._counted.gpu_tokens += tokens
+            self._counted.gpu_calls += 1
         start = self._new_event()
         start.record()
         st = hybrid.streamer
@@ -176,13 +176,13 @@ class WorkerStats:
             start, end, nbytes = self._pending.popleft()
             ms = start.elapsed_time(end)
             with self._lock:
-                self._gpu.gpu_ms += ms
-                self._gpu.gpu_bytes += nbytes
+                self._counted.gpu_ms += ms
+                self._counted.gpu_bytes += nbytes
 
     # -- reporting
     def totals(self) -> Totals:
         with self._lock:
-            t = Totals(**{f.name: getattr(self._gpu, f.name) for f in fields(Totals)})
+            t = Totals(**{f.name: getattr(self._counted, f.name) for f in fields(Totals)})
         for _, hybrid in self._layers:
             (dc, dr, dns), (pc, pr, pns), queue_ns = hybrid.cpu_path.engine_paths()
             t.cpu_calls += dc + pc

@@ -112,17 +112,19 @@ def _w4a16_config(tensors: Dict[str, torch.Tensor], group: int = 32) -> dict:
 # reads them under these names (ModelOptNvFp4LinearMethod / ModelOptNvFp4FusedMoE, modelopt.py).
 
 
+def nvfp4_projection(w: torch.Tensor, g: torch.Generator) -> Dict[str, torch.Tensor]:
+    """One projection's ModelOpt NVFP4 tensors (suffix -> tensor), its input scale drawn from g."""
+    q, sf, gs = quantize_nvfp4(w)
+    return {"weight": q, "weight_scale": sf, "weight_scale_2": gs,
+            "input_scale": (torch.rand((), generator=g) * 2e-3 + 1e-3).float()}  # ~amax(x) / 2688
+
+
 def quantize_nvfp4_checkpoint(tensors: Dict[str, torch.Tensor], experts_only: bool = False,
                               seed: int = 0) -> Dict[str, torch.Tensor]:
     """Every projection (experts_only: routed experts only) as ModelOpt NVFP4; router, embeddings,
     norms, biases and lm_head stay as they are (ModelOpt excludes them)."""
     g = torch.Generator().manual_seed(seed)
-
-    def nvfp4(w):
-        q, sf, gs = quantize_nvfp4(w)
-        return {"weight": q, "weight_scale": sf, "weight_scale_2": gs,
-                "input_scale": (torch.rand((), generator=g) * 2e-3 + 1e-3).float()}  # ~amax(x) / 2688
-    return _quantize_projections(tensors, experts_only, nvfp4)
+    return _quantize_projections(tensors, experts_only, lambda w: nvfp4_projection(w, g))
 
 
 def _nvfp4_config(tensors: Dict[str, torch.Tensor]) -> dict:

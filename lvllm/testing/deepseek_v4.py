@@ -13,7 +13,8 @@ from typing import Dict
 
 import torch
 
-from .quantizers import quantize_fp8_block, quantize_mxfp4, quantize_nvfp4
+from .checkpoint_quant import nvfp4_projection
+from .quantizers import quantize_fp8_block, quantize_mxfp4
 
 # DeepSeek-V4's compressor: tokens per entry by attention layer type (overlapping entries: twice as wide)
 COMPRESS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
@@ -115,9 +116,9 @@ def _expert_tensors(fmt: str, w: torch.Tensor, g: torch.Generator) -> Dict[str, 
     if fmt == "fp8":
         codes, scales = quantize_fp8_block(w.float())
         return {"weight": codes, "scale": scales}
-    codes, scales, global_scale = quantize_nvfp4(w.float())
-    return {"weight": codes, "scale": scales, "weight_scale_2": global_scale,
-            "input_scale": (torch.rand((), generator=g) * 2e-3 + 1e-3).float()}  # ~amax(x) / 2688, as ModelOpt's
+    t = nvfp4_projection(w.float(), g)
+    t["scale"] = t.pop("weight_scale")  # the release's name for the block scales
+    return t
 
 
 def release_experts(tensors: Dict[str, torch.Tensor], config: dict, fmt: str = "mxfp4") -> Dict[str, torch.Tensor]:
